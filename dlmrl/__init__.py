@@ -1,0 +1,3 @@
+"""dlmrl: reinforcement learning for diffusion language models."""
+
+__version__ = "0.1.0"
