@@ -1,0 +1,327 @@
+"""Configs: nested dataclasses whose field docs are the ``--help`` text, YAML files, ``key=value`` overrides.
+
+Overrides use dotted keys (``train.learning_rate=1e-5``) or, when a leaf name is unique across
+sections, the bare leaf (``learning_rate=1e-5``). Values are parsed with YAML rules and checked
+against the field's type. Every unknown key or bad value raises ``ConfigError`` naming the key
+(and the file and line for YAML input) before any model is loaded.
+Option names follow TRL's ``GRPOConfig`` where one exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config key or value is invalid; the message names the key (and file/line when known)."""
+
+
+def doc(default: Any, help: str, **kw) -> Any:  # noqa: A002 - "help" is the natural name here
+    """A dataclass field with a help string (shown by ``dlmrl <cmd> --help``)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = doc("tiny-sudoku", "Checkpoint: local folder, hub id, or 'tiny-sudoku' (shipped default).")
+    family: str = doc("auto", "Family adapter: auto | tiny | masked_lm (auto reads the checkpoint config).")
+    trust_remote_code: bool = doc(False, "Allow the checkpoint's own modeling code (only if you trust it).")
+    dtype: str = doc("float32", "Weights dtype: float32 | bfloat16 | float16.")
+
+
+@dataclass
+class TaskConfig:
+    name: str = doc("sudoku", "Task name (see dlmrl.data.TASKS).")
+    answer_mode: str = doc(
+        "infill",
+        "Sudoku answer format: 'infill' (given digits pre-placed on the canvas, only blanks masked and "
+        "scored) or 'full' (d1's format: the whole 16-cell grid is generated).",
+    )
+    train_file: str | None = doc(None, "Optional CSV/JSONL of training puzzles (d1 format); default: generated.")
+    test_file: str | None = doc(None, "Optional CSV/JSONL held-out puzzles; default: the shipped 256-puzzle split.")
+    min_blanks: int = doc(6, "Fewest blank cells in generated training puzzles.")
+    max_blanks: int = doc(10, "Most blank cells in generated training puzzles.")
+
+
+@dataclass
+class SamplingConfig:
+    gen_length: int = doc(16, "Canvas length L in tokens (16 cells for 4x4 Sudoku).")
+    block_length: int = doc(16, "Block length for semi-autoregressive decoding; must divide gen_length.")
+    steps: int = doc(8, "Total denoising steps (forward passes) per canvas; must split evenly over blocks.")
+    temperature: float = doc(1.0, "Rollout sampling temperature (0 = greedy). Gumbel noise is float64.")
+    remasking: str = doc("low_confidence", "Which masked positions to reveal: low_confidence | random.")
+    cfg_scale: float = doc(0.0, "Classifier-free guidance scale s (0 = off).")
+
+
+@dataclass
+class EstimatorConfig:
+    name: str = doc("sdmc", "Likelihood estimator: sdmc | double_mc | exact.")
+    num_nodes: int = doc(3, "SDMC: Gauss-Legendre nodes N on [0,1].")
+    samples_per_node: int = doc(1, "SDMC: masks K per node (double_mc: K samples). NFE = N*K.")
+    masking: str = doc("exact_count", "Masking: exact_count | bernoulli | reference (GDPO's code).")
+
+
+@dataclass
+class TrainConfig:
+    algorithm: str = doc("gdpo", "Algorithm preset (this release: gdpo).")
+    learning_rate: float = doc(1e-4, "AdamW learning rate.")
+    weight_decay: float = doc(0.0, "AdamW weight decay.")
+    adam_beta1: float = doc(0.9, "AdamW beta1.")
+    adam_beta2: float = doc(0.99, "AdamW beta2.")
+    lr_scheduler_type: str = doc("constant_with_warmup", "transformers scheduler name (linear, cosine, constant_with_warmup, ...).")
+    warmup_steps: int = doc(5, "Warm-up steps of the LR schedule.")
+    max_grad_norm: float = doc(1.0, "Gradient clipping norm (0 = off).")
+    max_steps: int = doc(100, "Rollout steps (each: sample, reward, score, num_iterations updates).")
+    prompts_per_step: int = doc(16, "Prompts per rollout step; the batch is prompts_per_step * num_generations completions.")
+    num_generations: int = doc(8, "Group size G: completions per prompt.")
+    num_iterations: int = doc(4, "Inner iterations mu per rollout batch, each with a fresh MaskPlan.")
+    epsilon: float = doc(0.5, "Clip epsilon (lower; and upper unless epsilon_high is set).")
+    epsilon_high: float | None = doc(None, "Upper clip epsilon (default: epsilon).")
+    beta: float = doc(0.0, "KL coefficient beta against the frozen initial model (k3 on length-normalised ELBOs).")
+    scale_rewards: str = doc("none", "Advantage scaling: none (R - mean, GDPO/Dr. GRPO) | group | batch.")
+    seed: int = doc(0, "Seed for rollouts, masks and data.")
+    save_steps: int = doc(25, "Checkpoint every this many steps (and at the end).")
+    logging_steps: int = doc(1, "Write metrics every this many steps.")
+    report_to: str = doc("none", "accelerate tracker: none | tensorboard | wandb | trackio.")
+
+
+@dataclass
+class EvalConfig:
+    num_puzzles: int = doc(256, "Held-out puzzles to evaluate (from the test split).")
+    steps: int = doc(8, "Denoising steps for evaluation decoding.")
+    temperature: float = doc(0.0, "Evaluation temperature (0 = greedy).")
+    batch_size: int = doc(256, "Puzzles per evaluation batch.")
+    before: bool = doc(True, "Evaluate the starting model before training.")
+    after: bool = doc(True, "Evaluate the trained model after training.")
+
+
+@dataclass
+class Config:
+    """The ``dlmrl train`` / ``dlmrl eval`` config."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    output_dir: str = doc("runs/gdpo_sudoku_tiny", "Where config.yaml, metrics.jsonl, checkpoints/, summary.json and plots go.")
+
+
+@dataclass
+class PretrainConfig:
+    """The ``dlmrl pretrain`` config: masked-diffusion SFT of the tiny default on Sudoku solutions."""
+
+    output_dir: str = doc("runs/pretrain_tiny", "Where the checkpoint (config, tokenizer, safetensors) is saved.")
+    seed: int = doc(0, "Seed for initialisation, data and masks.")
+    steps: int = doc(600, "Optimizer steps.")
+    batch_size: int = doc(64, "Sequences per step.")
+    learning_rate: float = doc(1e-3, "AdamW learning rate (linear warm-up then cosine decay).")
+    warmup_steps: int = doc(50, "Warm-up steps.")
+    min_blanks: int = doc(4, "Fewest blanks in SFT puzzles.")
+    max_blanks: int = doc(10, "Most blanks in SFT puzzles.")
+    hidden_size: int = doc(128, "Transformer width.")
+    num_layers: int = doc(4, "Transformer layers.")
+    num_heads: int = doc(4, "Attention heads.")
+    intermediate_size: int = doc(384, "MLP width.")
+    eval_puzzles: int = doc(256, "Held-out puzzles evaluated at the end (greedy, infill).")
+
+
+# --------------------------------------------------------------------------------------------
+# generic machinery
+
+
+def iter_fields(cls: type, prefix: str = ""):
+    """Yield ``(dotted_key, dataclass_field)`` for every leaf field of a (nested) config class."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        ftype = hints[f.name]
+        if dataclasses.is_dataclass(ftype):
+            yield from iter_fields(ftype, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f, ftype
+
+
+def help_text(cls: type) -> str:
+    """Every config field with its type, default and doc (the ``--help`` listing)."""
+    lines = []
+    for key, f, ftype in iter_fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        tname = getattr(ftype, "__name__", str(ftype)).replace("typing.", "")
+        lines.append(f"  {key} ({tname}, default {default!r})\n      {f.metadata.get('help', '')}")
+    return "\n".join(lines)
+
+
+def _resolve_key(cls: type, key: str) -> str:
+    keys = [k for k, _, _ in iter_fields(cls)]
+    if key in keys:
+        return key
+    leaf = [k for k in keys if k.rsplit(".", 1)[-1] == key]
+    if len(leaf) == 1:
+        return leaf[0]
+    if len(leaf) > 1:
+        raise ConfigError(f"config key {key!r} is ambiguous; use one of {leaf}")
+    import difflib
+
+    close = difflib.get_close_matches(key, keys + [k.rsplit('.', 1)[-1] for k in keys], n=3)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    raise ConfigError(f"unknown config key {key!r}.{hint} (see --help for every key)")
+
+
+def _coerce(key: str, ftype: Any, value: Any, where: str = "") -> Any:
+    origin = typing.get_origin(ftype)
+    args = typing.get_args(ftype)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        ftype = next(a for a in args if a is not type(None))
+    ok = {
+        bool: lambda v: isinstance(v, bool),
+        int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+        float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        str: lambda v: isinstance(v, str),
+    }[ftype](value)
+    if not ok:
+        raise ConfigError(f"{where}config key {key!r} expects {ftype.__name__}, got {value!r}")
+    return float(value) if ftype is float else value
+
+
+def _set(obj: Any, dotted: str, value: Any) -> None:
+    *path, leaf = dotted.split(".")
+    for p in path:
+        obj = getattr(obj, p)
+    setattr(obj, leaf, value)
+
+
+def apply_mapping(cfg: Any, mapping: dict, where: str = "", prefix: str = "") -> None:
+    """Apply a nested mapping (from YAML) to ``cfg``; unknown keys raise ``ConfigError``."""
+    fields = {k: t for k, _, t in iter_fields(type(cfg))}
+    for k, v in mapping.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and any(f.startswith(key + ".") for f in fields):
+            apply_mapping(cfg, v, where, prefix=key + ".")
+            continue
+        if key not in fields:
+            _resolve_key(type(cfg), key)  # raises with a suggestion
+            raise ConfigError(f"{where}config key {key!r} is not a leaf setting")
+        _set(cfg, key, _coerce(key, fields[key], v, where))
+
+
+def _yaml_line(path: Path, key: str) -> str:
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip().startswith(f"{key}:"):
+            return f"{path} line {i}: "
+    return f"{path}: "
+
+
+def load_yaml(cfg: Any, path: str | Path) -> None:
+    """Update ``cfg`` from a YAML file; errors name the file and (when found) the line."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: invalid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    try:
+        apply_mapping(cfg, data)
+    except ConfigError as e:
+        key = str(e).split("'")[1] if "'" in str(e) else ""
+        raise ConfigError(f"{_yaml_line(path, key.rsplit('.', 1)[-1])}{e}") from None
+
+
+def apply_overrides(cfg: Any, overrides: list[str]) -> None:
+    """Apply ``key=value`` strings (value parsed as YAML) to ``cfg``."""
+    fields = {k: t for k, _, t in iter_fields(type(cfg))}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        raw_key, raw = item.split("=", 1)
+        key = _resolve_key(type(cfg), raw_key.strip())
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        if fields[key] is str or (typing.get_origin(fields[key]) is not None and str in typing.get_args(fields[key])):
+            value = raw if value is not None and not isinstance(value, str) else value
+        _set(cfg, key, _coerce(key, fields[key], value))
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def save_yaml(cfg: Any, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"config key {key!r}: {msg}")
+
+
+def validate(cfg: Config) -> None:
+    """Check every value of a train/eval config against its allowed range and the registries.
+
+    Raises:
+        ConfigError: naming the first bad key.
+    """
+    from dlmrl.data import TASKS
+    from dlmrl.estimators import ESTIMATORS
+
+    m, t, s, e, tr, ev = cfg.model, cfg.task, cfg.sampling, cfg.estimator, cfg.train, cfg.eval
+    _check(m.family in ("auto", "tiny", "masked_lm"), "model.family", f"unknown family {m.family!r}")
+    _check(m.dtype in ("float32", "bfloat16", "float16"), "model.dtype", f"unknown dtype {m.dtype!r}")
+    _check(t.name in TASKS, "task.name", f"unknown task {t.name!r}; known: {TASKS.names()}")
+    _check(t.answer_mode in ("infill", "full"), "task.answer_mode", "must be 'infill' or 'full'")
+    _check(1 <= t.min_blanks <= t.max_blanks <= 12, "task.min_blanks", "need 1 <= min_blanks <= max_blanks <= 12")
+    for key, path in (("task.train_file", t.train_file), ("task.test_file", t.test_file)):
+        _check(path is None or Path(path).exists(), key, f"file {path} does not exist")
+    _check(s.gen_length >= 1 and s.block_length >= 1, "sampling.gen_length", "lengths must be >= 1")
+    _check(s.gen_length % s.block_length == 0, "sampling.block_length",
+           f"gen_length {s.gen_length} is not divisible by block_length {s.block_length}")
+    blocks = s.gen_length // s.block_length
+    for key, steps in (("sampling.steps", s.steps), ("eval.steps", ev.steps)):
+        _check(steps >= blocks and steps % blocks == 0, key, f"{steps} steps do not split evenly over {blocks} blocks")
+    _check(s.temperature >= 0 and ev.temperature >= 0, "sampling.temperature", "must be >= 0")
+    _check(s.remasking in ("low_confidence", "random"), "sampling.remasking", "must be low_confidence or random")
+    _check(s.cfg_scale >= 0, "sampling.cfg_scale", "must be >= 0")
+    _check(e.name in ESTIMATORS, "estimator.name", f"unknown estimator {e.name!r}; known: {ESTIMATORS.names()}")
+    _check(e.num_nodes >= 1, "estimator.num_nodes", "must be >= 1")
+    _check(e.samples_per_node >= 1, "estimator.samples_per_node", "must be >= 1")
+    _check(e.masking in ("exact_count", "bernoulli", "reference"), "estimator.masking",
+           "must be exact_count, bernoulli or reference")
+    _check(tr.algorithm == "gdpo", "train.algorithm", f"unknown algorithm {tr.algorithm!r}; this release has: gdpo")
+    _check(tr.learning_rate > 0, "train.learning_rate", "must be > 0")
+    _check(tr.max_steps >= 0, "train.max_steps", "must be >= 0")
+    _check(tr.prompts_per_step >= 1, "train.prompts_per_step", "must be >= 1")
+    _check(tr.num_generations >= 2, "train.num_generations", "group size G must be >= 2 (advantages need a group)")
+    _check(tr.num_iterations >= 1, "train.num_iterations", "must be >= 1")
+    _check(0 < tr.epsilon < 1, "train.epsilon", "must be in (0, 1)")
+    _check(tr.epsilon_high is None or tr.epsilon_high > 0, "train.epsilon_high", "must be > 0")
+    _check(tr.beta >= 0, "train.beta", "must be >= 0")
+    _check(tr.scale_rewards in ("none", "group", "batch"), "train.scale_rewards", "must be none, group or batch")
+    _check(tr.max_grad_norm >= 0, "train.max_grad_norm", "must be >= 0")
+    _check(tr.save_steps >= 1 and tr.logging_steps >= 1, "train.save_steps", "save_steps and logging_steps must be >= 1")
+    _check(tr.report_to in ("none", "tensorboard", "wandb", "trackio"), "train.report_to", "unknown tracker")
+    _check(ev.num_puzzles >= 1 and ev.batch_size >= 1, "eval.num_puzzles", "num_puzzles and batch_size must be >= 1")
+
+
+def validate_pretrain(cfg: PretrainConfig) -> None:
+    """Check a pretrain config. Raises ``ConfigError`` naming the key."""
+    for key in ("steps", "batch_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "eval_puzzles"):
+        _check(getattr(cfg, key) >= 1, key, "must be >= 1")
+    _check(cfg.hidden_size % cfg.num_heads == 0, "num_heads", "must divide hidden_size")
+    _check(cfg.learning_rate > 0, "learning_rate", "must be > 0")
+    _check(1 <= cfg.min_blanks <= cfg.max_blanks <= 12, "min_blanks", "need 1 <= min_blanks <= max_blanks <= 12")

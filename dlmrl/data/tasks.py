@@ -1,0 +1,128 @@
+"""Tasks turn examples into model inputs (prompt, initial canvas) and completions into rewards.
+
+A task is registered in ``TASKS``. Batches are deterministic functions of ``(seed, step)`` so a
+resumed run sees exactly the data an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dlmrl.data.sudoku import (
+    SudokuExample,
+    generate_examples,
+    load_sudoku_file,
+    load_test_split,
+    split_grids,
+)
+from dlmrl.registry import Registry
+from dlmrl.rewards.sudoku import sudoku_reward
+
+TASKS: Registry[type] = Registry("task")
+
+
+@dataclass
+class TaskBatch:
+    """Model inputs for a list of examples.
+
+    Attributes:
+        examples: the ``B`` examples.
+        prompt_ids: ``(B, P)`` long, left-padded.
+        prompt_mask: ``(B, P)`` bool, True on real prompt tokens.
+        canvas: ``(B, L)`` long, the initial canvas (mask tokens where the model must write).
+        completion_mask: ``(B, L)`` bool, the positions the model writes and the estimators score.
+    """
+
+    examples: list
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    canvas: torch.Tensor
+    completion_mask: torch.Tensor
+
+    def repeat(self, g: int) -> TaskBatch:
+        """Each row repeated ``g`` times in place (a group of ``g`` completions per prompt)."""
+        rep = lambda x: x.repeat_interleave(g, dim=0)
+        return TaskBatch([e for e in self.examples for _ in range(g)], rep(self.prompt_ids),
+                         rep(self.prompt_mask), rep(self.canvas), rep(self.completion_mask))
+
+
+@TASKS.register("sudoku")
+class SudokuTask:
+    """4x4 Sudoku (d1, arXiv 2504.12216): prompt = ``[BOS] puzzle =``; answer = the 16 cells, row-major.
+
+    ``answer_mode="infill"`` pre-places the given digits on the canvas and masks only the blanks
+    (a natural diffusion-LM mode: the model can never change a given). ``"full"`` masks all 16
+    cells, as d1's format where the model writes the whole grid.
+    """
+
+    gen_length = 16
+
+    def __init__(self, tokenizer, mask_token_id: int, answer_mode: str = "infill", min_blanks: int = 6,
+                 max_blanks: int = 10, train_file: str | None = None, test_file: str | None = None):
+        if answer_mode not in ("infill", "full"):
+            raise ValueError(f"answer_mode must be 'infill' or 'full', got {answer_mode!r}")
+        self.tokenizer = tokenizer
+        self.mask_token_id = mask_token_id
+        self.answer_mode = answer_mode
+        self.min_blanks, self.max_blanks = min_blanks, max_blanks
+        self.train_grids, _ = split_grids()
+        self.train_examples = load_sudoku_file(train_file) if train_file else None
+        self.test_examples = load_sudoku_file(test_file) if test_file else load_test_split()
+        vocab = tokenizer.get_vocab()
+        self._digit_ids = [vocab[str(d)] for d in range(10)]
+        self._id_to_char = {i: (t if len(t) == 1 else "?") for t, i in vocab.items()}
+
+    # -- data ---------------------------------------------------------------------------------
+    def train_batch(self, n: int, seed: int, step: int) -> list[SudokuExample]:
+        """``n`` training examples for ``step``: generated from training grids, or drawn from ``train_file``."""
+        rng = random.Random(f"{seed}-{step}")
+        if self.train_examples is not None:
+            return [rng.choice(self.train_examples) for _ in range(n)]
+        return generate_examples(self.train_grids, n, self.min_blanks, self.max_blanks, rng)
+
+    def test_batch(self, n: int) -> list[SudokuExample]:
+        """The first ``n`` held-out examples (raises ValueError if fewer exist)."""
+        if n > len(self.test_examples):
+            raise ValueError(f"asked for {n} held-out puzzles, the test split has {len(self.test_examples)}")
+        return self.test_examples[:n]
+
+    # -- encoding -----------------------------------------------------------------------------
+    def encode(self, examples: Sequence[SudokuExample], device: str | torch.device = "cpu") -> TaskBatch:
+        tok = self.tokenizer
+        enc = tok([tok.bos_token + e.puzzle + "=" for e in examples], add_special_tokens=False,
+                  padding=True, return_tensors="pt")
+        digits = torch.tensor(self._digit_ids)
+        puzzles = torch.tensor([[int(c) for c in e.puzzle] for e in examples]).reshape(len(examples), 16)
+        if self.answer_mode == "infill":
+            blank = puzzles == 0
+            canvas = torch.where(blank, torch.tensor(self.mask_token_id), digits[puzzles])
+        else:
+            canvas = torch.full_like(puzzles, self.mask_token_id)
+        return TaskBatch(list(examples), enc["input_ids"].to(device), enc["attention_mask"].bool().to(device),
+                         canvas.to(device), (canvas == self.mask_token_id).to(device))
+
+    def decode(self, canvas: torch.Tensor) -> list[str]:
+        """Canvas rows → answer strings; stops at EOS, other special tokens become ``?`` (a wrong cell)."""
+        eos = self.tokenizer.eos_token_id
+        out = []
+        for row in canvas.tolist():
+            chars = []
+            for i in row:
+                if i == eos:
+                    break
+                chars.append(self._id_to_char.get(i, "?"))
+            out.append("".join(chars))
+        return out
+
+    def rewards(self, examples: Sequence[SudokuExample], texts: Sequence[str]) -> list[float]:
+        """Fraction of blank cells right (SPEC §7), one float per completion."""
+        return sudoku_reward(None, list(texts), puzzle=[e.puzzle for e in examples],
+                             solution=[e.solution for e in examples])
+
+    def sft_answer(self, example: SudokuExample) -> str:
+        """The target canvas text for supervised pretraining."""
+        return example.solution

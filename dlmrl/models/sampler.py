@@ -1,0 +1,291 @@
+"""Diffusion sampling: semi-autoregressive block decoding with low-confidence remasking.
+
+The canvas of ``gen_length`` mask tokens after the prompt is split into blocks of
+``block_length`` decoded left to right. Each block gets ``steps // num_blocks`` denoising steps;
+at every step the policy predicts all positions, a token ``x0`` is drawn for each masked position
+(argmax, or Gumbel-max at ``temperature > 0``) and the most confident masked positions of the
+current block are revealed. Revealed tokens are never remasked.
+
+Reference: LLaDA, Nie et al., arXiv 2502.09992, Algorithm "low-confidence remasking" and the
+released ``generate.py`` (``generate``, ``get_num_transfer_tokens``, ``add_gumbel_noise``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dlmrl.models.policy import canvas_logits
+
+REMASKING = ("low_confidence", "random")
+
+
+@dataclass
+class SampleOutput:
+    """Result of :func:`generate`.
+
+    Attributes:
+        canvas: ``(B, L)`` long, the decoded completion (prompt not included), no mask tokens left.
+        nfe: forward passes run per sequence (a classifier-free-guidance step counts 2).
+    """
+
+    canvas: torch.Tensor
+    nfe: int
+
+
+def num_transfer_tokens(mask_index: torch.Tensor, steps: int) -> torch.Tensor:
+    """Tokens to reveal at each step of a block: each row's mask count split evenly over the steps.
+
+    The remainder goes to the first steps (32 masks over 5 steps -> 7, 7, 6, 6, 6). Rows may have
+    different mask counts (infilling); each row's schedule sums to its own count.
+
+    Args:
+        mask_index: ``(B, Lb)`` bool, True where the block is still masked.
+        steps: number of steps for the block, ``>= 1``.
+    Returns:
+        ``(B, steps)`` long.
+    Raises:
+        ValueError: if ``steps < 1`` or ``mask_index`` is not 2-D.
+    Reference: LLaDA arXiv 2502.09992, ``get_num_transfer_tokens``.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if mask_index.dim() != 2:
+        raise ValueError(f"mask_index must be (B, Lb), got shape {tuple(mask_index.shape)}")
+    count = mask_index.long().sum(dim=1, keepdim=True)  # (B, 1)
+    base, remainder = count // steps, count % steps
+    step = torch.arange(steps, device=mask_index.device)[None, :]  # (1, steps)
+    return base + (step < remainder).long()  # (B, steps)
+
+
+def add_gumbel_noise(
+    logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Perturb logits so that their argmax is a sample from ``softmax(logits / temperature)``.
+
+    Computed in float64 as ``logits + temperature * g`` with ``g ~ Gumbel(0, 1)``, the logarithm
+    of LLaDA's ``exp(logits) / (-log u)^temperature``: the same argmax, without overflow for large
+    logits. ``-inf`` logits stay ``-inf``.
+
+    Args:
+        logits: ``(..., V)`` float.
+        temperature: ``>= 0``; ``0`` returns ``logits`` unchanged (greedy).
+        generator: source of the uniform noise.
+    Returns:
+        ``(..., V)`` float64 noised logits (or ``logits`` itself when ``temperature == 0``).
+    Raises:
+        ValueError: if ``temperature < 0``.
+    Reference: LLaDA arXiv 2502.09992, ``add_gumbel_noise`` (float64 noise, as the authors note
+    low precision degrades Gumbel-max sampling).
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0:
+        return logits
+    logits = logits.to(torch.float64)
+    u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=torch.float64)
+    u = u.clamp_min(torch.finfo(torch.float64).tiny)  # u = 0 would give log(0)
+    gumbel = -torch.log(-torch.log(u))  # (..., V)
+    return logits + temperature * gumbel
+
+
+def _validate(
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    canvas: torch.Tensor | None,
+    gen_length: int,
+    block_length: int,
+    steps: int,
+    remasking: str,
+    eos_token_id: int | None,
+    fill_after_eos: bool,
+) -> tuple[int, int]:
+    """Check arguments of :func:`generate`; return ``(num_blocks, steps_per_block)``."""
+    if prompt_ids.dim() != 2:
+        raise ValueError(f"prompt_ids must be (B, P), got shape {tuple(prompt_ids.shape)}")
+    if prompt_mask.shape != prompt_ids.shape:
+        raise ValueError(
+            f"prompt_mask shape {tuple(prompt_mask.shape)} != prompt_ids shape {tuple(prompt_ids.shape)}"
+        )
+    if gen_length < 1 or block_length < 1:
+        raise ValueError(f"gen_length ({gen_length}) and block_length ({block_length}) must be >= 1")
+    if gen_length % block_length != 0:
+        raise ValueError(f"gen_length ({gen_length}) must be divisible by block_length ({block_length})")
+    num_blocks = gen_length // block_length
+    if steps % num_blocks != 0:
+        raise ValueError(
+            f"steps ({steps}) must be divisible by the number of blocks "
+            f"(gen_length / block_length = {gen_length} / {block_length} = {num_blocks})"
+        )
+    if steps // num_blocks < 1:
+        raise ValueError(f"steps ({steps}) must give >= 1 step per block ({num_blocks} blocks)")
+    if remasking not in REMASKING:
+        raise ValueError(f"unknown remasking {remasking!r}; expected one of {REMASKING}")
+    if canvas is not None and canvas.shape != (prompt_ids.shape[0], gen_length):
+        raise ValueError(
+            f"canvas shape {tuple(canvas.shape)} != (batch, gen_length) = ({prompt_ids.shape[0]}, {gen_length})"
+        )
+    if fill_after_eos and eos_token_id is None:
+        raise ValueError("fill_after_eos=True needs eos_token_id")
+    return num_blocks, steps // num_blocks
+
+
+def _guided_logits(
+    policy,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    canvas: torch.Tensor,
+    mask_id: int,
+    cfg_scale: float,
+) -> torch.Tensor:
+    """Canvas logits ``(B, L, V)``, with classifier-free guidance when ``cfg_scale > 0``.
+
+    The unconditional pass replaces the real prompt tokens by the mask token (padding untouched)
+    and runs in the same batch as the conditional one; guided logits are
+    ``un + (cfg_scale + 1) * (cond - un)`` (LLaDA arXiv 2502.09992, ``generate``).
+    """
+    if cfg_scale <= 0:
+        return canvas_logits(policy, prompt_ids, prompt_mask, canvas)
+    un_prompt = prompt_ids.masked_fill(prompt_mask, mask_id)  # (B, P)
+    both = canvas_logits(
+        policy,
+        torch.cat([prompt_ids, un_prompt]),
+        torch.cat([prompt_mask, prompt_mask]),
+        torch.cat([canvas, canvas]),
+    )  # (2B, L, V)
+    cond, un = both.chunk(2, dim=0)
+    return un + (cfg_scale + 1) * (cond - un)
+
+
+def fill_after_first(canvas: torch.Tensor, token_id: int) -> torch.Tensor:
+    """Set every position after each row's first ``token_id`` to ``token_id``: ``(B, L)`` -> ``(B, L)``."""
+    seen = (canvas == token_id).long().cumsum(dim=1) > 0  # (B, L)
+    return canvas.masked_fill(seen, token_id)
+
+
+@torch.no_grad()
+def generate(
+    policy,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    *,
+    gen_length: int,
+    block_length: int,
+    steps: int,
+    temperature: float = 0.0,
+    remasking: str = "low_confidence",
+    cfg_scale: float = 0.0,
+    canvas: torch.Tensor | None = None,
+    eos_token_id: int | None = None,
+    fill_after_eos: bool = False,
+    generator: torch.Generator | None = None,
+) -> SampleOutput:
+    """Decode a canvas after each prompt by iterative unmasking, block by block.
+
+    Per step: one forward pass (two with CFG) over ``[prompt | canvas]``; the mask token's logit
+    is set to ``-inf`` so it is never sampled; ``x0`` = argmax of the (Gumbel-noised, if
+    ``temperature > 0``) logits; confidence = softmax probability of ``x0`` under the un-noised
+    logits in float64 (``low_confidence``) or a uniform number (``random``); positions that are
+    not masked or lie outside the current block get ``-inf``; each row reveals its ``k`` most
+    confident positions, ``k`` from :func:`num_transfer_tokens` of that row's masks in the block
+    (ties go to the leftmost position). A step at which no row reveals anything (e.g. a block with
+    no masks in an infilling canvas) is skipped without a forward pass.
+
+    Infilling: pass ``canvas`` with some positions already filled; only positions equal to the
+    policy's ``mask_token_id`` are decoded, filled positions never change.
+
+    EOS: with ``eos_token_id`` given and ``fill_after_eos=True``, after decoding every position
+    after a row's first EOS is set to EOS (the padded form LLaDA-style models are trained to emit;
+    this also overwrites filled positions of an infilling canvas that lie after an EOS). Without
+    it the canvas is returned as decoded.
+
+    Args:
+        policy: callable ``(input_ids (B, T) long, attention_mask (B, T) bool) -> (B, T, V)`` with a
+            ``mask_token_id`` attribute, e.g. a ``MaskedDiffusionPolicy``.
+        prompt_ids: ``(B, P)`` long, left-padded prompts.
+        prompt_mask: ``(B, P)`` bool, True on real prompt tokens.
+        gen_length: canvas length ``L``.
+        block_length: block size; must divide ``gen_length``.
+        steps: total denoising steps; must be a positive multiple of ``gen_length / block_length``.
+        temperature: Gumbel-max temperature; ``0`` is greedy.
+        remasking: ``"low_confidence"`` or ``"random"``.
+        cfg_scale: classifier-free guidance scale ``s``; ``0`` disables it. Guided logits are
+            ``un + (s + 1)(cond - un)``, the unconditional pass seeing the real prompt tokens masked.
+        canvas: optional ``(B, L)`` long starting canvas (infilling); default all masks.
+        eos_token_id: EOS id, used only by ``fill_after_eos``.
+        fill_after_eos: fill everything after each row's first EOS with EOS.
+        generator: the only source of randomness (Gumbel noise, random confidences).
+    Returns:
+        :class:`SampleOutput` with ``canvas`` ``(B, L)`` long and ``nfe``.
+    Raises:
+        ValueError: if ``gen_length % block_length != 0``, ``steps % num_blocks != 0``, fewer than
+            one step per block, an unknown ``remasking``, mismatched ``prompt_mask`` / ``canvas``
+            shapes, negative ``temperature``, ``fill_after_eos`` without ``eos_token_id``, or a
+            policy without ``mask_token_id``.
+    Reference: LLaDA arXiv 2502.09992, Algorithm (low-confidence remasking) and ``generate``.
+    """
+    num_blocks, block_steps = _validate(
+        prompt_ids,
+        prompt_mask,
+        canvas,
+        gen_length,
+        block_length,
+        steps,
+        remasking,
+        eos_token_id,
+        fill_after_eos,
+    )
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if getattr(policy, "mask_token_id", None) is None:
+        raise ValueError("policy must have a mask_token_id attribute")
+    mask_id = int(policy.mask_token_id)
+    prompt_mask = prompt_mask.bool()
+    B = prompt_ids.shape[0]
+    if canvas is None:
+        x = torch.full((B, gen_length), mask_id, dtype=torch.long, device=prompt_ids.device)  # (B, L)
+    else:
+        x = canvas.to(device=prompt_ids.device, dtype=torch.long).clone()  # (B, L)
+    nfe = 0
+    passes = 2 if cfg_scale > 0 else 1
+
+    for block in range(num_blocks):
+        lo, hi = block * block_length, (block + 1) * block_length
+        schedule = num_transfer_tokens(x[:, lo:hi] == mask_id, block_steps)  # (B, steps)
+        for step in range(block_steps):
+            k = schedule[:, step]  # (B,)
+            if not bool((k > 0).any()):
+                continue
+            logits = _guided_logits(policy, prompt_ids, prompt_mask, x, mask_id, cfg_scale)[:, lo:hi]
+            nfe += passes
+            logits = logits.clone()  # (B, Lb, V)
+            logits[..., mask_id] = float("-inf")
+            x0 = add_gumbel_noise(logits, temperature, generator).argmax(dim=-1)  # (B, Lb)
+            if remasking == "low_confidence":
+                probs = torch.softmax(logits.to(torch.float64), dim=-1)  # (B, Lb, V)
+                conf = probs.gather(-1, x0[..., None]).squeeze(-1)  # (B, Lb)
+            else:
+                conf = torch.rand(x0.shape, generator=generator, device=x0.device, dtype=torch.float64)
+            masked = x[:, lo:hi] == mask_id  # (B, Lb)
+            conf = conf.masked_fill(~masked, float("-inf"))
+            order = conf.argsort(dim=1, descending=True, stable=True)  # (B, Lb)
+            rank = torch.empty_like(order).scatter_(
+                1, order, torch.arange(order.shape[1], device=order.device).expand_as(order)
+            )  # (B, Lb): rank of each position by confidence
+            reveal = (rank < k[:, None]) & masked  # (B, Lb)
+            x[:, lo:hi] = torch.where(reveal, x0, x[:, lo:hi])
+
+    if fill_after_eos:
+        x = fill_after_first(x, eos_token_id)
+    return SampleOutput(canvas=x, nfe=nfe)
+
+
+__all__ = [
+    "REMASKING",
+    "SampleOutput",
+    "add_gumbel_noise",
+    "fill_after_first",
+    "generate",
+    "num_transfer_tokens",
+]

@@ -1,0 +1,42 @@
+"""The tiny default's character-level tokenizer (built with ``tokenizers``, saved with ``save_pretrained``).
+
+Every character is one token; special tokens are ``[PAD] [BOS] [EOS] [MASK] [UNK]``. The alphabet
+covers the Sudoku task (digits, ``=``, newline, space, ``|``) so decoded canvases read as grids.
+"""
+
+from __future__ import annotations
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+SPECIAL_TOKENS = ["[PAD]", "[BOS]", "[EOS]", "[MASK]", "[UNK]"]
+ALPHABET = "0123456789=\n |"
+
+
+def build_char_tokenizer(alphabet: str = ALPHABET) -> PreTrainedTokenizerFast:
+    """A character-level fast tokenizer with a ``[MASK]`` token.
+
+    Args:
+        alphabet: the characters, one token each (after the 5 special tokens, in this order).
+    Returns:
+        ``PreTrainedTokenizerFast`` with ``mask_token_id`` 3, ``eos_token_id`` 2, ``pad_token_id`` 0,
+        left padding (prompts are left-padded for diffusion sampling).
+    Raises:
+        ValueError: if the alphabet repeats a character.
+    """
+    if len(set(alphabet)) != len(alphabet):
+        raise ValueError(f"alphabet repeats a character: {alphabet!r}")
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + list(alphabet))}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token="[PAD]",
+        bos_token="[BOS]",
+        eos_token="[EOS]",
+        mask_token="[MASK]",
+        unk_token="[UNK]",
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )

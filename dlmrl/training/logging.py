@@ -1,0 +1,61 @@
+"""Run files: ``metrics.jsonl`` (one JSON object per step) and the reward-curve PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+class MetricsWriter:
+    """Appends one JSON line per logged step; on resume, drops lines past the resumed step."""
+
+    def __init__(self, path: str | Path, resume_step: int | None = None):
+        self.path = Path(path)
+        if resume_step is not None and self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            self.path.write_text("".join(line + "\n" for line in kept))
+        elif resume_step is None:
+            self.path.write_text("")
+
+    def write(self, record: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def plot_curves(metrics_path: str | Path, png_path: str | Path, summary: dict | None = None) -> None:
+    """Plot reward mean (with a moving average) and loss against step; mark held-out accuracy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(metrics_path)
+    if not rows:
+        return
+    steps = [r["step"] for r in rows]
+    reward = [r["reward_mean"] for r in rows]
+    window = max(1, len(reward) // 20)
+    smooth = [sum(reward[max(0, i - window + 1): i + 1]) / len(reward[max(0, i - window + 1): i + 1])
+              for i in range(len(reward))]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    axes[0].plot(steps, reward, alpha=0.35, label="rollout reward (mean)")
+    axes[0].plot(steps, smooth, label=f"moving average ({window})")
+    if summary:
+        for key, style in (("eval_before", "--"), ("eval_after", "-")):
+            if summary.get(key):
+                axes[0].axhline(summary[key]["cell_accuracy"], ls=style, color="k", lw=0.8,
+                                label=f"held-out cell acc. {key[5:]}")
+    axes[0].set_xlabel("step")
+    axes[0].set_ylabel("reward / accuracy")
+    axes[0].legend(fontsize=7)
+    axes[1].plot(steps, [r["loss"] for r in rows])
+    axes[1].set_xlabel("step")
+    axes[1].set_ylabel("loss")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)

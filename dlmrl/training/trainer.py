@@ -1,0 +1,229 @@
+"""The GDPO trainer: one loop that reads top to bottom (rollout, reward, advantages, old scores, μ updates,
+log, checkpoint), on ``accelerate``.
+
+Every random draw of step ``s`` comes from a generator seeded with ``(seed, s)``, so a run resumed
+from a checkpoint takes exactly the same steps as an uninterrupted one.
+Reference: GDPO, arXiv 2510.08554 (Algorithm 1); data flow in DESIGN.md.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from tqdm.auto import tqdm
+from transformers import get_scheduler
+
+from dlmrl.config import Config, save_yaml, validate
+from dlmrl.data import TASKS
+from dlmrl.estimators import ESTIMATORS, score
+from dlmrl.models.loading import load_policy
+from dlmrl.models.sampler import generate
+from dlmrl.objectives import gdpo_loss, group_advantages
+from dlmrl.training.checkpoint import atomic_dir, latest_checkpoint, write_json_atomic
+from dlmrl.training.evaluation import evaluate
+from dlmrl.training.logging import MetricsWriter, plot_curves
+
+
+@dataclass
+class RunState:
+    """What a checkpoint needs beyond model/optimizer/scheduler: the next step and eval-before."""
+
+    step: int = 0
+    eval_before: dict | None = None
+    train_seconds: float = 0.0
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "eval_before": self.eval_before, "train_seconds": self.train_seconds}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.eval_before = state["step"], state["eval_before"]
+        self.train_seconds = state.get("train_seconds", 0.0)
+
+
+def step_generator(seed: int, step: int) -> torch.Generator:
+    """The generator all randomness of one step comes from."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + step)
+
+
+def build_task(cfg: Config, policy):
+    t = cfg.task
+    return TASKS.get(t.name)(policy.tokenizer, policy.mask_token_id, answer_mode=t.answer_mode,
+                             min_blanks=t.min_blanks, max_blanks=t.max_blanks,
+                             train_file=t.train_file, test_file=t.test_file)
+
+
+def build_estimator(cfg: Config):
+    e = cfg.estimator
+    if e.name == "sdmc":
+        return ESTIMATORS.get("sdmc")(num_nodes=e.num_nodes, samples_per_node=e.samples_per_node, masking=e.masking)
+    if e.name == "double_mc":
+        return ESTIMATORS.get("double_mc")(num_samples=e.num_nodes * e.samples_per_node, masking=e.masking)
+    return ESTIMATORS.get(e.name)()
+
+
+def _eval(cfg: Config, policy, task) -> dict:
+    return evaluate(policy, task, num_puzzles=cfg.eval.num_puzzles, steps=cfg.eval.steps,
+                    block_length=cfg.sampling.block_length, temperature=cfg.eval.temperature,
+                    batch_size=cfg.eval.batch_size, seed=cfg.train.seed)
+
+
+def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
+    """Run GDPO as configured; write the run files of DESIGN.md; return ``summary.json``'s content.
+
+    Raises:
+        ConfigError: on an invalid config (before any model is loaded).
+        FileNotFoundError: ``resume=True`` with no checkpoint in ``output_dir``.
+    """
+    validate(cfg)
+    tr, out = cfg.train, Path(cfg.output_dir)
+    ckpt = latest_checkpoint(out) if resume else None
+    if resume and ckpt is None:
+        raise FileNotFoundError(f"--resume: no checkpoint under {out / 'checkpoints'}")
+    out.mkdir(parents=True, exist_ok=True)
+    accelerator = Accelerator(log_with=None if tr.report_to == "none" else tr.report_to, project_dir=str(out))
+    torch.manual_seed(tr.seed)
+
+    policy = load_policy(cfg.model.name_or_path, cfg.model.family, cfg.model.trust_remote_code, cfg.model.dtype)
+    ref = (load_policy(cfg.model.name_or_path, cfg.model.family, cfg.model.trust_remote_code, cfg.model.dtype)
+           if tr.beta > 0 else None)
+    if ref is not None:
+        ref.model.requires_grad_(False).eval()
+    task, estimator = build_task(cfg, policy), build_estimator(cfg)
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=tr.learning_rate, betas=(tr.adam_beta1, tr.adam_beta2),
+                                  weight_decay=tr.weight_decay)
+    total_updates = tr.max_steps * tr.num_iterations
+    scheduler = get_scheduler(tr.lr_scheduler_type, optimizer, num_warmup_steps=tr.warmup_steps * tr.num_iterations,
+                              num_training_steps=max(total_updates, 1))
+    policy.model, optimizer, scheduler = accelerator.prepare(policy.model, optimizer, scheduler)
+    state = RunState()
+    accelerator.register_for_checkpointing(state)
+    if ckpt is not None:
+        accelerator.load_state(str(ckpt))
+        accelerator.print(f"resumed from {ckpt} at step {state.step}")
+    if accelerator.is_main_process:
+        save_yaml(cfg, out / "config.yaml")
+    if tr.report_to != "none":
+        accelerator.init_trackers("dlmrl", config=None)
+    metrics_writer = MetricsWriter(out / "metrics.jsonl", resume_step=state.step if ckpt else None)
+
+    if cfg.eval.before and state.eval_before is None:
+        state.eval_before = _eval(cfg, policy, task)
+        accelerator.print(f"held-out cell accuracy before: {state.eval_before['cell_accuracy']:.4f}")
+
+    def save_checkpoint() -> None:
+        with atomic_dir(out / "checkpoints" / f"step-{state.step}") as tmp:
+            accelerator.save_state(str(tmp), safe_serialization=True)
+        for old in sorted((out / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))[:-2]:
+            import shutil
+
+            shutil.rmtree(old, ignore_errors=True)
+
+    stop = {"now": False}
+    previous_handler = signal.signal(signal.SIGINT, lambda *_: stop.update(now=True))
+    bar = tqdm(total=tr.max_steps, initial=state.step, desc="gdpo", disable=not progress)
+    G, s_cfg = tr.num_generations, cfg.sampling
+    try:
+        while state.step < tr.max_steps and not stop["now"]:
+            t0 = time.time()
+            gen = step_generator(tr.seed, state.step)
+            # 1. rollout: G completions per prompt
+            examples = task.train_batch(tr.prompts_per_step, tr.seed, state.step)
+            batch = task.encode(examples, device=policy.device).repeat(G)
+            policy.model.eval()
+            rollout = generate(policy, batch.prompt_ids, batch.prompt_mask, gen_length=task.gen_length,
+                               block_length=s_cfg.block_length, steps=s_cfg.steps, temperature=s_cfg.temperature,
+                               remasking=s_cfg.remasking, cfg_scale=s_cfg.cfg_scale, canvas=batch.canvas,
+                               generator=gen)
+            completion = rollout.canvas  # (B, L)
+            t1 = time.time()
+            # 2. rewards
+            rewards = torch.tensor(task.rewards(batch.examples, task.decode(completion)), dtype=torch.float32)
+            # 3. advantages (group statistics)
+            adv = group_advantages(rewards, G, tr.scale_rewards)  # (B,)
+            # Rows with A = 0 add exactly nothing to the clipped surrogate; with β = 0 they need no scoring.
+            rows = torch.arange(len(adv)) if tr.beta > 0 else torch.nonzero(adv != 0).squeeze(-1)
+            row_weight = len(rows) / len(adv)
+            p_ids, p_mask = batch.prompt_ids[rows], batch.prompt_mask[rows]
+            comp, comp_mask = completion[rows], batch.completion_mask[rows]
+            lengths = comp_mask.sum(-1).float()  # (B',) tokens scored
+            # (no row to score: every group's rewards were equal, so this batch carries no signal)
+            plans = [estimator.make_plan(comp_mask, gen) for _ in range(tr.num_iterations)] if len(rows) else []
+            # 4. old (and reference) scores, once per rollout batch, on the same MaskPlans
+            with torch.no_grad():
+                old = [None] + [score(policy, p_ids, p_mask, comp, comp_mask, plan, plan.num_samples).sequence
+                                for plan in plans[1:]]
+                ref_scores = ([score(ref, p_ids, p_mask, comp, comp_mask, plan, plan.num_samples).sequence
+                               for plan in plans]
+                              if ref is not None else [None] * len(plans))
+            t2 = time.time()
+            # 5. μ inner updates, each on a fresh MaskPlan shared by old/new/ref
+            policy.model.train()
+            logs: list[dict] = []
+            for j, plan in enumerate(plans):
+                new = score(policy, p_ids, p_mask, comp, comp_mask, plan, plan.num_samples).sequence  # (B',)
+                elbo_old = new.detach() if j == 0 else old[j]
+                loss, m = gdpo_loss(new, elbo_old, adv[rows], lengths, tr.epsilon, tr.epsilon_high, tr.beta,
+                                    ref_scores[j])
+                accelerator.backward(loss * row_weight)
+                if tr.max_grad_norm > 0:
+                    m["grad_norm"] = float(accelerator.clip_grad_norm_(policy.model.parameters(), tr.max_grad_norm))
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+                logs.append({**m, "loss": loss.item() * row_weight})
+            # 6. log
+            state.step += 1
+            elapsed = time.time() - t0
+            state.train_seconds += elapsed
+            record = {"step": state.step, "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
+                      "solve_rate": (rewards == 1).float().mean().item(), "rows_scored": len(rows),
+                      "lr": scheduler.get_last_lr()[0], "nfe_sampling": rollout.nfe, "nfe_scoring": estimator.nfe,
+                      "seconds_rollout": t1 - t0, "seconds_scoring_old": t2 - t1, "seconds_update": time.time() - t2,
+                      "seconds_step": elapsed}
+            for key in ("loss", "ratio_mean", "ratio_min", "ratio_max", "clip_frac_low", "clip_frac_high", "kl",
+                        "grad_norm"):
+                vals = [lg[key] for lg in logs if key in lg]
+                record[key] = sum(vals) / len(vals) if vals else 0.0
+            if accelerator.is_main_process and state.step % tr.logging_steps == 0:
+                metrics_writer.write(record)
+                if tr.report_to != "none":
+                    accelerator.log(record, step=state.step)
+            bar.update(1)
+            bar.set_postfix(reward=f"{record['reward_mean']:.3f}", loss=f"{record['loss']:.4f}")
+            # 7. checkpoint
+            if state.step % tr.save_steps == 0 or state.step == tr.max_steps or stop["now"]:
+                save_checkpoint()
+    finally:
+        bar.close()
+        signal.signal(signal.SIGINT, previous_handler)
+    if stop["now"]:
+        if state.step % tr.save_steps != 0:
+            save_checkpoint()
+        accelerator.print(f"interrupted at step {state.step}; continue with --resume")
+        raise KeyboardInterrupt
+
+    eval_after = _eval(cfg, policy, task) if cfg.eval.after else None
+    summary = {"eval_before": state.eval_before, "eval_after": eval_after, "steps": state.step,
+               "train_seconds": round(state.train_seconds, 1)}
+    if eval_after and state.eval_before:
+        summary["cell_accuracy_gain"] = eval_after["cell_accuracy"] - state.eval_before["cell_accuracy"]
+        accelerator.print(f"held-out cell accuracy: before {state.eval_before['cell_accuracy']:.4f} "
+                          f"after {eval_after['cell_accuracy']:.4f}")
+    if accelerator.is_main_process:
+        rows_logged = (out / "metrics.jsonl").read_text().splitlines()
+        if rows_logged:
+            import json
+
+            summary["final_metrics"] = json.loads(rows_logged[-1])
+        write_json_atomic(out / "summary.json", summary)
+        plot_curves(out / "metrics.jsonl", out / "reward_curve.png", summary)
+        with atomic_dir(out / "final_model") as tmp:
+            accelerator.unwrap_model(policy.model).save_pretrained(tmp, safe_serialization=True)
+            policy.tokenizer.save_pretrained(tmp)
+    accelerator.end_training()
+    return summary

@@ -1,0 +1,18 @@
+"""Helpers for tests that need a real (tiny, random) transformers checkpoint on disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dlmrl.models.tiny import build_tiny_model
+from dlmrl.models.tokenizer import build_char_tokenizer
+
+
+def save_tiny_checkpoint(path: Path, hidden_size: int = 32, num_layers: int = 2, seed: int = 0) -> Path:
+    """A random bidirectional Llama + char tokenizer saved with ``save_pretrained`` (a few KB, < 1 s)."""
+    tok = build_char_tokenizer()
+    model = build_tiny_model(len(tok), hidden_size=hidden_size, num_layers=num_layers, num_heads=2,
+                             intermediate_size=2 * hidden_size, seed=seed)
+    model.save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    return path

@@ -1,0 +1,94 @@
+import pytest
+
+from dlmrl.cli import default_config_path, main
+from dlmrl.config import Config, ConfigError, apply_overrides, help_text, iter_fields, load_yaml, validate
+
+
+def test_default_recipe_loads_and_validates():
+    cfg = Config()
+    load_yaml(cfg, default_config_path())
+    validate(cfg)
+    assert cfg.model.name_or_path == "tiny-sudoku"
+    assert cfg.estimator.name == "sdmc"
+
+
+def test_recipe_in_configs_is_the_packaged_one():
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "configs" / "gdpo_sudoku_tiny.yaml"
+    assert src.read_text() == default_config_path().read_text()
+
+
+def test_overrides_dotted_and_bare():
+    cfg = Config()
+    apply_overrides(cfg, ["train.learning_rate=3e-5", "num_generations=4", "epsilon_high=0.28", "task.train_file=null"])
+    assert cfg.train.learning_rate == 3e-5 and cfg.train.num_generations == 4
+    assert cfg.train.epsilon_high == 0.28 and cfg.task.train_file is None
+
+
+def test_string_override_keeps_text():
+    cfg = Config()
+    apply_overrides(cfg, ["model.name_or_path=123"])
+    assert cfg.model.name_or_path == "123"
+
+
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("nope=1", "unknown config key 'nope'"),
+        ("learning_rat=1", "Did you mean"),
+        ("steps=3", "ambiguous"),
+        ("train.max_steps=abc", "train.max_steps"),
+        ("train.max_steps=1.5", "expects int"),
+        ("noequals", "key=value"),
+    ],
+)
+def test_bad_overrides_name_the_key(override, match):
+    with pytest.raises(ConfigError, match=match):
+        apply_overrides(Config(), [override])
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("epsilon=1.5", "train.epsilon"),
+        ("num_generations=1", "train.num_generations"),
+        ("sampling.block_length=5", "sampling.block_length"),
+        ("sampling.steps=3", "sampling.steps"),
+        ("estimator.name=foo", "estimator.name"),
+        ("estimator.masking=foo", "estimator.masking"),
+        ("task.answer_mode=foo", "task.answer_mode"),
+        ("scale_rewards=foo", "train.scale_rewards"),
+    ],
+)
+def test_validation_names_the_key(override, key):
+    cfg = Config()
+    apply_overrides(cfg, [override])
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate(cfg)
+
+
+def test_yaml_error_names_file_and_line(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("train:\n  learning_rate: 1e-4\n  max_stepz: 3\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml line 3"):
+        load_yaml(Config(), p)
+
+
+def test_help_lists_every_field():
+    text = help_text(Config)
+    for key, field, _ in iter_fields(Config):
+        assert key in text
+        assert field.metadata.get("help"), f"{key} has no help"
+
+
+def test_cli_rejects_bad_key_before_compute(capsys):
+    assert main(["train", "foo=1"]) == 2
+    assert "unknown config key 'foo'" in capsys.readouterr().err
+
+
+def test_cli_help_lists_fields(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    assert "train.num_iterations" in out and "estimator.num_nodes" in out

@@ -1,0 +1,101 @@
+"""A 2-step GDPO smoke run, resume equivalence, and Ctrl-C leaving a resumable run."""
+
+import json
+import signal
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dlmrl.config import Config, apply_overrides
+from dlmrl.data.tasks import SudokuTask
+from dlmrl.training.trainer import train
+from tests.helpers import save_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("base"))
+
+
+def small_config(base, out, **extra) -> Config:
+    cfg = Config()
+    overrides = {
+        "model.name_or_path": str(base), "output_dir": str(out), "max_steps": 2, "prompts_per_step": 2,
+        "num_generations": 3, "num_iterations": 2, "sampling.steps": 4, "eval.steps": 4,
+        "eval.num_puzzles": 8, "save_steps": 1, "learning_rate": 1e-3, "warmup_steps": 0,
+    }
+    overrides.update(extra)
+    apply_overrides(cfg, [f"{k}={v}" for k, v in overrides.items()])
+    return cfg
+
+
+def params(path):
+    return load_file(str(path / "final_model" / "model.safetensors"))
+
+
+def test_two_step_smoke_run_writes_run_files_and_changes_parameters(base, tmp_path):
+    summary = train(small_config(base, tmp_path), progress=False)
+    for name in ("config.yaml", "metrics.jsonl", "summary.json", "reward_curve.png"):
+        assert (tmp_path / name).exists(), name
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(0.0 <= r["reward_mean"] <= 1.0 for r in rows)
+    assert 0.0 <= summary["eval_before"]["cell_accuracy"] <= 1.0
+    assert 0.0 <= summary["eval_after"]["cell_accuracy"] <= 1.0
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk["eval_after"]["cell_accuracy"] == summary["eval_after"]["cell_accuracy"]
+    before = load_file(str(base / "model.safetensors"))
+    after = params(tmp_path)
+    assert any(not torch.equal(before[k], after[k]) for k in before), "training must change parameters"
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-1", "step-2"]
+
+
+def test_resumed_run_matches_uninterrupted_run(base, tmp_path, monkeypatch):
+    full = tmp_path / "full"
+    train(small_config(base, full, max_steps=4, save_steps=2, **{"eval.before": False}), progress=False)
+
+    crashed = tmp_path / "crashed"
+    original = SudokuTask.train_batch
+
+    def crash_at_step_3(self, n, seed, step):
+        if step == 3:
+            raise RuntimeError("simulated crash")
+        return original(self, n, seed, step)
+
+    monkeypatch.setattr(SudokuTask, "train_batch", crash_at_step_3)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(small_config(base, crashed, max_steps=4, save_steps=2, **{"eval.before": False}), progress=False)
+    assert (crashed / "checkpoints" / "step-2").exists()
+    monkeypatch.setattr(SudokuTask, "train_batch", original)
+    train(small_config(base, crashed, max_steps=4, save_steps=2, **{"eval.before": False}), resume=True,
+          progress=False)
+
+    a, b = params(full), params(crashed)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6)
+    steps = [json.loads(x)["step"] for x in (crashed / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+
+
+def test_ctrl_c_saves_a_resumable_checkpoint(base, tmp_path, monkeypatch):
+    original = SudokuTask.train_batch
+
+    def interrupt_at_step_1(self, n, seed, step):
+        if step == 1:
+            signal.raise_signal(signal.SIGINT)
+        return original(self, n, seed, step)
+
+    monkeypatch.setattr(SudokuTask, "train_batch", interrupt_at_step_1)
+    with pytest.raises(KeyboardInterrupt):
+        train(small_config(base, tmp_path, max_steps=3, save_steps=10, **{"eval.before": False}), progress=False)
+    assert (tmp_path / "checkpoints" / "step-2").exists()
+    monkeypatch.setattr(SudokuTask, "train_batch", original)
+    summary = train(small_config(base, tmp_path, max_steps=3, save_steps=10, **{"eval.before": False}),
+                    resume=True, progress=False)
+    assert summary["steps"] == 3
+
+
+def test_resume_without_checkpoint_is_a_clear_error(base, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        train(small_config(base, tmp_path), resume=True, progress=False)
