@@ -184,6 +184,12 @@ def _coerce(key: str, ftype: Any, value: Any, where: str = "") -> Any:
         if value is None and type(None) in args:
             return None
         ftype = next(a for a in args if a is not type(None))
+    if ftype in (int, float) and isinstance(value, str):
+        # YAML 1.1 reads "3e-5" as a string; accept any number Python can parse.
+        try:
+            value = int(value) if ftype is int else float(value)
+        except ValueError:
+            pass
     ok = {
         bool: lambda v: isinstance(v, bool),
         int: lambda v: isinstance(v, int) and not isinstance(v, bool),

@@ -54,7 +54,7 @@ def test_bad_overrides_name_the_key(override, match):
         ("epsilon=1.5", "train.epsilon"),
         ("num_generations=1", "train.num_generations"),
         ("sampling.block_length=5", "sampling.block_length"),
-        ("sampling.steps=3", "sampling.steps"),
+        ("sampling.steps=0", "sampling.steps"),
         ("estimator.name=foo", "estimator.name"),
         ("estimator.masking=foo", "estimator.masking"),
         ("task.answer_mode=foo", "task.answer_mode"),

@@ -136,6 +136,4 @@ class PlanEstimator:
     ) -> Estimate:
         """Draw a fresh plan and score it (shapes as in :func:`score`)."""
         plan = self.make_plan(completion_mask, generator)
-        return score(
-            policy, prompt_ids, prompt_mask, completion, completion_mask, plan, samples_per_forward
-        )
+        return score(policy, prompt_ids, prompt_mask, completion, completion_mask, plan, samples_per_forward)

@@ -29,11 +29,20 @@ def test_double_mc_is_unbiased_for_the_exact_elbo(masking, stratified):
     with torch.no_grad():
         exact = exact_elbo(policy, prompt_ids, prompt_mask, completion, completion_mask).sequence
         estimator = DoubleMC(num_samples=16, masking=masking, stratified=stratified)
-        draws = torch.stack([
-            estimator.estimate(policy, prompt_ids, prompt_mask, completion, completion_mask,
-                               torch.Generator().manual_seed(seed), samples_per_forward=16).sequence
-            for seed in range(150)
-        ]).double()  # (R, B)
+        draws = torch.stack(
+            [
+                estimator.estimate(
+                    policy,
+                    prompt_ids,
+                    prompt_mask,
+                    completion,
+                    completion_mask,
+                    torch.Generator().manual_seed(seed),
+                    samples_per_forward=16,
+                ).sequence
+                for seed in range(150)
+            ]
+        ).double()  # (R, B)
     mean = draws.mean(0)
     se = draws.std(0) / math.sqrt(draws.shape[0])
     assert ((mean - exact.double()).abs() < 4 * se).all(), (mean, exact, se)
@@ -41,7 +50,9 @@ def test_double_mc_is_unbiased_for_the_exact_elbo(masking, stratified):
 
 def test_stratified_times_fall_one_per_stratum_and_counts_follow_the_discrete_form():
     completion_mask = torch.tensor([[True] * 6, [True, False, True, False, False, True]])
-    plan = DoubleMC(num_samples=8, stratified=True).make_plan(completion_mask, torch.Generator().manual_seed(0))
+    plan = DoubleMC(num_samples=8, stratified=True).make_plan(
+        completion_mask, torch.Generator().manual_seed(0)
+    )
     k = torch.arange(8, dtype=torch.float64)
     assert ((plan.t > k / 8) & (plan.t <= (k + 1) / 8)).all()
     assert plan.nfe == 8
@@ -86,7 +97,9 @@ def test_bernoulli_rate_and_uniform_subsets():
     rate = masks[:, 0].double().mean(0)
     assert rate[[1, 4]].tolist() == [0.0, 0.0]
     assert (rate[[0, 2, 3, 5]] - 0.3).abs().max() < 0.015
-    masks, _ = sample_masks(completion_mask, torch.full((12000,), 0.5, dtype=torch.float64), "exact_count", gen)
+    masks, _ = sample_masks(
+        completion_mask, torch.full((12000,), 0.5, dtype=torch.float64), "exact_count", gen
+    )
     allowed = masks[:, 0][:, [0, 2, 3, 5]]  # k = 2 of 4: six pairs, each w.p. 1/6
     codes = (allowed.long() * torch.tensor([1, 2, 4, 8])).sum(-1)
     freq = torch.bincount(codes, minlength=16).double() / 12000
@@ -117,6 +130,7 @@ def test_different_generators_give_different_masks_and_gradients_flow():
     assert not torch.equal(a.masks, b.masks)
     assert not (a.masks & ~completion_mask).any()
     est = DoubleMC(num_samples=4, masking="bernoulli").estimate(
-        policy, prompt_ids, prompt_mask, completion, completion_mask, torch.Generator().manual_seed(0))
+        policy, prompt_ids, prompt_mask, completion, completion_mask, torch.Generator().manual_seed(0)
+    )
     est.per_token.sum().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in policy.parameters())

@@ -41,8 +41,9 @@ def replicate(rows: int, length: int, seed: int):
     return (x.expand(rows, -1).contiguous() for x in (prompt_ids, prompt_mask, completion, completion_mask))
 
 
-@pytest.mark.parametrize(("masking", "length"), [("exact_count", 4), ("exact_count", 5), ("bernoulli", 4),
-                                                   ("reference", 5)])
+@pytest.mark.parametrize(
+    ("masking", "length"), [("exact_count", 4), ("exact_count", 5), ("bernoulli", 4), ("reference", 5)]
+)
 def test_sdmc_averages_to_its_enumerated_expectation(masking, length):
     # Rows are copies of one example; node times are fixed, masks are independent across rows,
     # so the rows' estimates are i.i.d. draws of the estimator.
@@ -51,8 +52,15 @@ def test_sdmc_averages_to_its_enumerated_expectation(masking, length):
     prompt_ids, prompt_mask, completion, completion_mask = replicate(rows, length, seed=2)
     sdmc = SDMC(num_nodes=3, samples_per_node=1, masking=masking)
     with torch.no_grad():
-        est = sdmc.estimate(policy, prompt_ids, prompt_mask, completion, completion_mask,
-                            torch.Generator().manual_seed(0), samples_per_forward=3)
+        est = sdmc.estimate(
+            policy,
+            prompt_ids,
+            prompt_mask,
+            completion,
+            completion_mask,
+            torch.Generator().manual_seed(0),
+            samples_per_forward=3,
+        )
     scores = subset_scores(policy, prompt_ids[0], prompt_mask[0], completion[0], list(range(length)))
     expected = sdmc_expectation(scores, length, 3, masking)
     x = est.sequence.double()
@@ -64,7 +72,7 @@ def test_sdmc_averages_to_its_enumerated_expectation(masking, length):
 def test_bernoulli_sdmc_is_exact_in_expectation_when_quadrature_is_exact():
     # E_m[(1/t) S(m)] = Σ_m t^{|m|-1} (1-t)^{L-|m|} S(m) has degree L-1 = 3 <= 2N-1 = 5 for N = 3.
     policy = make_toy_policy(seed=3)
-    prompt_ids, prompt_mask, completion, completion_mask = example(length=4, seed=3)
+    prompt_ids, prompt_mask, completion, _ = example(length=4, seed=3)
     scores = subset_scores(policy, prompt_ids[0], prompt_mask[0], completion[0], [0, 1, 2, 3])
     assert sdmc_expectation(scores, 4, 3, "bernoulli") == pytest.approx(discrete_elbo(scores, 4), rel=1e-10)
     assert sdmc_expectation(scores, 4, 1, "bernoulli") != pytest.approx(discrete_elbo(scores, 4), rel=1e-3)
@@ -82,8 +90,11 @@ def expectation_plan(sdmc: SDMC, length: int) -> MaskPlan:
             masks.append(mask)
             weights.append(w * (length / k) / math.comb(length, k))
             times.append(t)
-    return MaskPlan(torch.stack(masks), torch.tensor(weights, dtype=torch.float32)[:, None],
-                    torch.tensor(times, dtype=torch.float64))
+    return MaskPlan(
+        torch.stack(masks),
+        torch.tensor(weights, dtype=torch.float32)[:, None],
+        torch.tensor(times, dtype=torch.float64),
+    )
 
 
 def test_sdmc_converges_to_exact_elbo_as_nodes_grow():
@@ -96,8 +107,9 @@ def test_sdmc_converges_to_exact_elbo_as_nodes_grow():
     for nodes in (2, 16, 64):
         plan = expectation_plan(SDMC(num_nodes=nodes), length)
         with torch.no_grad():
-            value = score(policy, prompt_ids, prompt_mask, completion, completion_mask, plan,
-                          samples_per_forward=64).sequence.item()
+            value = score(
+                policy, prompt_ids, prompt_mask, completion, completion_mask, plan, samples_per_forward=64
+            ).sequence.item()
         assert value == pytest.approx(sdmc_expectation(scores, length, nodes, "exact_count"), rel=1e-5)
         errors.append(abs(value - exact))
     assert errors[0] > errors[1] > errors[2]
@@ -140,10 +152,12 @@ def test_common_random_numbers_give_ratio_exactly_one():
 
 @pytest.mark.parametrize("masking", ["exact_count", "bernoulli", "reference"])
 def test_masks_stay_inside_infill_blanks(masking):
-    completion_mask = torch.tensor([[False, True, False, True, True, False], [True] * 6,
-                                    [False, False, False, False, False, True]])
+    completion_mask = torch.tensor(
+        [[False, True, False, True, True, False], [True] * 6, [False, False, False, False, False, True]]
+    )
     plan = SDMC(num_nodes=4, samples_per_node=50, masking=masking).make_plan(
-        completion_mask, torch.Generator().manual_seed(2))
+        completion_mask, torch.Generator().manual_seed(2)
+    )
     assert not (plan.masks & ~completion_mask[None]).any()
     assert plan.masks[:, 0].any(0).tolist() == completion_mask[0].tolist()  # every blank gets masked
 
@@ -176,9 +190,13 @@ def test_stacked_forwards_equal_one_sample_at_a_time_and_rows_do_not_interact():
     plan = SDMC(num_nodes=3, samples_per_node=3).make_plan(completion_mask, torch.Generator().manual_seed(3))
     with torch.no_grad():
         one = score(policy, prompt_ids, prompt_mask, completion, completion_mask, plan, samples_per_forward=1)
-        all_ = score(policy, prompt_ids, prompt_mask, completion, completion_mask, plan, samples_per_forward=9)
+        all_ = score(
+            policy, prompt_ids, prompt_mask, completion, completion_mask, plan, samples_per_forward=9
+        )
         row0 = MaskPlan(plan.masks[:, :1], plan.weights[:, :1], plan.t)
-        alone = score(policy, prompt_ids[:1, 2:], prompt_mask[:1, 2:], completion[:1], completion_mask[:1], row0)
+        alone = score(
+            policy, prompt_ids[:1, 2:], prompt_mask[:1, 2:], completion[:1], completion_mask[:1], row0
+        )
     torch.testing.assert_close(one.per_token, all_.per_token)
     torch.testing.assert_close(alone.per_token[0], one.per_token[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(one.per_token.sum(-1), one.sequence)
@@ -189,7 +207,8 @@ def test_gradient_flows_through_the_estimate():
     policy = make_toy_policy(seed=6)
     prompt_ids, prompt_mask, completion, completion_mask = example(batch=3, length=5, seed=6)
     est = SDMC(num_nodes=2, samples_per_node=2).estimate(
-        policy, prompt_ids, prompt_mask, completion, completion_mask, torch.Generator().manual_seed(0))
+        policy, prompt_ids, prompt_mask, completion, completion_mask, torch.Generator().manual_seed(0)
+    )
     est.per_token.sum().backward()
     grads = [p.grad for p in policy.parameters()]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
