@@ -100,6 +100,7 @@ class EvalConfig:
     steps: int = doc(8, "Denoising steps for evaluation decoding.")
     temperature: float = doc(0.0, "Evaluation temperature (0 = greedy).")
     batch_size: int = doc(256, "Puzzles per evaluation batch.")
+    eval_steps: int = doc(0, "Also evaluate the held-out split every this many steps (0 = only before/after).")
     before: bool = doc(True, "Evaluate the starting model before training.")
     after: bool = doc(True, "Evaluate the trained model after training.")
 
@@ -123,16 +124,16 @@ class PretrainConfig:
 
     output_dir: str = doc("runs/pretrain_tiny", "Where the checkpoint (config, tokenizer, safetensors) is saved.")
     seed: int = doc(0, "Seed for initialisation, data and masks.")
-    steps: int = doc(600, "Optimizer steps.")
+    steps: int = doc(300, "Optimizer steps.")
     batch_size: int = doc(64, "Sequences per step.")
     learning_rate: float = doc(1e-3, "AdamW learning rate (linear warm-up then cosine decay).")
-    warmup_steps: int = doc(50, "Warm-up steps.")
-    min_blanks: int = doc(4, "Fewest blanks in SFT puzzles.")
-    max_blanks: int = doc(10, "Most blanks in SFT puzzles.")
-    hidden_size: int = doc(128, "Transformer width.")
+    warmup_steps: int = doc(20, "Warm-up steps.")
+    min_blanks: int = doc(2, "Fewest blanks in SFT puzzles.")
+    max_blanks: int = doc(5, "Most blanks in SFT puzzles.")
+    hidden_size: int = doc(64, "Transformer width.")
     num_layers: int = doc(4, "Transformer layers.")
     num_heads: int = doc(4, "Attention heads.")
-    intermediate_size: int = doc(384, "MLP width.")
+    intermediate_size: int = doc(192, "MLP width.")
     eval_puzzles: int = doc(256, "Held-out puzzles evaluated at the end (greedy, infill).")
 
 
@@ -321,6 +322,7 @@ def validate(cfg: Config) -> None:
     _check(tr.max_grad_norm >= 0, "train.max_grad_norm", "must be >= 0")
     _check(tr.save_steps >= 1 and tr.logging_steps >= 1, "train.save_steps", "save_steps and logging_steps must be >= 1")
     _check(tr.report_to in ("none", "tensorboard", "wandb", "trackio"), "train.report_to", "unknown tracker")
+    _check(ev.eval_steps >= 0, "eval.eval_steps", "must be >= 0")
     _check(ev.num_puzzles >= 1 and ev.batch_size >= 1, "eval.num_puzzles", "num_puzzles and batch_size must be >= 1")
 
 

@@ -74,7 +74,9 @@ class SudokuTask:
         self.test_examples = load_sudoku_file(test_file) if test_file else load_test_split()
         vocab = tokenizer.get_vocab()
         self._digit_ids = [vocab[str(d)] for d in range(10)]
-        self._id_to_char = {i: (t if len(t) == 1 else "?") for t, i in vocab.items()}
+        # One canvas position is one cell: a non-digit token becomes "?" (a wrong cell), so a sampled
+        # newline or separator can never be stripped by the reward's parser and shift later cells.
+        self._id_to_char = {i: (t if t in "0123456789" else "?") for t, i in vocab.items()}
 
     # -- data ---------------------------------------------------------------------------------
     def train_batch(self, n: int, seed: int, step: int) -> list[SudokuExample]:
@@ -106,7 +108,8 @@ class SudokuTask:
                          canvas.to(device), (canvas == self.mask_token_id).to(device))
 
     def decode(self, canvas: torch.Tensor) -> list[str]:
-        """Canvas rows → answer strings; stops at EOS, other special tokens become ``?`` (a wrong cell)."""
+        """Canvas rows → answer strings, one character per position; stops at EOS; any non-digit token
+        becomes ``?`` (a wrong cell)."""
         eos = self.tokenizer.eos_token_id
         out = []
         for row in canvas.tolist():

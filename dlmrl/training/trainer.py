@@ -189,6 +189,8 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
                         "grad_norm"):
                 vals = [lg[key] for lg in logs if key in lg]
                 record[key] = sum(vals) / len(vals) if vals else 0.0
+            if cfg.eval.eval_steps and state.step % cfg.eval.eval_steps == 0:
+                record["eval_cell_accuracy"] = _eval(cfg, policy, task)["cell_accuracy"]
             if accelerator.is_main_process and state.step % tr.logging_steps == 0:
                 metrics_writer.write(record)
                 if tr.report_to != "none":

@@ -99,3 +99,16 @@ def test_ctrl_c_saves_a_resumable_checkpoint(base, tmp_path, monkeypatch):
 def test_resume_without_checkpoint_is_a_clear_error(base, tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         train(small_config(base, tmp_path), resume=True, progress=False)
+
+
+def test_full_grid_answer_mode_runs(base, tmp_path):
+    summary = train(small_config(base, tmp_path, max_steps=1, **{"task.answer_mode": "full"}), progress=False)
+    assert 0.0 <= summary["eval_after"]["cell_accuracy"] <= 1.0
+
+
+def test_cli_eval_prints_metrics(base, capsys):
+    from dlmrl.cli import main
+
+    assert main(["eval", "--model", str(base), "eval.num_puzzles=4", "eval.steps=4"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["num_puzzles"] == 4 and 0.0 <= out["cell_accuracy"] <= 1.0
