@@ -23,7 +23,7 @@ class ConfigError(ValueError):
     """A config key or value is invalid; the message names the key (and file/line when known)."""
 
 
-def doc(default: Any, help: str, **kw) -> Any:  # noqa: A002 - "help" is the natural name here
+def doc(default: Any, help: str, **kw) -> Any:
     """A dataclass field with a help string (shown by ``dlmrl <cmd> --help``)."""
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
@@ -64,9 +64,9 @@ class SamplingConfig:
 
 @dataclass
 class EstimatorConfig:
-    name: str = doc("sdmc", "Likelihood estimator: sdmc | double_mc | exact.")
+    name: str = doc("sdmc", "Likelihood estimator for training: sdmc | double_mc.")
     num_nodes: int = doc(3, "SDMC: Gauss-Legendre nodes N on [0,1].")
-    samples_per_node: int = doc(1, "SDMC: masks K per node (double_mc: K samples). NFE = N*K.")
+    samples_per_node: int = doc(1, "SDMC: masks K per node. NFE = N*K (double_mc draws N*K i.i.d. times).")
     masking: str = doc("exact_count", "Masking: exact_count | bernoulli | reference (GDPO's code).")
 
 
@@ -305,6 +305,8 @@ def validate(cfg: Config) -> None:
     _check(s.remasking in ("low_confidence", "random"), "sampling.remasking", "must be low_confidence or random")
     _check(s.cfg_scale >= 0, "sampling.cfg_scale", "must be >= 0")
     _check(e.name in ESTIMATORS, "estimator.name", f"unknown estimator {e.name!r}; known: {ESTIMATORS.names()}")
+    _check(e.name != "exact", "estimator.name",
+           "'exact' enumerates 2^L - 1 masks; it is for analysis, train with 'sdmc' or 'double_mc'")
     _check(e.num_nodes >= 1, "estimator.num_nodes", "must be >= 1")
     _check(e.samples_per_node >= 1, "estimator.samples_per_node", "must be >= 1")
     _check(e.masking in ("exact_count", "bernoulli", "reference"), "estimator.masking",

@@ -6,7 +6,8 @@ Registering a name twice raises; looking up an unknown name suggests the closest
 from __future__ import annotations
 
 import difflib
-from typing import Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 

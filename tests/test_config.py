@@ -56,6 +56,7 @@ def test_bad_overrides_name_the_key(override, match):
         ("sampling.block_length=5", "sampling.block_length"),
         ("sampling.steps=0", "sampling.steps"),
         ("estimator.name=foo", "estimator.name"),
+        ("estimator.name=exact", "estimator.name"),
         ("estimator.masking=foo", "estimator.masking"),
         ("task.answer_mode=foo", "task.answer_mode"),
         ("scale_rewards=foo", "train.scale_rewards"),

@@ -9,8 +9,9 @@ Family adapters (``dlmrl.models.families``) hide how each checkpoint family comp
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn

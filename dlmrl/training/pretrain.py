@@ -66,7 +66,7 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=0.01)
     sched = get_scheduler("cosine", opt, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.steps)
     gen = torch.Generator().manual_seed(cfg.seed)
-    answer_ids = lambda exs: torch.tensor(  # noqa: E731
+    answer_ids = lambda exs: torch.tensor(
         [tokenizer.convert_tokens_to_ids(list(task.sft_answer(e))) for e in exs])
     start = time.time()
     model.train()

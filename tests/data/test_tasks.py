@@ -39,7 +39,7 @@ def test_decode_keeps_one_cell_per_position_and_stops_at_eos():
 
 
 def test_reward_of_solution_is_one_and_repeat_groups_rows():
-    tok, task = make("infill")
+    _tok, task = make("infill")
     assert task.rewards([EX], [EX.solution]) == [1.0]
     b = task.encode([EX, EX]).repeat(3)
     assert b.canvas.shape == (6, 16) and len(b.examples) == 6
