@@ -1,7 +1,8 @@
 """The ``dlmrl`` command: ``train``, ``eval``, ``pretrain``.
 
-``dlmrl train`` with no arguments runs ``configs/gdpo_sudoku_tiny.yaml`` (shipped inside the package
-too) on the shipped tiny model. Config errors are reported before any model is loaded.
+``dlmrl train`` with no arguments runs the packaged recipe ``dlmrl/recipes/gdpo_sudoku_tiny.yaml``
+(``configs/gdpo_sudoku_tiny.yaml`` is a link to it) on the shipped tiny model. ``--resume`` starts
+from the run's own ``config.yaml``. Config errors are reported before any model is loaded.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dlmrl.config import (
     apply_overrides,
     help_text,
     load_yaml,
+    locate_error,
     validate,
     validate_pretrain,
 )
@@ -27,7 +29,7 @@ DEFAULT_TRAIN_CONFIG = "gdpo_sudoku_tiny.yaml"
 
 
 def default_config_path(name: str = DEFAULT_TRAIN_CONFIG) -> Path:
-    """The default recipe: ``configs/<name>`` in a source checkout, else the packaged copy."""
+    """The packaged recipe ``dlmrl/recipes/<name>``."""
     return Path(str(resources.files("dlmrl") / "recipes" / name))
 
 
@@ -54,10 +56,23 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _resume_config(args) -> Path | None:
+    """The saved ``config.yaml`` of the run that ``--resume`` continues, if there is one."""
+    out = args.output_dir or next((o.split("=", 1)[1] for o in args.overrides if o.startswith("output_dir=")),
+                                  None)
+    if out is None:
+        cfg = Config()
+        load_yaml(cfg, args.config or default_config_path())
+        out = cfg.output_dir
+    saved = Path(out) / "config.yaml"
+    return saved if saved.exists() else None
+
+
 def _build(args, cls):
     cfg = cls()
+    saved = _resume_config(args) if getattr(args, "resume", False) else None
     if cls is Config:
-        load_yaml(cfg, args.config or default_config_path())
+        load_yaml(cfg, saved or args.config or default_config_path())
     elif args.config:
         load_yaml(cfg, args.config)
     apply_overrides(cfg, args.overrides)
@@ -70,10 +85,17 @@ def _build(args, cls):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    # key=value overrides may come after flags too (argparse's subparsers stop at the first flag).
+    args, extra = parser.parse_known_args(argv)
+    stray = [x for x in extra if x.startswith("-") or "=" not in x]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    args.overrides = list(args.overrides) + extra
     try:
         cfg = _build(args, PretrainConfig if args.command == "pretrain" else Config)
     except ConfigError as e:
+        e = locate_error(e, args.config)
         print(f"dlmrl {args.command}: config error: {e}", file=sys.stderr)
         return 2
     if args.command == "train":
@@ -83,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             summary = train(cfg, resume=args.resume, progress=not args.no_progress)
         except KeyboardInterrupt:
             return 130
-        except FileNotFoundError as e:
+        except (FileNotFoundError, ConfigError) as e:
             print(f"dlmrl train: {e}", file=sys.stderr)
             return 2
         before, after = summary.get("eval_before"), summary.get("eval_after")
@@ -95,12 +117,21 @@ def main(argv: list[str] | None = None) -> int:
         from dlmrl.models.loading import load_policy
         from dlmrl.training.trainer import _eval, build_task
 
-        policy = load_policy(cfg.model.name_or_path, cfg.model.family, cfg.model.trust_remote_code, cfg.model.dtype)
+        try:
+            policy = load_policy(cfg.model.name_or_path, cfg.model.family, cfg.model.trust_remote_code,
+                                 cfg.model.dtype)
+        except (OSError, ValueError) as e:
+            print(f"dlmrl eval: cannot load {cfg.model.name_or_path}: {e}", file=sys.stderr)
+            return 2
         print(json.dumps(_eval(cfg, policy, build_task(cfg, policy)), indent=2))
     else:
         from dlmrl.training.pretrain import pretrain
 
-        print(json.dumps(pretrain(cfg), indent=2))
+        try:
+            print(json.dumps(pretrain(cfg), indent=2))
+        except ConfigError as e:
+            print(f"dlmrl pretrain: {e}", file=sys.stderr)
+            return 2
     return 0
 
 

@@ -10,6 +10,7 @@ Option names follow TRL's ``GRPOConfig`` where one exists.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -56,7 +57,7 @@ class TaskConfig:
 class SamplingConfig:
     gen_length: int = doc(16, "Canvas length L in tokens (16 cells for 4x4 Sudoku).")
     block_length: int = doc(16, "Block length for semi-autoregressive decoding; must divide gen_length.")
-    steps: int = doc(8, "Total denoising steps (forward passes) per canvas; must split evenly over blocks.")
+    steps: int = doc(4, "Total denoising steps (forward passes) per rollout canvas; must split evenly over blocks.")
     temperature: float = doc(1.0, "Rollout sampling temperature (0 = greedy). Gumbel noise is float64.")
     remasking: str = doc("low_confidence", "Which masked positions to reveal: low_confidence | random.")
     cfg_scale: float = doc(0.0, "Classifier-free guidance scale s (0 = off).")
@@ -73,17 +74,17 @@ class EstimatorConfig:
 @dataclass
 class TrainConfig:
     algorithm: str = doc("gdpo", "Algorithm preset (this release: gdpo).")
-    learning_rate: float = doc(1e-4, "AdamW learning rate.")
+    learning_rate: float = doc(4e-4, "AdamW learning rate (peak).")
     weight_decay: float = doc(0.0, "AdamW weight decay.")
     adam_beta1: float = doc(0.9, "AdamW beta1.")
     adam_beta2: float = doc(0.99, "AdamW beta2.")
-    lr_scheduler_type: str = doc("constant_with_warmup", "transformers scheduler name (linear, cosine, constant_with_warmup, ...).")
+    lr_scheduler_type: str = doc("cosine", "transformers scheduler name (linear, cosine, constant_with_warmup, ...).")
     warmup_steps: int = doc(5, "Warm-up steps of the LR schedule.")
     max_grad_norm: float = doc(1.0, "Gradient clipping norm (0 = off).")
-    max_steps: int = doc(100, "Rollout steps (each: sample, reward, score, num_iterations updates).")
-    prompts_per_step: int = doc(16, "Prompts per rollout step; the batch is prompts_per_step * num_generations completions.")
+    max_steps: int = doc(260, "Rollout steps (each: sample, reward, score, num_iterations updates).")
+    prompts_per_step: int = doc(64, "Prompts per rollout step; the batch is prompts_per_step * num_generations completions.")
     num_generations: int = doc(8, "Group size G: completions per prompt.")
-    num_iterations: int = doc(4, "Inner iterations mu per rollout batch, each with a fresh MaskPlan.")
+    num_iterations: int = doc(1, "Inner iterations mu per rollout batch, each with a fresh MaskPlan.")
     epsilon: float = doc(0.5, "Clip epsilon (lower; and upper unless epsilon_high is set).")
     epsilon_high: float | None = doc(None, "Upper clip epsilon (default: epsilon).")
     beta: float = doc(0.0, "KL coefficient beta against the frozen initial model (k3 on length-normalised ELBOs).")
@@ -199,6 +200,8 @@ def _coerce(key: str, ftype: Any, value: Any, where: str = "") -> Any:
     }[ftype](value)
     if not ok:
         raise ConfigError(f"{where}config key {key!r} expects {ftype.__name__}, got {value!r}")
+    if ftype is float and not math.isfinite(value):
+        raise ConfigError(f"{where}config key {key!r} must be a finite number, got {value!r}")
     return float(value) if ftype is float else value
 
 
@@ -214,20 +217,34 @@ def apply_mapping(cfg: Any, mapping: dict, where: str = "", prefix: str = "") ->
     fields = {k: t for k, _, t in iter_fields(type(cfg))}
     for k, v in mapping.items():
         key = f"{prefix}{k}"
-        if isinstance(v, dict) and any(f.startswith(key + ".") for f in fields):
-            apply_mapping(cfg, v, where, prefix=key + ".")
+        is_section = any(f.startswith(key + ".") for f in fields)
+        if is_section and (v is None or isinstance(v, dict)):
+            apply_mapping(cfg, v or {}, where, prefix=key + ".")
             continue
         if key not in fields:
-            _resolve_key(type(cfg), key)  # raises with a suggestion
-            raise ConfigError(f"{where}config key {key!r} is not a leaf setting")
+            if is_section:
+                raise ConfigError(f"{where}config key {key!r} is a section; give it a mapping of settings")
+            key = _resolve_key(type(cfg), key)  # a unique bare leaf name, or raises with a suggestion
         _set(cfg, key, _coerce(key, fields[key], v, where))
 
 
-def _yaml_line(path: Path, key: str) -> str:
+def _yaml_line(path: Path, dotted: str) -> str:
+    """``"<file> line N: "`` for the line that sets ``dotted`` (section-aware), else ``"<file>: "``."""
+    *sections, leaf = dotted.split(".")
+    section = sections[0] if sections else None
+    current = None
     for i, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip().startswith(f"{key}:"):
+        if line and not line[0].isspace() and line.rstrip().endswith(":"):
+            current = line.strip()[:-1]
+        stripped = line.strip()
+        top = bool(line) and not line[0].isspace()
+        if stripped.startswith(f"{leaf}:") and (current == section if not top else section is None or top):
             return f"{path} line {i}: "
     return f"{path}: "
+
+
+def _key_in(message: str) -> str:
+    return message.split("'")[1] if "'" in message else ""
 
 
 def load_yaml(cfg: Any, path: str | Path) -> None:
@@ -244,8 +261,14 @@ def load_yaml(cfg: Any, path: str | Path) -> None:
     try:
         apply_mapping(cfg, data)
     except ConfigError as e:
-        key = str(e).split("'")[1] if "'" in str(e) else ""
-        raise ConfigError(f"{_yaml_line(path, key.rsplit('.', 1)[-1])}{e}") from None
+        raise ConfigError(f"{_yaml_line(path, _key_in(str(e)))}{e}") from None
+
+
+def locate_error(error: ConfigError, path: str | Path | None) -> ConfigError:
+    """Prefix a validation error with the YAML file and line that set its key, when there is one."""
+    if path is None or str(error).startswith(str(path)):
+        return error
+    return ConfigError(f"{_yaml_line(Path(path), _key_in(str(error)))}{error}")
 
 
 def apply_overrides(cfg: Any, overrides: list[str]) -> None:
@@ -295,13 +318,18 @@ def validate(cfg: Config) -> None:
     _check(1 <= t.min_blanks <= t.max_blanks <= 12, "task.min_blanks", "need 1 <= min_blanks <= max_blanks <= 12")
     for key, path in (("task.train_file", t.train_file), ("task.test_file", t.test_file)):
         _check(path is None or Path(path).exists(), key, f"file {path} does not exist")
+    test_size = _check_data_files(t)
+    _check(ev.num_puzzles <= test_size, "eval.num_puzzles",
+           f"{ev.num_puzzles} puzzles asked, the held-out split has {test_size}")
+    _check(s.gen_length == 16, "sampling.gen_length", "the sudoku task's canvas is 16 cells; set 16")
     _check(s.gen_length >= 1 and s.block_length >= 1, "sampling.gen_length", "lengths must be >= 1")
     _check(s.gen_length % s.block_length == 0, "sampling.block_length",
            f"gen_length {s.gen_length} is not divisible by block_length {s.block_length}")
     blocks = s.gen_length // s.block_length
     for key, steps in (("sampling.steps", s.steps), ("eval.steps", ev.steps)):
         _check(steps >= blocks and steps % blocks == 0, key, f"{steps} steps do not split evenly over {blocks} blocks")
-    _check(s.temperature >= 0 and ev.temperature >= 0, "sampling.temperature", "must be >= 0")
+    _check(s.temperature >= 0, "sampling.temperature", "must be >= 0")
+    _check(ev.temperature >= 0, "eval.temperature", "must be >= 0")
     _check(s.remasking in ("low_confidence", "random"), "sampling.remasking", "must be low_confidence or random")
     _check(s.cfg_scale >= 0, "sampling.cfg_scale", "must be >= 0")
     _check(e.name in ESTIMATORS, "estimator.name", f"unknown estimator {e.name!r}; known: {ESTIMATORS.names()}")
@@ -311,6 +339,9 @@ def validate(cfg: Config) -> None:
     _check(e.samples_per_node >= 1, "estimator.samples_per_node", "must be >= 1")
     _check(e.masking in ("exact_count", "bernoulli", "reference"), "estimator.masking",
            "must be exact_count, bernoulli or reference")
+    _check(not (e.name == "double_mc" and e.masking == "reference"), "estimator.masking",
+           "double_mc with 'reference' masking has infinite expectation (weight 1/t near t = 0); "
+           "use exact_count or bernoulli")
     _check(tr.algorithm == "gdpo", "train.algorithm", f"unknown algorithm {tr.algorithm!r}; this release has: gdpo")
     _check(tr.learning_rate > 0, "train.learning_rate", "must be > 0")
     _check(tr.max_steps >= 0, "train.max_steps", "must be >= 0")
@@ -322,10 +353,27 @@ def validate(cfg: Config) -> None:
     _check(tr.beta >= 0, "train.beta", "must be >= 0")
     _check(tr.scale_rewards in ("none", "group", "batch"), "train.scale_rewards", "must be none, group or batch")
     _check(tr.max_grad_norm >= 0, "train.max_grad_norm", "must be >= 0")
-    _check(tr.save_steps >= 1 and tr.logging_steps >= 1, "train.save_steps", "save_steps and logging_steps must be >= 1")
+    _check(tr.save_steps >= 1, "train.save_steps", "must be >= 1")
+    _check(tr.logging_steps >= 1, "train.logging_steps", "must be >= 1")
     _check(tr.report_to in ("none", "tensorboard", "wandb", "trackio"), "train.report_to", "unknown tracker")
     _check(ev.eval_steps >= 0, "eval.eval_steps", "must be >= 0")
-    _check(ev.num_puzzles >= 1 and ev.batch_size >= 1, "eval.num_puzzles", "num_puzzles and batch_size must be >= 1")
+    _check(ev.num_puzzles >= 1, "eval.num_puzzles", "must be >= 1")
+    _check(ev.batch_size >= 1, "eval.batch_size", "must be >= 1")
+
+
+def _check_data_files(t: TaskConfig) -> int:
+    """Load the task's data files up front (bad rows fail here, naming file, line and field).
+
+    Returns the number of held-out examples.
+    """
+    from dlmrl.data.sudoku import load_sudoku_file, load_test_split
+
+    try:
+        if t.train_file:
+            load_sudoku_file(t.train_file)
+        return len(load_sudoku_file(t.test_file) if t.test_file else load_test_split())
+    except (ValueError, TypeError) as e:
+        raise ConfigError(str(e)) from None
 
 
 def validate_pretrain(cfg: PretrainConfig) -> None:

@@ -93,3 +93,57 @@ def test_cli_help_lists_fields(capsys):
         main(["train", "--help"])
     out = capsys.readouterr().out
     assert "train.num_iterations" in out and "estimator.num_nodes" in out
+
+
+def test_dataclass_defaults_are_the_default_recipe():
+    """--help shows the defaults the default job uses; a --config file starts from them too."""
+    from dlmrl.config import to_dict
+
+    recipe = Config()
+    load_yaml(recipe, default_config_path())
+    assert to_dict(recipe) == to_dict(Config())
+
+
+def test_yaml_bare_leaf_and_empty_section(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("learning_rate: 3.0e-5\ntrain:\neval:\n  steps: 4\n")
+    cfg = Config()
+    load_yaml(cfg, p)
+    assert cfg.train.learning_rate == 3e-5 and cfg.eval.steps == 4
+
+
+def test_yaml_line_is_section_aware(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("sampling:\n  steps: 4\neval:\n  steps: abc\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml line 4"):
+        load_yaml(Config(), p)
+
+
+def test_validation_error_from_yaml_names_file_and_line(tmp_path, capsys):
+    p = tmp_path / "c.yaml"
+    p.write_text("train:\n  epsilon: 2.0\n")
+    assert main(["train", "--config", str(p)]) == 2
+    assert "c.yaml line 2" in capsys.readouterr().err
+
+
+def test_overrides_after_flags_and_non_finite_numbers(capsys):
+    assert main(["train", "--no-progress", "foo=1"]) == 2
+    assert "unknown config key 'foo'" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="finite"):
+        apply_overrides(Config(), ["learning_rate=inf"])
+
+
+def test_bad_data_file_fails_before_compute(tmp_path):
+    bad = tmp_path / "test.csv"
+    bad.write_text("Puzzle,Solution\n123,1234\n")
+    cfg = Config()
+    apply_overrides(cfg, [f"task.test_file={bad}"])
+    with pytest.raises(ConfigError, match="line 2"):
+        validate(cfg)
+
+
+def test_eval_larger_than_split_is_rejected(tmp_path):
+    cfg = Config()
+    apply_overrides(cfg, ["eval.num_puzzles=1000"])
+    with pytest.raises(ConfigError, match="eval.num_puzzles"):
+        validate(cfg)

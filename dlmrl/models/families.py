@@ -1,7 +1,7 @@
 """Family adapters: how each checkpoint family is loaded and turned into per-position logits.
 
 Each family is registered in ``FAMILIES``; ``load_policy`` picks one from the checkpoint's config
-(``family="auto"``) or by name. Facts the adapters respect are in DESIGN.md ("Model families").
+(``family="auto"``) or by name.
 Adding LLaDA and Dream means registering two more adapters here (mask ids 126336 / 151666, Dream's
 one-position logit shift).
 """
@@ -59,9 +59,8 @@ def _tiny_logits(model, input_ids, attention_mask, position_ids):
 
 
 def _masked_lm_logits(model, input_ids, attention_mask, position_ids):
-    # BERT-style models use absolute positions from their own embeddings; left padding is handled
-    # by the attention mask (their position ids are not shifted, as in their pretraining).
-    return model(input_ids=input_ids, attention_mask=attention_mask.long()).logits
+    # Positions counted over real tokens, so left padding does not shift a prompt's positions.
+    return model(input_ids=input_ids, attention_mask=attention_mask.long(), position_ids=position_ids).logits
 
 
 FAMILIES.register("tiny")(

@@ -59,6 +59,12 @@ def num_transfer_tokens(mask_index: torch.Tensor, steps: int) -> torch.Tensor:
     return base + (step < remainder).long()  # (B, steps)
 
 
+def _uniform(shape, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """float64 U(0,1) drawn on the generator's own device (a CPU generator can drive a GPU model)."""
+    where = generator.device if generator is not None else device
+    return torch.rand(shape, generator=generator, device=where, dtype=torch.float64).to(device)
+
+
 def add_gumbel_noise(
     logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None
 ) -> torch.Tensor:
@@ -84,7 +90,7 @@ def add_gumbel_noise(
     if temperature == 0:
         return logits
     logits = logits.to(torch.float64)
-    u = torch.rand(logits.shape, generator=generator, device=logits.device, dtype=torch.float64)
+    u = _uniform(logits.shape, generator, logits.device)
     u = u.clamp_min(torch.finfo(torch.float64).tiny)  # u = 0 would give log(0)
     gumbel = -torch.log(-torch.log(u))  # (..., V)
     return logits + temperature * gumbel
@@ -266,7 +272,7 @@ def generate(
                 probs = torch.softmax(logits.to(torch.float64), dim=-1)  # (B, Lb, V)
                 conf = probs.gather(-1, x0[..., None]).squeeze(-1)  # (B, Lb)
             else:
-                conf = torch.rand(x0.shape, generator=generator, device=x0.device, dtype=torch.float64)
+                conf = _uniform(x0.shape, generator, x0.device)
             masked = x[:, lo:hi] == mask_id  # (B, Lb)
             conf = conf.masked_fill(~masked, float("-inf"))
             order = conf.argsort(dim=1, descending=True, stable=True)  # (B, Lb)

@@ -16,7 +16,7 @@ def atomic_dir(final: str | os.PathLike):
     An existing ``final`` is moved aside first and removed only after the rename, so at every
     moment either the old or the new folder is complete.
     """
-    final = Path(final)
+    final = Path(final).resolve()
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp"
     if tmp.exists():

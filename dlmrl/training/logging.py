@@ -28,7 +28,7 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 
 def plot_curves(metrics_path: str | Path, png_path: str | Path, summary: dict | None = None) -> None:
-    """Plot reward mean (with a moving average) and loss against step; mark held-out accuracy."""
+    """Plot rollout reward (with a moving average) and held-out accuracy, and the gradient norm, against step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -45,6 +45,9 @@ def plot_curves(metrics_path: str | Path, png_path: str | Path, summary: dict | 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
     axes[0].plot(steps, reward, alpha=0.35, label="rollout reward (mean)")
     axes[0].plot(steps, smooth, label=f"moving average ({window})")
+    evals = [(r["step"], r["eval_cell_accuracy"]) for r in rows if r.get("eval_cell_accuracy") is not None]
+    if evals:
+        axes[0].plot(*zip(*evals), "o-", color="k", ms=3, label="held-out cell accuracy")
     if summary:
         for key, style in (("eval_before", "--"), ("eval_after", "-")):
             if summary.get(key):
@@ -53,9 +56,10 @@ def plot_curves(metrics_path: str | Path, png_path: str | Path, summary: dict | 
     axes[0].set_xlabel("step")
     axes[0].set_ylabel("reward / accuracy")
     axes[0].legend(fontsize=7)
-    axes[1].plot(steps, [r["loss"] for r in rows])
+    # (with μ = 1 the clipped loss is identically 0 at r = 1, so the gradient norm is what moves)
+    axes[1].plot(steps, [r.get("grad_norm") or 0.0 for r in rows])
     axes[1].set_xlabel("step")
-    axes[1].set_ylabel("loss")
+    axes[1].set_ylabel("gradient norm (before clipping)")
     fig.tight_layout()
     fig.savefig(png_path, dpi=100)
     plt.close(fig)

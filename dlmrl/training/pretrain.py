@@ -16,13 +16,13 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from dlmrl.config import PretrainConfig, save_yaml
+from dlmrl.config import ConfigError, PretrainConfig, save_yaml
 from dlmrl.data.tasks import SudokuTask
 from dlmrl.models.families import FAMILIES
 from dlmrl.models.policy import MaskedDiffusionPolicy, canvas_logits
 from dlmrl.models.tiny import build_tiny_model
 from dlmrl.models.tokenizer import build_char_tokenizer
-from dlmrl.training.checkpoint import atomic_dir, write_json_atomic
+from dlmrl.training.checkpoint import atomic_dir
 from dlmrl.training.evaluation import evaluate
 
 
@@ -51,9 +51,16 @@ def masked_diffusion_sft_loss(policy, prompt_ids: torch.Tensor, prompt_mask: tor
 def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict:
     """Build the tiny default from scratch, SFT it on generated Sudoku solutions, evaluate, save.
 
-    Writes ``<output_dir>/`` (config.json, model.safetensors, tokenizer files; atomically) and
-    ``<output_dir>/pretrain_summary.json``. Returns the summary.
+    Writes ``<output_dir>/`` (config.json, model.safetensors, tokenizer files, pretrain_summary.json)
+    atomically, replacing an earlier pretrain checkpoint there. Returns the summary.
+
+    Raises:
+        ConfigError: if ``output_dir`` exists, is not empty and is not a pretrain checkpoint.
     """
+    out = Path(cfg.output_dir).resolve()
+    if out.exists() and any(out.iterdir()) and not (out / "pretrain_summary.json").exists():
+        # the checkpoint replaces the folder as a whole: never do that to a folder we did not write
+        raise ConfigError(f"output_dir {out} exists and is not a dlmrl pretrain checkpoint; choose a new folder")
     torch.manual_seed(cfg.seed)
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(len(tokenizer), cfg.hidden_size, cfg.num_layers, cfg.num_heads,
@@ -89,11 +96,9 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict:
     summary = {"steps": cfg.steps, "train_seconds": round(train_s, 1), "final_loss": sum(losses[-20:]) / len(losses[-20:]),
                "eval_infill": metrics,
                "num_parameters": sum(p.numel() for p in model.parameters())}
-    out = Path(cfg.output_dir)
     with atomic_dir(out) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         save_yaml(cfg, tmp / "pretrain_config.yaml")
         (tmp / "pretrain_summary.json").write_text(json.dumps(summary, indent=2))
-    write_json_atomic(out / "pretrain_summary.json", summary)
     return summary

@@ -3,11 +3,13 @@ log, checkpoint), on ``accelerate``.
 
 Every random draw of step ``s`` comes from a generator seeded with ``(seed, s)``, so a run resumed
 from a checkpoint takes exactly the same steps as an uninterrupted one.
-Reference: GDPO, arXiv 2510.08554 (Algorithm 1); data flow in DESIGN.md.
+Reference: GDPO, arXiv 2510.08554 (Algorithm 1).
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 import signal
 import time
 from dataclasses import dataclass
@@ -18,7 +20,7 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from dlmrl.config import Config, save_yaml, validate
+from dlmrl.config import Config, ConfigError, load_yaml, save_yaml, to_dict, validate
 from dlmrl.data import TASKS
 from dlmrl.estimators import ESTIMATORS, score
 from dlmrl.models.loading import load_policy
@@ -43,6 +45,26 @@ class RunState:
     def load_state_dict(self, state: dict) -> None:
         self.step, self.eval_before = state["step"], state["eval_before"]
         self.train_seconds = state.get("train_seconds", 0.0)
+
+
+def check_same_config(cfg: Config, saved_path: Path) -> None:
+    """Refuse to resume a run with settings other than the ones it was started with.
+
+    Raises:
+        ConfigError: listing the keys whose values differ from the saved ``config.yaml``.
+    """
+    saved = Config()
+    load_yaml(saved, saved_path)
+
+    def flat(d, prefix=""):
+        for k, v in d.items():
+            yield from flat(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
+
+    old, new = dict(flat(to_dict(saved))), dict(flat(to_dict(cfg)))
+    diff = [f"{k}: {old[k]!r} -> {new[k]!r}" for k in old if k != "output_dir" and old[k] != new[k]]
+    if diff:
+        raise ConfigError(f"--resume must use the run's own settings ({saved_path}); these differ: "
+                          + "; ".join(diff))
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
@@ -73,7 +95,7 @@ def _eval(cfg: Config, policy, task) -> dict:
 
 
 def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
-    """Run GDPO as configured; write the run files of DESIGN.md; return ``summary.json``'s content.
+    """Run GDPO as configured; write the run files (see README); return ``summary.json``'s content.
 
     Raises:
         ConfigError: on an invalid config (before any model is loaded).
@@ -84,6 +106,11 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
     ckpt = latest_checkpoint(out) if resume else None
     if resume and ckpt is None:
         raise FileNotFoundError(f"--resume: no checkpoint under {out / 'checkpoints'}")
+    if not resume and latest_checkpoint(out) is not None:
+        raise ConfigError(f"output_dir {out} already holds checkpoints of another run; "
+                          "continue it with --resume or choose a new --output-dir")
+    if resume and (out / "config.yaml").exists():
+        check_same_config(cfg, out / "config.yaml")
     out.mkdir(parents=True, exist_ok=True)
     accelerator = Accelerator(log_with=None if tr.report_to == "none" else tr.report_to, project_dir=str(out))
     torch.manual_seed(tr.seed)
@@ -92,7 +119,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
     ref = (load_policy(cfg.model.name_or_path, cfg.model.family, cfg.model.trust_remote_code, cfg.model.dtype)
            if tr.beta > 0 else None)
     if ref is not None:
-        ref.model.requires_grad_(False).eval()
+        ref.model.requires_grad_(False).eval().to(accelerator.device)
     task, estimator = build_task(cfg, policy), build_estimator(cfg)
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=tr.learning_rate, betas=(tr.adam_beta1, tr.adam_beta2),
                                   weight_decay=tr.weight_decay)
@@ -119,12 +146,12 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
         with atomic_dir(out / "checkpoints" / f"step-{state.step}") as tmp:
             accelerator.save_state(str(tmp), safe_serialization=True)
         for old in sorted((out / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))[:-2]:
-            import shutil
-
             shutil.rmtree(old, ignore_errors=True)
 
+    # Ctrl-C / SIGTERM: finish the current step, save a checkpoint, exit resumable.
     stop = {"now": False}
-    previous_handler = signal.signal(signal.SIGINT, lambda *_: stop.update(now=True))
+    previous_handlers = {sig: signal.signal(sig, lambda *_: stop.update(now=True))
+                         for sig in (signal.SIGINT, signal.SIGTERM)}
     bar = tqdm(total=tr.max_steps, initial=state.step, desc="gdpo", disable=not progress)
     G, s_cfg = tr.num_generations, cfg.sampling
     try:
@@ -164,6 +191,9 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
             # 5. μ inner updates, each on a fresh MaskPlan shared by old/new/ref
             policy.model.train()
             logs: list[dict] = []
+            lr_used = scheduler.get_last_lr()[0]
+            for _ in range(tr.num_iterations - len(plans)):
+                scheduler.step()  # nothing to learn from this batch; keep the schedule on the step count
             for j, plan in enumerate(plans):
                 new = score(policy, p_ids, p_mask, comp, comp_mask, plan, plan.num_samples).sequence  # (B',)
                 elbo_old = new.detach() if j == 0 else old[j]
@@ -182,13 +212,13 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
             state.train_seconds += elapsed
             record = {"step": state.step, "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
                       "solve_rate": (rewards == 1).float().mean().item(), "rows_scored": len(rows),
-                      "lr": scheduler.get_last_lr()[0], "nfe_sampling": rollout.nfe, "nfe_scoring": estimator.nfe,
+                      "lr": lr_used, "nfe_sampling": rollout.nfe, "nfe_scoring": estimator.nfe,
                       "seconds_rollout": t1 - t0, "seconds_scoring_old": t2 - t1, "seconds_update": time.time() - t2,
                       "seconds_step": elapsed}
             for key in ("loss", "ratio_mean", "ratio_min", "ratio_max", "clip_frac_low", "clip_frac_high", "kl",
                         "grad_norm"):
                 vals = [lg[key] for lg in logs if key in lg]
-                record[key] = sum(vals) / len(vals) if vals else 0.0
+                record[key] = sum(vals) / len(vals) if vals else None
             if cfg.eval.eval_steps and state.step % cfg.eval.eval_steps == 0:
                 record["eval_cell_accuracy"] = _eval(cfg, policy, task)["cell_accuracy"]
             if accelerator.is_main_process and state.step % tr.logging_steps == 0:
@@ -196,16 +226,15 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
                 if tr.report_to != "none":
                     accelerator.log(record, step=state.step)
             bar.update(1)
-            bar.set_postfix(reward=f"{record['reward_mean']:.3f}", loss=f"{record['loss']:.4f}")
+            bar.set_postfix(reward=f"{record['reward_mean']:.3f}", rows=len(rows))
             # 7. checkpoint
             if state.step % tr.save_steps == 0 or state.step == tr.max_steps or stop["now"]:
                 save_checkpoint()
     finally:
         bar.close()
-        signal.signal(signal.SIGINT, previous_handler)
-    if stop["now"]:
-        if state.step % tr.save_steps != 0:
-            save_checkpoint()
+        for sig, handler in previous_handlers.items():
+            signal.signal(sig, handler)
+    if stop["now"]:  # the loop saved a checkpoint after the step it finished
         accelerator.print(f"interrupted at step {state.step}; continue with --resume")
         raise KeyboardInterrupt
 
@@ -219,8 +248,6 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
     if accelerator.is_main_process:
         rows_logged = (out / "metrics.jsonl").read_text().splitlines()
         if rows_logged:
-            import json
-
             summary["final_metrics"] = json.loads(rows_logged[-1])
         write_json_atomic(out / "summary.json", summary)
         plot_curves(out / "metrics.jsonl", out / "reward_curve.png", summary)

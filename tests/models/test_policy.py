@@ -59,3 +59,24 @@ def test_shipped_default_loads():
     policy = load_policy("tiny-sudoku")
     assert policy.family == "tiny"
     assert sum(p.numel() for p in policy.parameters()) > 100_000
+
+
+def test_masked_lm_family_greedy_output_independent_of_left_padding(tmp_path):
+    from transformers import BertConfig, BertForMaskedLM
+
+    from dlmrl.models.sampler import generate
+
+    tok = build_char_tokenizer()
+    torch.manual_seed(0)
+    bert = BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                      intermediate_size=64, max_position_embeddings=64, pad_token_id=0))
+    bert.save_pretrained(tmp_path, safe_serialization=True)
+    tok.save_pretrained(tmp_path)
+    policy = load_policy(str(tmp_path))
+    assert policy.family == "masked_lm"
+    alone = tok(["[BOS]12="], add_special_tokens=False, return_tensors="pt")
+    both = tok(["[BOS]12=", "[BOS]1234567="], add_special_tokens=False, padding=True, return_tensors="pt")
+    kw = dict(gen_length=8, block_length=8, steps=8)
+    a = generate(policy, alone["input_ids"], alone["attention_mask"].bool(), **kw).canvas
+    b = generate(policy, both["input_ids"], both["attention_mask"].bool(), **kw).canvas
+    assert torch.equal(a[0], b[0])

@@ -36,3 +36,14 @@ def test_pretrain_writes_a_loadable_checkpoint(tmp_path):
     assert 0.0 <= summary["eval_infill"]["cell_accuracy"] <= 1.0
     policy = load_policy(str(tmp_path / "m"))
     assert policy.family == "tiny" and (tmp_path / "m" / "pretrain_summary.json").exists()
+
+
+def test_pretrain_never_replaces_a_foreign_folder(tmp_path):
+    import pytest
+
+    from dlmrl.config import ConfigError
+
+    (tmp_path / "notes.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match="not a dlmrl pretrain checkpoint"):
+        pretrain(PretrainConfig(output_dir=str(tmp_path), steps=1), progress=False)
+    assert (tmp_path / "notes.txt").read_text() == "keep me"

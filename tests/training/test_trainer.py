@@ -112,3 +112,31 @@ def test_cli_eval_prints_metrics(base, capsys):
     assert main(["eval", "--model", str(base), "eval.num_puzzles=4", "eval.steps=4"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["num_puzzles"] == 4 and 0.0 <= out["cell_accuracy"] <= 1.0
+
+
+def test_fresh_run_refuses_a_folder_with_checkpoints(base, tmp_path):
+    from dlmrl.config import ConfigError
+
+    train(small_config(base, tmp_path, max_steps=1, **{"eval.before": False}), progress=False)
+    with pytest.raises(ConfigError, match="--resume"):
+        train(small_config(base, tmp_path, max_steps=1, **{"eval.before": False}), progress=False)
+
+
+def test_resume_refuses_changed_settings(base, tmp_path):
+    from dlmrl.config import ConfigError
+
+    train(small_config(base, tmp_path, max_steps=1, **{"eval.before": False}), progress=False)
+    with pytest.raises(ConfigError, match="learning_rate"):
+        train(small_config(base, tmp_path, max_steps=1, learning_rate=0.5, **{"eval.before": False}),
+              resume=True, progress=False)
+
+
+def test_cli_resume_reads_the_runs_own_config(base, tmp_path):
+    from dlmrl.cli import main
+
+    args = [f"model.name_or_path={base}", "max_steps=2", "prompts_per_step=2", "num_generations=2",
+            "eval.num_puzzles=4", "eval.steps=4", "sampling.steps=4", "--output-dir", str(tmp_path), "--no-progress"]
+    assert main(["train", *args]) == 0
+    # no overrides repeated: --resume continues with the saved config.yaml, not the default recipe
+    assert main(["train", "--resume", "--output-dir", str(tmp_path), "--no-progress"]) == 0
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 2
