@@ -76,7 +76,7 @@ def test_masked_lm_family_greedy_output_independent_of_left_padding(tmp_path):
     assert policy.family == "masked_lm"
     alone = tok(["[BOS]12="], add_special_tokens=False, return_tensors="pt")
     both = tok(["[BOS]12=", "[BOS]1234567="], add_special_tokens=False, padding=True, return_tensors="pt")
-    kw = dict(gen_length=8, block_length=8, steps=8)
+    kw = {"gen_length": 8, "block_length": 8, "steps": 8}
     a = generate(policy, alone["input_ids"], alone["attention_mask"].bool(), **kw).canvas
     b = generate(policy, both["input_ids"], both["attention_mask"].bool(), **kw).canvas
     assert torch.equal(a[0], b[0])
