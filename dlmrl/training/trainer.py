@@ -12,6 +12,7 @@ import json
 import shutil
 import signal
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -192,8 +193,10 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
             policy.model.train()
             logs: list[dict] = []
             lr_used = scheduler.get_last_lr()[0]
-            for _ in range(tr.num_iterations - len(plans)):
-                scheduler.step()  # nothing to learn from this batch; keep the schedule on the step count
+            with warnings.catch_warnings():  # torch warns when the schedule moves without an optimizer step
+                warnings.simplefilter("ignore", UserWarning)
+                for _ in range(tr.num_iterations - len(plans)):
+                    scheduler.step()  # nothing to learn from this batch; keep the schedule on the step count
             for j, plan in enumerate(plans):
                 new = score(policy, p_ids, p_mask, comp, comp_mask, plan, plan.num_samples).sequence  # (B',)
                 elbo_old = new.detach() if j == 0 else old[j]
