@@ -19,6 +19,10 @@ from typing import Any
 
 import yaml
 
+#: transformers schedules that need nothing beyond warm-up and total steps.
+SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+              "inverse_sqrt")
+
 
 class ConfigError(ValueError):
     """A config key or value is invalid; the message names the key (and file/line when known)."""
@@ -78,7 +82,7 @@ class TrainConfig:
     weight_decay: float = doc(0.0, "AdamW weight decay.")
     adam_beta1: float = doc(0.9, "AdamW beta1.")
     adam_beta2: float = doc(0.99, "AdamW beta2.")
-    lr_scheduler_type: str = doc("cosine", "transformers scheduler name (linear, cosine, constant_with_warmup, ...).")
+    lr_scheduler_type: str = doc("cosine", "LR schedule: linear | cosine | cosine_with_restarts | polynomial | constant | constant_with_warmup | inverse_sqrt.")
     warmup_steps: int = doc(5, "Warm-up steps of the LR schedule.")
     max_grad_norm: float = doc(1.0, "Gradient clipping norm (0 = off).")
     max_steps: int = doc(260, "Rollout steps (each: sample, reward, score, num_iterations updates).")
@@ -344,6 +348,7 @@ def validate(cfg: Config) -> None:
            "use exact_count or bernoulli")
     _check(tr.algorithm == "gdpo", "train.algorithm", f"unknown algorithm {tr.algorithm!r}; this release has: gdpo")
     _check(tr.learning_rate > 0, "train.learning_rate", "must be > 0")
+    _check(tr.lr_scheduler_type in SCHEDULERS, "train.lr_scheduler_type", f"must be one of {', '.join(SCHEDULERS)}")
     _check(tr.max_steps >= 0, "train.max_steps", "must be >= 0")
     _check(tr.prompts_per_step >= 1, "train.prompts_per_step", "must be >= 1")
     _check(tr.num_generations >= 2, "train.num_generations", "group size G must be >= 2 (advantages need a group)")

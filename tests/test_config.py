@@ -60,6 +60,7 @@ def test_bad_overrides_name_the_key(override, match):
         ("estimator.masking=foo", "estimator.masking"),
         ("task.answer_mode=foo", "task.answer_mode"),
         ("scale_rewards=foo", "train.scale_rewards"),
+        ("lr_scheduler_type=cosin", "train.lr_scheduler_type"),
     ],
 )
 def test_validation_names_the_key(override, key):

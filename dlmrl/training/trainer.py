@@ -108,15 +108,19 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
     if resume and ckpt is None:
         raise FileNotFoundError(f"--resume: no checkpoint under {out / 'checkpoints'}")
     if not resume and latest_checkpoint(out) is not None:
-        raise ConfigError(f"output_dir {out} already holds checkpoints of another run; "
-                          "continue it with --resume or choose a new --output-dir")
+        raise ConfigError(f"output_dir {out} already holds a run's checkpoints; "
+                          "continue that run with --resume or choose a new --output-dir")
     if resume and (out / "config.yaml").exists():
         check_same_config(cfg, out / "config.yaml")
     out.mkdir(parents=True, exist_ok=True)
     accelerator = Accelerator(log_with=None if tr.report_to == "none" else tr.report_to, project_dir=str(out))
     torch.manual_seed(tr.seed)
 
-    policy = load_policy(cfg.model.name_or_path, cfg.model.family, cfg.model.trust_remote_code, cfg.model.dtype)
+    try:
+        policy = load_policy(cfg.model.name_or_path, cfg.model.family, cfg.model.trust_remote_code, cfg.model.dtype)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model.name_or_path {cfg.model.name_or_path!r} (family {cfg.model.family!r}) "
+                          f"cannot be loaded: {e}") from e
     ref = (load_policy(cfg.model.name_or_path, cfg.model.family, cfg.model.trust_remote_code, cfg.model.dtype)
            if tr.beta > 0 else None)
     if ref is not None:

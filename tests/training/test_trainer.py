@@ -96,6 +96,13 @@ def test_ctrl_c_saves_a_resumable_checkpoint(base, tmp_path, monkeypatch):
     assert summary["steps"] == 3
 
 
+def test_unloadable_model_is_a_config_error(tmp_path):
+    from dlmrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="cannot be loaded"):
+        train(small_config(tmp_path / "missing", tmp_path / "out"), progress=False)
+
+
 def test_resume_without_checkpoint_is_a_clear_error(base, tmp_path):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         train(small_config(base, tmp_path), resume=True, progress=False)
