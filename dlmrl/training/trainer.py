@@ -9,6 +9,7 @@ Reference: GDPO, arXiv 2510.08554 (Algorithm 1).
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import signal
 import time
@@ -107,8 +108,8 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
     ckpt = latest_checkpoint(out) if resume else None
     if resume and ckpt is None:
         raise FileNotFoundError(f"--resume: no checkpoint under {out / 'checkpoints'}")
-    if not resume and latest_checkpoint(out) is not None:
-        raise ConfigError(f"output_dir {out} already holds a run's checkpoints; "
+    if not resume and (latest_checkpoint(out) is not None or (out / "config.yaml").exists()):
+        raise ConfigError(f"output_dir {out} already holds a run; "
                           "continue that run with --resume or choose a new --output-dir")
     if resume and (out / "config.yaml").exists():
         check_same_config(cfg, out / "config.yaml")
@@ -148,8 +149,12 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
         accelerator.print(f"held-out cell accuracy before: {state.eval_before['cell_accuracy']:.4f}")
 
     def save_checkpoint() -> None:
+        # (accelerate warns that the tied lm_head is stored once; that is expected for the tiny model)
+        quiet = logging.getLogger("accelerate.utils.other")
+        level, _ = quiet.level, quiet.setLevel(logging.ERROR)
         with atomic_dir(out / "checkpoints" / f"step-{state.step}") as tmp:
             accelerator.save_state(str(tmp), safe_serialization=True)
+        quiet.setLevel(level)
         for old in sorted((out / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))[:-2]:
             shutil.rmtree(old, ignore_errors=True)
 
