@@ -33,11 +33,14 @@ from dlmrl.training.trainer import train
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--output", default="benchmarks/results/gdpo_sudoku_seeds.json")
+    p.add_argument("--output", help="JSON path (default: benchmarks/results/gdpo_sudoku_seeds[_parallel].json)")
     p.add_argument("--runs-dir", default="runs/bench_gdpo_sudoku")
     p.add_argument("--parallel", action="store_true", help="run the seeds as concurrent processes")
     p.add_argument("overrides", nargs="*", metavar="key=value")
     args = p.parse_args()
+    if args.output is None:
+        suffix = "_parallel" if args.parallel else ""
+        args.output = f"benchmarks/results/gdpo_sudoku_seeds{suffix}.json"
     runs = run_parallel(args) if args.parallel else run_sequential(args)
     report(args, runs)
 
