@@ -114,16 +114,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"eval_after.cell_accuracy  = {after['cell_accuracy']:.4f}")
         print(f"wrote {Path(cfg.output_dir) / 'summary.json'}")
     elif args.command == "eval":
-        from dlmrl.models.loading import load_policy
-        from dlmrl.training.trainer import _eval, build_task
+        from dlmrl.training.trainer import build_task, evaluate_config, load_configured_policy
 
         try:
-            policy = load_policy(cfg.model.name_or_path, cfg.model.family, cfg.model.trust_remote_code,
-                                 cfg.model.dtype)
-        except (OSError, ValueError) as e:
-            print(f"dlmrl eval: cannot load {cfg.model.name_or_path}: {e}", file=sys.stderr)
+            policy = load_configured_policy(cfg)
+        except ConfigError as e:
+            print(f"dlmrl eval: {e}", file=sys.stderr)
             return 2
-        print(json.dumps(_eval(cfg, policy, build_task(cfg, policy)), indent=2))
+        print(json.dumps(evaluate_config(cfg, policy, build_task(cfg, policy)), indent=2))
     else:
         from dlmrl.training.pretrain import pretrain
 

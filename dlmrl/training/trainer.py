@@ -90,7 +90,17 @@ def build_estimator(cfg: Config):
     return ESTIMATORS.get(e.name)()
 
 
-def _eval(cfg: Config, policy, task) -> dict:
+def load_configured_policy(cfg: Config):
+    """``load_policy`` with the ``model`` section; a load failure becomes a ``ConfigError`` naming the model."""
+    m = cfg.model
+    try:
+        return load_policy(m.name_or_path, m.family, m.trust_remote_code, m.dtype)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model.name_or_path {m.name_or_path!r} (family {m.family!r}) cannot be loaded: {e}") from e
+
+
+def evaluate_config(cfg: Config, policy, task) -> dict:
+    """Held-out evaluation with the ``eval`` section's settings."""
     return evaluate(policy, task, num_puzzles=cfg.eval.num_puzzles, steps=cfg.eval.steps,
                     block_length=cfg.sampling.block_length, temperature=cfg.eval.temperature,
                     batch_size=cfg.eval.batch_size, seed=cfg.train.seed)
@@ -117,13 +127,8 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
     accelerator = Accelerator(log_with=None if tr.report_to == "none" else tr.report_to, project_dir=str(out))
     torch.manual_seed(tr.seed)
 
-    try:
-        policy = load_policy(cfg.model.name_or_path, cfg.model.family, cfg.model.trust_remote_code, cfg.model.dtype)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"model.name_or_path {cfg.model.name_or_path!r} (family {cfg.model.family!r}) "
-                          f"cannot be loaded: {e}") from e
-    ref = (load_policy(cfg.model.name_or_path, cfg.model.family, cfg.model.trust_remote_code, cfg.model.dtype)
-           if tr.beta > 0 else None)
+    policy = load_configured_policy(cfg)
+    ref = load_configured_policy(cfg) if tr.beta > 0 else None  # frozen initial model for the KL term
     if ref is not None:
         ref.model.requires_grad_(False).eval().to(accelerator.device)
     task, estimator = build_task(cfg, policy), build_estimator(cfg)
@@ -145,7 +150,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
     metrics_writer = MetricsWriter(out / "metrics.jsonl", resume_step=state.step if ckpt else None)
 
     if cfg.eval.before and state.eval_before is None:
-        state.eval_before = _eval(cfg, policy, task)
+        state.eval_before = evaluate_config(cfg, policy, task)
         accelerator.print(f"held-out cell accuracy before: {state.eval_before['cell_accuracy']:.4f}")
 
     def save_checkpoint() -> None:
@@ -232,7 +237,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
                 vals = [lg[key] for lg in logs if key in lg]
                 record[key] = sum(vals) / len(vals) if vals else None
             if cfg.eval.eval_steps and state.step % cfg.eval.eval_steps == 0:
-                record["eval_cell_accuracy"] = _eval(cfg, policy, task)["cell_accuracy"]
+                record["eval_cell_accuracy"] = evaluate_config(cfg, policy, task)["cell_accuracy"]
             if accelerator.is_main_process and state.step % tr.logging_steps == 0:
                 metrics_writer.write(record)
                 if tr.report_to != "none":
@@ -250,7 +255,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
         accelerator.print(f"interrupted at step {state.step}; continue with --resume")
         raise KeyboardInterrupt
 
-    eval_after = _eval(cfg, policy, task) if cfg.eval.after else None
+    eval_after = evaluate_config(cfg, policy, task) if cfg.eval.after else None
     summary = {"eval_before": state.eval_before, "eval_after": eval_after, "steps": state.step,
                "train_seconds": round(state.train_seconds, 1)}
     if eval_after and state.eval_before:
