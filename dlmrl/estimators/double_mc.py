@@ -8,7 +8,7 @@ import torch
 
 from dlmrl.estimators.mask_plan import MaskPlan
 from dlmrl.estimators.masking import check_masking_mode, sample_masks
-from dlmrl.estimators.scoring import PlanEstimator
+from dlmrl.estimators.scoring import PlanEstimator, as_generator
 from dlmrl.estimators.sdmc import check_positive_int
 
 DOUBLE_MC_MODES = ("exact_count", "bernoulli")
@@ -51,16 +51,17 @@ class DoubleMC(PlanEstimator):
     def nfe_for(self, length: int) -> int:
         return self.nfe
 
-    def make_plan(self, completion_mask: torch.Tensor, generator: torch.Generator | None = None) -> MaskPlan:
+    def make_plan(self, completion_mask: torch.Tensor, generator: torch.Generator | int | None = None) -> MaskPlan:
         """Draw K times and one mask at each.
 
         Args:
             completion_mask: ``(B, L)`` bool, positions that may be masked.
-            generator: ``torch.Generator`` for times and masks.
+            generator: ``torch.Generator`` (or an integer seed) for times and masks.
         Returns:
             :class:`MaskPlan` with ``S = K`` samples (times shared across rows) and
             ``weights = scale / K``.
         """
+        generator = as_generator(generator, completion_mask.device)
         k = self.num_samples
         gen_device = generator.device if generator is not None else torch.device("cpu")
         u = torch.rand(k, generator=generator, device=gen_device, dtype=torch.float64).cpu()  # (K,)

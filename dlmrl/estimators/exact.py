@@ -102,7 +102,7 @@ def exact_elbo(
             completion[b : b + 1],
             completion_mask[b : b + 1],
             plan,
-            samples_per_forward=batch_size,
+            micro_batch=batch_size,
         )
         rows.append(est.per_token[0])
     per_token = torch.stack(rows)  # (B, L)
@@ -170,8 +170,8 @@ class Exact(PlanEstimator):
         prompt_mask: torch.Tensor,
         completion: torch.Tensor,
         completion_mask: torch.Tensor,
-        generator: torch.Generator | None = None,
-        samples_per_forward: int | None = None,
+        generator: torch.Generator | int | None = None,
+        micro_batch: int | None = None,
     ) -> Estimate:
         """:func:`exact_elbo` with this estimator's limits (``generator`` is unused)."""
         return exact_elbo(
@@ -181,5 +181,5 @@ class Exact(PlanEstimator):
             completion,
             completion_mask,
             max_length=self.max_length,
-            batch_size=samples_per_forward or self.batch_size,
+            batch_size=micro_batch or self.batch_size,
         )

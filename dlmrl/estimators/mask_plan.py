@@ -28,6 +28,8 @@ class MaskPlan:
         weights: ``(S, B)`` float32, the full multiplier of ``S(m)``: quadrature weight, the
             ``1/t`` or ``L_b/k`` scale and the ``1/K`` sample average.
         t: ``(S,)`` float64 diffusion times, NaN where a sample has no time (e.g. exact enumeration).
+        prompt_masks: optional ``(S, B, P)`` bool, prompt positions replaced by the mask token in
+            sample ``s`` (diffu-GRPO's ``one_step`` masks the prompt); ``None`` = prompt never masked.
 
     Reference: VRPO arXiv 2505.19223 (common random numbers); GDPO arXiv 2510.08554 §4.
     """
@@ -35,6 +37,7 @@ class MaskPlan:
     masks: torch.Tensor
     weights: torch.Tensor
     t: torch.Tensor
+    prompt_masks: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.masks.dtype != torch.bool or self.masks.dim() != 3:
@@ -53,6 +56,12 @@ class MaskPlan:
             raise ValueError(f"MaskPlan.t must have shape (S,) = {(s,)}, got {tuple(self.t.shape)}")
         if not torch.isfinite(self.weights).all():
             raise ValueError("MaskPlan.weights must be finite")
+        pm = self.prompt_masks
+        if pm is not None and (pm.dtype != torch.bool or pm.dim() != 3 or tuple(pm.shape[:2]) != (s, b)):
+            raise ValueError(
+                f"MaskPlan.prompt_masks must be a (S, B, P) bool tensor with (S, B) = {(s, b)}, "
+                f"got {tuple(pm.shape)} {pm.dtype}"
+            )
 
     @property
     def nfe(self) -> int:
@@ -65,7 +74,8 @@ class MaskPlan:
 
     def to(self, device: torch.device | str) -> MaskPlan:
         """The same plan on ``device`` (``t`` stays where it is: it is bookkeeping only)."""
-        return MaskPlan(masks=self.masks.to(device), weights=self.weights.to(device), t=self.t)
+        pm = None if self.prompt_masks is None else self.prompt_masks.to(device)
+        return MaskPlan(masks=self.masks.to(device), weights=self.weights.to(device), t=self.t, prompt_masks=pm)
 
     def __repr__(self) -> str:
         s, b, length = self.masks.shape

@@ -9,7 +9,7 @@ import torch
 from dlmrl.estimators.mask_plan import MaskPlan
 from dlmrl.estimators.masking import check_masking_mode, sample_masks
 from dlmrl.estimators.quadrature import gauss_legendre_unit
-from dlmrl.estimators.scoring import PlanEstimator
+from dlmrl.estimators.scoring import PlanEstimator, as_generator
 
 
 def check_positive_int(value: object, field: str) -> None:
@@ -54,16 +54,17 @@ class SDMC(PlanEstimator):
     def nfe_for(self, length: int) -> int:
         return self.nfe
 
-    def make_plan(self, completion_mask: torch.Tensor, generator: torch.Generator | None = None) -> MaskPlan:
+    def make_plan(self, completion_mask: torch.Tensor, generator: torch.Generator | int | None = None) -> MaskPlan:
         """Draw K masks at each of the N nodes.
 
         Args:
             completion_mask: ``(B, L)`` bool, positions that may be masked.
-            generator: ``torch.Generator`` for the masks.
+            generator: ``torch.Generator`` (or an integer seed) for the masks.
         Returns:
             :class:`MaskPlan` with ``S = N·K`` samples, node-major (``t`` = each node repeated K
             times) and ``weights = w_n · scale / K``.
         """
+        generator = as_generator(generator, completion_mask.device)
         t_nodes, w_nodes = gauss_legendre_unit(self.num_nodes)  # (N,), (N,)
         k = self.samples_per_node
         t = t_nodes.repeat_interleave(k)  # (S,)

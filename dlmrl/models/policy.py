@@ -52,13 +52,15 @@ class MaskedDiffusionPolicy:
             input_ids: ``(B, T)`` long, left-padded prompt followed by the canvas.
             attention_mask: ``(B, T)`` bool or 0/1, True on real tokens; ``None`` means all real.
         Returns:
-            ``(B, T, V)`` float32 logits; position ``i`` predicts token ``i`` (shifts already undone).
+            ``(B, T, V)`` logits, float32 (float64 when the model runs in float64, as the variance lab's
+            finite differences need); position ``i`` predicts token ``i`` (shifts already undone).
         """
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
         attention_mask = attention_mask.bool()
         position_ids = position_ids_from_mask(attention_mask)
-        return self.logits_fn(self.model, input_ids, attention_mask, position_ids).float()
+        logits = self.logits_fn(self.model, input_ids, attention_mask, position_ids)
+        return logits if logits.dtype == torch.float64 else logits.float()
 
     @property
     def device(self) -> torch.device:

@@ -197,9 +197,9 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
             plans = [estimator.make_plan(comp_mask, gen) for _ in range(tr.num_iterations)] if len(rows) else []
             # 4. old (and reference) scores, once per rollout batch, on the same MaskPlans
             with torch.no_grad():
-                old = [None] + [score(policy, p_ids, p_mask, comp, comp_mask, plan, plan.num_samples).sequence
+                old = [None] + [score(policy, p_ids, p_mask, comp, comp_mask, plan).sequence
                                 for plan in plans[1:]]
-                ref_scores = ([score(ref, p_ids, p_mask, comp, comp_mask, plan, plan.num_samples).sequence
+                ref_scores = ([score(ref, p_ids, p_mask, comp, comp_mask, plan).sequence
                                for plan in plans]
                               if ref is not None else [None] * len(plans))
             t2 = time.time()
@@ -212,7 +212,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
                 for _ in range(tr.num_iterations - len(plans)):
                     scheduler.step()  # nothing to learn from this batch; keep the schedule on the step count
             for j, plan in enumerate(plans):
-                new = score(policy, p_ids, p_mask, comp, comp_mask, plan, plan.num_samples).sequence  # (B',)
+                new = score(policy, p_ids, p_mask, comp, comp_mask, plan).sequence  # (B',)
                 elbo_old = new.detach() if j == 0 else old[j]
                 loss, m = gdpo_loss(new, elbo_old, adv[rows], lengths, tr.epsilon, tr.epsilon_high, tr.beta,
                                     ref_scores[j])

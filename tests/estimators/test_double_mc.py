@@ -38,7 +38,7 @@ def test_double_mc_is_unbiased_for_the_exact_elbo(masking, stratified):
                     completion,
                     completion_mask,
                     torch.Generator().manual_seed(seed),
-                    samples_per_forward=16,
+                    micro_batch=None,
                 ).sequence
                 for seed in range(150)
             ]

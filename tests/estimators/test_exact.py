@@ -132,7 +132,7 @@ def test_exact_plan_for_shared_positions_equals_exact_elbo():
     completion_mask[:, 2] = False
     plan = Exact().make_plan(completion_mask)
     assert plan.nfe == 7 and torch.isnan(plan.t).all()
-    est = score(policy, prompt_ids, prompt_mask, completion, completion_mask, plan, samples_per_forward=7)
+    est = score(policy, prompt_ids, prompt_mask, completion, completion_mask, plan, micro_batch=7)
     ref = Exact().estimate(policy, prompt_ids, prompt_mask, completion, completion_mask)
     torch.testing.assert_close(est.per_token, ref.per_token)
     completion_mask[1, 2] = True

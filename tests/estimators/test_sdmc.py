@@ -59,7 +59,7 @@ def test_sdmc_averages_to_its_enumerated_expectation(masking, length):
             completion,
             completion_mask,
             torch.Generator().manual_seed(0),
-            samples_per_forward=3,
+            micro_batch=None,
         )
     scores = subset_scores(policy, prompt_ids[0], prompt_mask[0], completion[0], list(range(length)))
     expected = sdmc_expectation(scores, length, 3, masking)
@@ -108,7 +108,7 @@ def test_sdmc_converges_to_exact_elbo_as_nodes_grow():
         plan = expectation_plan(SDMC(num_nodes=nodes), length)
         with torch.no_grad():
             value = score(
-                policy, prompt_ids, prompt_mask, completion, completion_mask, plan, samples_per_forward=64
+                policy, prompt_ids, prompt_mask, completion, completion_mask, plan, micro_batch=None
             ).sequence.item()
         assert value == pytest.approx(sdmc_expectation(scores, length, nodes, "exact_count"), rel=1e-5)
         errors.append(abs(value - exact))
@@ -189,9 +189,9 @@ def test_stacked_forwards_equal_one_sample_at_a_time_and_rows_do_not_interact():
     completion_mask = torch.tensor([[True, True, False, True, True], [True] * 5])
     plan = SDMC(num_nodes=3, samples_per_node=3).make_plan(completion_mask, torch.Generator().manual_seed(3))
     with torch.no_grad():
-        one = score(policy, prompt_ids, prompt_mask, completion, completion_mask, plan, samples_per_forward=1)
+        one = score(policy, prompt_ids, prompt_mask, completion, completion_mask, plan, micro_batch=1)
         all_ = score(
-            policy, prompt_ids, prompt_mask, completion, completion_mask, plan, samples_per_forward=9
+            policy, prompt_ids, prompt_mask, completion, completion_mask, plan, micro_batch=7
         )
         row0 = MaskPlan(plan.masks[:, :1], plan.weights[:, :1], plan.t)
         alone = score(
