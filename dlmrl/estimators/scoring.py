@@ -231,7 +231,7 @@ def as_generator(generator: torch.Generator | int | None, device: torch.device |
     if generator is None or isinstance(generator, torch.Generator):
         return generator
     if isinstance(generator, bool) or not isinstance(generator, int):
-        raise ValueError(f"generator must be a torch.Generator, an integer seed or None, got {generator!r}")
+        raise TypeError(f"generator must be a torch.Generator, an integer seed or None, got {generator!r}")
     return torch.Generator(device=device).manual_seed(generator)
 
 
