@@ -1,36 +1,63 @@
 """Likelihood estimators for masked-diffusion policies: mask plans, quadrature, scoring, ELBOs.
 
 ``ESTIMATORS`` maps a name to an estimator class; every class has
-``make_plan(completion_mask (B, L), generator) -> MaskPlan`` and
-``estimate(policy, prompt_ids, prompt_mask, completion, completion_mask, generator) -> Estimate``.
+``make_plan(completion_mask (B, L), generator_or_seed, prompt_mask (B, P)) -> MaskPlan``,
+``nfe`` and ``estimate(policy, prompt_ids, prompt_mask, completion, completion_mask, generator)
+-> Estimate``; the mask-only ones also have ``moments(SizeStats) -> Moments`` (exact mean and
+variance from a row's :class:`MaskTable`).
 """
 
+from dlmrl.estimators.coupled import Coupled
+from dlmrl.estimators.coupled_sdmc import CoupledSDMC
 from dlmrl.estimators.double_mc import DoubleMC
 from dlmrl.estimators.exact import Exact, enumeration_masks, exact_elbo
 from dlmrl.estimators.mask_plan import MaskPlan
+from dlmrl.estimators.mask_table import MaskTable, mask_table
 from dlmrl.estimators.masking import MASKING_MODES, sample_masks
+from dlmrl.estimators.moments import Moments, SizeStats
+from dlmrl.estimators.one_step import OneStep
 from dlmrl.estimators.quadrature import gauss_legendre_unit
-from dlmrl.estimators.scoring import Estimate, PlanEstimator, score
+from dlmrl.estimators.scoring import (
+    Estimate,
+    PlanEstimator,
+    as_generator,
+    sample_scores,
+    score,
+    score_and_backward,
+)
 from dlmrl.estimators.sdmc import SDMC
 from dlmrl.registry import Registry
 
 ESTIMATORS: Registry[type] = Registry("estimator")
 ESTIMATORS.register("sdmc")(SDMC)
 ESTIMATORS.register("double_mc")(DoubleMC)
+ESTIMATORS.register("one_step")(OneStep)
+ESTIMATORS.register("coupled")(Coupled)
+ESTIMATORS.register("coupled_sdmc")(CoupledSDMC)
 ESTIMATORS.register("exact")(Exact)
 
 __all__ = [
     "ESTIMATORS",
     "MASKING_MODES",
     "SDMC",
+    "Coupled",
+    "CoupledSDMC",
     "DoubleMC",
     "Estimate",
     "Exact",
     "MaskPlan",
+    "MaskTable",
+    "Moments",
+    "OneStep",
     "PlanEstimator",
+    "SizeStats",
+    "as_generator",
     "enumeration_masks",
     "exact_elbo",
     "gauss_legendre_unit",
+    "mask_table",
     "sample_masks",
+    "sample_scores",
     "score",
+    "score_and_backward",
 ]

@@ -8,8 +8,16 @@ import torch
 
 from dlmrl.estimators.mask_plan import MaskPlan
 from dlmrl.estimators.masking import check_masking_mode, sample_masks
+from dlmrl.estimators.moments import (
+    Moments,
+    SizeStats,
+    count_interval_probs,
+    mixture,
+    pair_draw,
+    time_mixture,
+)
 from dlmrl.estimators.scoring import PlanEstimator, as_generator
-from dlmrl.estimators.sdmc import check_positive_int
+from dlmrl.estimators.validation import check_positive_int
 
 DOUBLE_MC_MODES = ("exact_count", "bernoulli")
 
@@ -51,23 +59,51 @@ class DoubleMC(PlanEstimator):
     def nfe_for(self, length: int) -> int:
         return self.nfe
 
-    def make_plan(self, completion_mask: torch.Tensor, generator: torch.Generator | int | None = None) -> MaskPlan:
+    def make_plan(
+        self,
+        completion_mask: torch.Tensor,
+        generator: torch.Generator | int | None = None,
+        prompt_mask: torch.Tensor | None = None,
+    ) -> MaskPlan:
         """Draw K times and one mask at each.
 
         Args:
             completion_mask: ``(B, L)`` bool, positions that may be masked.
             generator: ``torch.Generator`` (or an integer seed) for times and masks.
+            prompt_mask: unused (the prompt is never masked).
         Returns:
-            :class:`MaskPlan` with ``S = K`` samples (times shared across rows) and
-            ``weights = scale / K``.
+            :class:`MaskPlan` with ``S = K`` samples, ``t (K, B)`` drawn independently for each
+            row, and ``weights = scale / K``.
         """
         generator = as_generator(generator, completion_mask.device)
         k = self.num_samples
+        batch = completion_mask.shape[0]
         gen_device = generator.device if generator is not None else torch.device("cpu")
-        u = torch.rand(k, generator=generator, device=gen_device, dtype=torch.float64).cpu()  # (K,)
+        u = torch.rand((k, batch), generator=generator, device=gen_device, dtype=torch.float64).cpu()  # (K, B)
         if self.stratified:
-            t = (torch.arange(1, k + 1, dtype=torch.float64) - u) / k  # (K,) in ((k-1)/K, k/K]
+            t = (torch.arange(1, k + 1, dtype=torch.float64)[:, None] - u) / k  # (K, B) in ((k-1)/K, k/K]
         else:
-            t = 1.0 - u  # (K,) in (0, 1]
+            t = 1.0 - u  # (K, B) in (0, 1]
         masks, scale = sample_masks(completion_mask, t, self.masking, generator)  # (K, B, L), (K, B)
         return MaskPlan(masks=masks, weights=scale / k, t=t)
+
+    def moments(self, stats: SizeStats) -> Moments:
+        """Exact mean and variance for one row from its :class:`SizeStats` (see ``moments.py``).
+
+        ``bernoulli``: the mask variance is ``inf`` (a lone masked token carries weight ``1/t`` as
+        ``t → 0``); the time part and the mean are finite.
+        """
+        n, k = stats.n, self.num_samples
+        strata = [((j - 1) / k, j / k) for j in range(1, k + 1)] if self.stratified else [(0.0, 1.0)]
+        parts = []
+        for lo, hi in strata:
+            if self.masking == "exact_count":
+                probs = count_interval_probs(n, lo, hi)
+                draws = [pair_draw(stats, c, n / max(c, 1)) for c in range(n + 1)]
+                parts.append(mixture(probs, [d[0] for d in draws], [d[1] for d in draws]))
+            else:
+                singular = lo == 0.0 and stats.q[1] > 0
+                parts.append(time_mixture(stats, lo, hi, lambda t: (1.0 / t, 0.0), singular=singular))
+        if self.stratified:
+            return Moments.independent_mean(parts)
+        return parts[0].average_of(k)

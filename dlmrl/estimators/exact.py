@@ -9,7 +9,7 @@ import torch
 
 from dlmrl.estimators.mask_plan import MaskPlan
 from dlmrl.estimators.scoring import Estimate, PlanEstimator, Policy, score
-from dlmrl.estimators.sdmc import check_positive_int
+from dlmrl.estimators.validation import check_positive_int
 
 DEFAULT_MAX_LENGTH = 16
 
@@ -140,12 +140,18 @@ class Exact(PlanEstimator):
     def nfe_for(self, length: int) -> int:
         return 2**length - 1
 
-    def make_plan(self, completion_mask: torch.Tensor, generator: torch.Generator | None = None) -> MaskPlan:
+    def make_plan(
+        self,
+        completion_mask: torch.Tensor,
+        generator: torch.Generator | int | None = None,
+        prompt_mask: torch.Tensor | None = None,
+    ) -> MaskPlan:
         """The enumeration plan for a batch whose rows share their allowed positions.
 
         Args:
             completion_mask: ``(B, L)`` bool, identical rows.
             generator: unused (the plan is deterministic).
+            prompt_mask: unused (the prompt is never masked).
         Returns:
             :class:`MaskPlan` with ``S = 2^{L_b} − 1``, ``t`` all NaN.
         Raises:

@@ -27,7 +27,8 @@ class MaskPlan:
             Must lie inside the completion mask the plan is scored with (checked by the scorer).
         weights: ``(S, B)`` float32, the full multiplier of ``S(m)``: quadrature weight, the
             ``1/t`` or ``L_b/k`` scale and the ``1/K`` sample average.
-        t: ``(S,)`` float64 diffusion times, NaN where a sample has no time (e.g. exact enumeration).
+        t: ``(S,)`` float64 diffusion times shared by the rows, or ``(S, B)`` one per row (bookkeeping
+            only); NaN where a sample has no time (e.g. exact enumeration).
         prompt_masks: optional ``(S, B, P)`` bool, prompt positions replaced by the mask token in
             sample ``s`` (diffu-GRPO's ``one_step`` masks the prompt); ``None`` = prompt never masked.
 
@@ -52,8 +53,8 @@ class MaskPlan:
             )
         if not self.weights.is_floating_point():
             raise ValueError(f"MaskPlan.weights must be floating point, got {self.weights.dtype}")
-        if tuple(self.t.shape) != (s,):
-            raise ValueError(f"MaskPlan.t must have shape (S,) = {(s,)}, got {tuple(self.t.shape)}")
+        if tuple(self.t.shape) not in ((s,), (s, b)):
+            raise ValueError(f"MaskPlan.t must have shape (S,) or (S, B) = {(s, b)}, got {tuple(self.t.shape)}")
         if not torch.isfinite(self.weights).all():
             raise ValueError("MaskPlan.weights must be finite")
         pm = self.prompt_masks
@@ -79,6 +80,6 @@ class MaskPlan:
 
     def __repr__(self) -> str:
         s, b, length = self.masks.shape
-        ts = ", ".join("nan" if math.isnan(x) else f"{x:.4g}" for x in self.t.tolist()[:6])
+        ts = ", ".join("nan" if math.isnan(x) else f"{x:.4g}" for x in self.t.flatten().tolist()[:6])
         more = ", ..." if s > 6 else ""
         return f"MaskPlan(S={s}, B={b}, L={length}, t=[{ts}{more}])"

@@ -161,6 +161,35 @@ def score(
     return Estimate(sequence=per_token.sum(-1), per_token=per_token, nfe=plan.num_samples)
 
 
+def sample_scores(
+    policy: Policy,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion: torch.Tensor,
+    completion_mask: torch.Tensor,
+    plan: MaskPlan,
+    micro_batch: int | None = None,
+) -> torch.Tensor:
+    """Each sample's weighted score ``weights[s, b] · S(masks[s, b])`` separately.
+
+    Args and errors as in :func:`score`.
+    Returns:
+        ``(S, B)`` float32 (float64 for a float64 model), nats; its sum over ``S`` is
+        :func:`score`'s ``sequence``.
+    """
+    _check_micro_batch(micro_batch)
+    check_plan(plan, completion, completion_mask, prompt_mask)
+    plan = plan.to(completion.device)
+    num_samples, batch = plan.masks.shape[:2]
+    out = []
+    for flat in _chunks(plan, micro_batch):
+        terms, _ = _score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat)
+        out.append(terms.sum(-1))
+    if not out:
+        return torch.zeros(num_samples, batch, device=completion.device)
+    return torch.cat(out).reshape(num_samples, batch)
+
+
 LossFn = Callable[[torch.Tensor], "tuple[torch.Tensor, dict]"]
 
 
@@ -238,12 +267,19 @@ def as_generator(generator: torch.Generator | int | None, device: torch.device |
 class PlanEstimator:
     """Base for estimators that draw a :class:`MaskPlan` and score it with :func:`score`.
 
-    Subclasses implement ``make_plan(completion_mask (B, L) bool, generator) -> MaskPlan``.
+    Subclasses implement ``make_plan(completion_mask (B, L) bool, generator, prompt_mask (B, P) bool)
+    -> MaskPlan`` (``generator`` may be an integer seed; ``prompt_mask`` is used only by estimators
+    that mask the prompt) and ``nfe`` / ``nfe_for(L)``.
     """
 
     name: str = ""
 
-    def make_plan(self, completion_mask: torch.Tensor, generator: torch.Generator | None = None) -> MaskPlan:
+    def make_plan(
+        self,
+        completion_mask: torch.Tensor,
+        generator: torch.Generator | int | None = None,
+        prompt_mask: torch.Tensor | None = None,
+    ) -> MaskPlan:
         raise NotImplementedError
 
     def estimate(
@@ -257,5 +293,5 @@ class PlanEstimator:
         micro_batch: int | None = None,
     ) -> Estimate:
         """Draw a fresh plan (from ``generator``, or a seed) and score it (shapes as in :func:`score`)."""
-        plan = self.make_plan(completion_mask, as_generator(generator, completion_mask.device))
+        plan = self.make_plan(completion_mask, as_generator(generator, completion_mask.device), prompt_mask)
         return score(policy, prompt_ids, prompt_mask, completion, completion_mask, plan, micro_batch)

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from dlmrl.estimators.mask_plan import MaskPlan
 from dlmrl.estimators.masking import check_masking_mode, sample_masks
+from dlmrl.estimators.moments import Moments, SizeStats, bernoulli_draw, mixture, pair_draw
 from dlmrl.estimators.quadrature import gauss_legendre_unit
 from dlmrl.estimators.scoring import PlanEstimator, as_generator
-
-
-def check_positive_int(value: object, field: str) -> None:
-    """Raise ``ValueError`` naming ``field`` unless ``value`` is an integer >= 1."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{field} must be an integer >= 1, got {value!r}")
+from dlmrl.estimators.validation import check_positive_int
 
 
 @dataclass(frozen=True)
@@ -54,12 +51,18 @@ class SDMC(PlanEstimator):
     def nfe_for(self, length: int) -> int:
         return self.nfe
 
-    def make_plan(self, completion_mask: torch.Tensor, generator: torch.Generator | int | None = None) -> MaskPlan:
+    def make_plan(
+        self,
+        completion_mask: torch.Tensor,
+        generator: torch.Generator | int | None = None,
+        prompt_mask: torch.Tensor | None = None,
+    ) -> MaskPlan:
         """Draw K masks at each of the N nodes.
 
         Args:
             completion_mask: ``(B, L)`` bool, positions that may be masked.
             generator: ``torch.Generator`` (or an integer seed) for the masks.
+            prompt_mask: unused (the prompt is never masked).
         Returns:
             :class:`MaskPlan` with ``S = N·K`` samples, node-major (``t`` = each node repeated K
             times) and ``weights = w_n · scale / K``.
@@ -72,3 +75,22 @@ class SDMC(PlanEstimator):
         w = w_nodes.repeat_interleave(k).to(scale.device)  # (S,)
         weights = (w[:, None] * scale.double() / k).float()  # (S, B)
         return MaskPlan(masks=masks, weights=weights, t=t)
+
+    def moments(self, stats: SizeStats) -> Moments:
+        """Exact mean and variance for one row from its :class:`SizeStats` (see ``moments.py``).
+
+        The nodes are fixed, so the whole variance is mask variance (``variance_t = 0``).
+        """
+        n = stats.n
+        t_nodes, w_nodes = gauss_legendre_unit(self.num_nodes)
+        parts = []
+        for t, w in zip(t_nodes.tolist(), w_nodes.tolist()):
+            if self.masking == "bernoulli":
+                mu, second = bernoulli_draw(stats, t, w / t)
+            else:
+                k = math.ceil(t * n) if self.masking == "exact_count" else math.floor(t * n)
+                k = min(max(k, 1), n)
+                scale = n / k if self.masking == "exact_count" else 1.0 / t
+                mu, second = pair_draw(stats, k, w * scale)
+            parts.append(mixture([1.0], [mu], [second]).average_of(self.samples_per_node))
+        return Moments.independent_sum(parts)

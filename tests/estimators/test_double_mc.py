@@ -53,12 +53,14 @@ def test_stratified_times_fall_one_per_stratum_and_counts_follow_the_discrete_fo
     plan = DoubleMC(num_samples=8, stratified=True).make_plan(
         completion_mask, torch.Generator().manual_seed(0)
     )
-    k = torch.arange(8, dtype=torch.float64)
+    k = torch.arange(8, dtype=torch.float64)[:, None]
+    assert plan.t.shape == (8, 2)  # one time per sample and row
     assert ((plan.t > k / 8) & (plan.t <= (k + 1) / 8)).all()
+    assert not torch.equal(plan.t[:, 0], plan.t[:, 1])
     assert plan.nfe == 8
     for s in range(8):
         for b, n in enumerate((6, 3)):
-            count = max(1, math.ceil(plan.t[s].item() * n))
+            count = max(1, math.ceil(plan.t[s, b].item() * n))
             assert int(plan.masks[s, b].sum()) == count
             assert plan.weights[s, b].item() == pytest.approx(n / count / 8, rel=1e-6)
 

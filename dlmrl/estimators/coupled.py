@@ -1,0 +1,148 @@
+"""Coupled (complementary) masks: every completion token scored exactly once per pair (DiffuCoder)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dlmrl.estimators.mask_plan import MaskPlan
+from dlmrl.estimators.masking import bernoulli_masks, check_masking_mode, count_masks
+from dlmrl.estimators.moments import (
+    Moments,
+    SizeStats,
+    count_interval_probs,
+    mixture,
+    pair_draw,
+    time_mixture,
+)
+from dlmrl.estimators.scoring import PlanEstimator, as_generator
+from dlmrl.estimators.validation import check_positive_int, check_unit_interval
+
+COUPLED_MODES = ("bernoulli", "exact_count")
+
+
+def complementary_plan(
+    completion_mask: torch.Tensor,
+    masks: torch.Tensor,
+    scale: torch.Tensor,
+    scale_complement: torch.Tensor,
+    t: torch.Tensor,
+) -> MaskPlan:
+    """Interleave masks and their complements into one plan: ``[m_1, m_1^c, m_2, m_2^c, ...]``.
+
+    Args:
+        completion_mask: ``(B, L)`` bool.
+        masks: ``(S', B, L)`` bool, the first mask of each pair.
+        scale, scale_complement: ``(S', B)`` float64 multipliers of ``S(m)`` and ``S(m^c)``.
+        t: ``(S',)`` or ``(S', B)`` float64 time of the first mask (the complement gets ``1 − t``).
+    Returns:
+        :class:`MaskPlan` with ``S = 2·S'``. An empty mask gets weight 0.
+    """
+    comp = completion_mask.bool()[None] & ~masks  # (S', B, L)
+    both = torch.stack([masks, comp], dim=1).flatten(0, 1)  # (2S', B, L)
+    weights = torch.stack([scale, scale_complement], dim=1).flatten(0, 1)  # (2S', B)
+    weights = torch.where(both.any(-1), weights, torch.zeros_like(weights))
+    times = torch.stack([t, 1.0 - t], dim=1).flatten(0, 1)  # (2S',) or (2S', B)
+    return MaskPlan(masks=both, weights=weights.float(), t=times)
+
+
+@dataclass(frozen=True)
+class Coupled(PlanEstimator):
+    """K pairs of a mask and its complement at random times; NFE = 2K.
+
+    Per pair, with ``t ~ U(t_min, t_max)``:
+
+    - ``bernoulli`` (DiffuCoder): ``m ~ Bernoulli(t)^L``, value ``½ [S(m)/t + S(m^c)/(1−t)]``
+      (``m^c`` is a ``Bernoulli(1−t)`` mask, so the pair's mean is ``½[g(t) + g(1−t)]``);
+    - ``exact_count``: ``k = clamp(ceil(t·L_b), 1, L_b)`` uniform positions and the other
+      ``L_b − k``, value ``½ [(L_b/k) S(m) + (L_b/(L_b−k)) S(m^c)]``; when ``k = L_b`` the
+      complement is empty and the value is ``S(m)`` alone (this keeps the estimate unbiased).
+
+    The estimate averages the K pair values. **(dlmrl interpretation)**: the pair is averaged
+    (DiffuCoder weights the two halves by ``1/t`` and ``1/(1−t)``; the ½ makes the expectation
+    the ELBO). With ``(t_min, t_max) = (0, 1)`` both modes are unbiased (``bernoulli`` then has
+    infinite variance, like Bernoulli double MC); DiffuCoder's default ``(0.2, 0.8)`` truncates
+    the time integral symmetrically, which is unbiased only where ``g`` is linear.
+
+    Args:
+        num_pairs: K (>= 1).
+        masking: ``bernoulli`` (default) or ``exact_count``.
+        t_min, t_max: the time interval, ``0 <= t_min < t_max <= 1`` (default 0.2, 0.8).
+
+    Reference: DiffuCoder coupled-GRPO, Gong et al., arXiv 2506.20639 §4 (coupled sampling).
+    """
+
+    num_pairs: int = 1
+    masking: str = "bernoulli"
+    t_min: float = 0.2
+    t_max: float = 0.8
+    name = "coupled"
+
+    def __post_init__(self) -> None:
+        check_positive_int(self.num_pairs, "num_pairs")
+        check_masking_mode(self.masking, COUPLED_MODES)
+        lo = check_unit_interval(self.t_min, "t_min")
+        hi = check_unit_interval(self.t_max, "t_max")
+        if not lo < hi:
+            raise ValueError(f"coupled needs t_min < t_max, got {lo} and {hi}")
+
+    @property
+    def nfe(self) -> int:
+        """Forward passes per sequence: 2K."""
+        return 2 * self.num_pairs
+
+    def nfe_for(self, length: int) -> int:
+        return self.nfe
+
+    def make_plan(
+        self,
+        completion_mask: torch.Tensor,
+        generator: torch.Generator | int | None = None,
+        prompt_mask: torch.Tensor | None = None,
+    ) -> MaskPlan:
+        """Draw K times and masks; add the complements.
+
+        Args:
+            completion_mask: ``(B, L)`` bool, positions that may be masked.
+            generator: ``torch.Generator`` (or an integer seed).
+            prompt_mask: unused (the prompt is never masked).
+        Returns:
+            :class:`MaskPlan` with ``S = 2K`` samples, pair-major ``[m_1, m_1^c, ...]``, one time per
+            pair and row.
+        """
+        generator = as_generator(generator, completion_mask.device)
+        k = self.num_pairs
+        allowed = completion_mask.bool()
+        gen_device = generator.device if generator is not None else torch.device("cpu")
+        u = torch.rand((k, allowed.shape[0]), generator=generator, device=gen_device, dtype=torch.float64).cpu()
+        t = self.t_min + (self.t_max - self.t_min) * u  # (K, B) in [t_min, t_max), one time per row
+        n = allowed.sum(-1).double().cpu()[None, :].expand(k, -1)  # (K, B)
+        if self.masking == "bernoulli":
+            masks = bernoulli_masks(allowed, t, generator)  # (K, B, L)
+            scale = 0.5 / t.clamp(min=1e-300)  # an empty mask (t = 0) gets weight 0 below
+            scale_c = 0.5 / (1.0 - t).clamp(min=1e-300)
+        else:
+            counts = torch.minimum((t * n).ceil().clamp(min=1), n)  # (K, B)
+            masks = count_masks(allowed, counts.long(), generator)
+            full = counts >= n
+            scale = torch.where(full, torch.ones_like(n), 0.5 * n / counts)
+            scale_c = torch.where(full, torch.zeros_like(n), 0.5 * n / (n - counts).clamp(min=1))
+        plan = complementary_plan(allowed, masks, scale / k, scale_c / k, t)
+        return plan.to(allowed.device)
+
+    def moments(self, stats: SizeStats) -> Moments:
+        """Exact mean and variance for one row from its :class:`SizeStats` (see ``moments.py``)."""
+        n, lo, hi = stats.n, self.t_min, self.t_max
+        if self.masking == "exact_count":
+            probs = count_interval_probs(n, lo, hi)  # (n+1,) over k
+            mus, ss = [], []
+            for k in range(n + 1):
+                a, b = (1.0, 0.0) if k == n else (0.5 * n / max(k, 1), 0.5 * n / max(n - k, 1))
+                mu, s = pair_draw(stats, k, a, b)
+                mus.append(mu)
+                ss.append(s)
+            return mixture(probs, mus, ss).average_of(self.num_pairs)
+        singular = (lo == 0.0 or hi == 1.0) and stats.q[1] > 0
+        weights = lambda t: (0.5 / t, 0.5 / (1.0 - t))
+        return time_mixture(stats, lo, hi, weights, singular=singular).average_of(self.num_pairs)
