@@ -128,7 +128,7 @@ class Coupled(PlanEstimator):
             full = counts >= n
             scale = torch.where(full, torch.ones_like(n), 0.5 * n / counts)
             scale_c = torch.where(full, torch.zeros_like(n), 0.5 * n / (n - counts).clamp(min=1))
-        plan = complementary_plan(allowed, masks, scale / k, scale_c / k, t)
+        plan = complementary_plan(allowed.cpu(), masks.cpu(), scale / k, scale_c / k, t)
         return plan.to(allowed.device)
 
     def moments(self, stats: SizeStats) -> Moments:

@@ -219,16 +219,6 @@ def test_arguments_are_validated_and_registered():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuntimeError,
-    reason=(
-        "BUG: Coupled.make_plan draws t and builds scale/scale_c on the CPU but the masks on "
-        "completion_mask's device; complementary_plan then calls torch.where(both.any(-1) [CUDA], "
-        "weights [CPU], ...), a device-mismatch RuntimeError for any CUDA completion_mask (the trainer "
-        "passes comp_mask on policy.device). CoupledSDMC avoids it by moving masks to the CPU first."
-    ),
-)
 @pytest.mark.parametrize("masking", ["bernoulli", "exact_count"])
 def test_make_plan_with_a_cuda_completion_mask(masking):
     plan = Coupled(num_pairs=2, masking=masking).make_plan(INFILL.cuda(), 0)

@@ -1,0 +1,494 @@
+"""The variance lab: bias, variance, MSE and gradient variance of every estimator, exactly and by sampling.
+
+For a policy, batches of (prompt, completion) pairs and a list of budgets (NFE), :func:`run_lab`
+measures each estimator against the exact ELBO:
+
+- **exact figures** (rows with at most ``exact_max_length`` maskable positions): the table of
+  ``S(m)`` over all masks (:func:`mask_table`) gives each estimator's mean and variance as a
+  finite sum (``estimator.moments``), with the variance split into the part due to the random
+  time and the part due to the mask (law of total variance);
+- **sampled figures**: ``repetitions`` independent :class:`MaskPlan` draws, evaluated by table
+  lookup where a table exists and by scoring with the policy otherwise; they check the exact
+  figures and cover long canvases, where the target is a high-budget reference estimate
+  (stratified exact-count double MC) instead of the exact ELBO;
+- **gradient variance**: the variance of the estimate's directional derivative along
+  ``num_directions`` fixed random unit directions in parameter space (forward differences in
+  float64, the same masks on both sides), averaged over directions; the same table trick makes
+  it exact;
+- **ELBO difference between two nearby policies on the same plan** (what GDPO's ratio sees):
+  its variance with a shared plan and, for contrast, with independent plans.
+
+Units: nats per sequence (variances in nats²); gradient variance in (nats per unit parameter
+norm)². Records are plain dicts (see :data:`RECORD_FIELDS`); ``inf`` becomes ``None`` in JSON.
+
+Reference: GDPO arXiv 2510.08554 §4 (variance of double MC vs SDMC); VRPO arXiv 2505.19223
+(common random numbers); SPEC §1–2.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dlmrl.estimators.coupled import Coupled
+from dlmrl.estimators.coupled_sdmc import CoupledSDMC
+from dlmrl.estimators.double_mc import DoubleMC
+from dlmrl.estimators.mask_plan import MaskPlan
+from dlmrl.estimators.mask_table import MaskTable, mask_table
+from dlmrl.estimators.masking import sample_masks
+from dlmrl.estimators.one_step import OneStep
+from dlmrl.estimators.scoring import PlanEstimator, sample_scores
+from dlmrl.estimators.sdmc import SDMC
+
+RECORD_FIELDS = (
+    "length", "estimator", "masking", "nodes", "samples_per_node", "num_samples", "stratified", "t_range",
+    "p_mask_prompt", "nfe", "rows", "target", "bias", "bias_sq", "variance", "variance_t", "variance_mask",
+    "mse", "grad_variance", "diff_variance", "diff_variance_independent", "sampled_bias", "sampled_variance",
+    "sampled_mse", "sampled_variance_t", "sampled_variance_mask", "sampled_grad_variance", "sampled_diff_variance",
+    "sampled_diff_variance_independent",
+    "repetitions", "check_max_abs_z",
+    "check_variance_ratio",
+)
+
+
+@dataclass
+class LabBatch:
+    """Rows scored together; ``length`` labels the batch (the number of maskable tokens per row).
+
+    Attributes:
+        length: label ``L`` (maskable tokens per row).
+        prompt_ids: ``(B, P)`` long, left-padded; prompt_mask ``(B, P)`` bool.
+        completion: ``(B, L')`` long canvases; completion_mask ``(B, L')`` bool, the maskable positions.
+    """
+
+    length: int
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion: torch.Tensor
+    completion_mask: torch.Tensor
+
+
+@dataclass
+class LabConfig:
+    """Settings of :func:`run_lab` (defaults: the ``dlmrl estimators`` run)."""
+
+    budgets: tuple[int, ...] = (1, 2, 3, 4, 8)
+    long_budgets: tuple[int, ...] = (3, 4)
+    repetitions: int = 2000
+    model_repetitions: int = 32
+    num_directions: int = 2
+    fd_epsilon: float = 1e-6
+    perturbation: float = 0.01
+    exact_max_length: int = 16
+    reference_nfe: int = 128
+    reference_repeats: int = 8
+    split_times: int = 32
+    split_masks: int = 4
+    micro_batch: int = 2048
+    seed: int = 0
+
+
+def lab_estimators(nfe: int) -> list[PlanEstimator]:
+    """The estimators compared at budget ``nfe`` (forward passes per sequence)."""
+    out: list[PlanEstimator] = [
+        DoubleMC(nfe, "bernoulli"),
+        DoubleMC(nfe, "exact_count"),
+        DoubleMC(nfe, "exact_count", stratified=True),
+        SDMC(nfe, 1, "exact_count"),
+        SDMC(nfe, 1, "bernoulli"),
+        SDMC(nfe, 1, "reference"),
+    ]
+    if nfe >= 2:
+        out += [CoupledSDMC(nfe, 1, "exact_count"), CoupledSDMC(nfe, 1, "bernoulli")]
+    if nfe % 2 == 0:
+        out += [Coupled(nfe // 2, "bernoulli"), Coupled(nfe // 2, "exact_count", 0.0, 1.0)]
+    if nfe == 1:
+        out.append(OneStep(0.15))
+    return out
+
+
+def describe(estimator: PlanEstimator) -> dict:
+    """The record fields that name an estimator configuration."""
+    d = {"estimator": estimator.name, "masking": getattr(estimator, "masking", None), "nodes": None,
+         "samples_per_node": None, "num_samples": None, "stratified": None, "t_range": None,
+         "p_mask_prompt": None, "nfe": estimator.nfe}
+    if isinstance(estimator, (SDMC, CoupledSDMC)):
+        d.update(nodes=estimator.num_nodes, samples_per_node=estimator.samples_per_node)
+    elif isinstance(estimator, DoubleMC):
+        d.update(num_samples=estimator.num_samples, stratified=estimator.stratified)
+    elif isinstance(estimator, Coupled):
+        d.update(num_samples=estimator.num_pairs, t_range=[estimator.t_min, estimator.t_max])
+    elif isinstance(estimator, OneStep):
+        d.update(num_samples=estimator.num_samples, p_mask_prompt=estimator.p_mask_prompt)
+    return d
+
+
+def label(estimator: PlanEstimator) -> str:
+    """A short name such as ``sdmc[exact_count]`` or ``double_mc[exact_count,strat]``."""
+    d = describe(estimator)
+    parts = [d["masking"]] if d["masking"] else []
+    if d["stratified"]:
+        parts.append("strat")
+    if d["t_range"] is not None:
+        parts.append("t~U({:g},{:g})".format(*d["t_range"]))
+    if d["p_mask_prompt"] is not None:
+        parts.append(f"p={d['p_mask_prompt']:g}")
+    return f"{d['estimator']}[{','.join(parts)}]" if parts else d["estimator"]
+
+
+# ---------------------------------------------------------------- policies around θ
+
+
+def unit_direction(model: torch.nn.Module, generator: torch.Generator) -> list[torch.Tensor]:
+    """A random direction over all parameters, unit norm overall (float64 Gaussian, normalised)."""
+    parts = [torch.randn(p.shape, generator=generator, dtype=torch.float64) for p in model.parameters()]
+    norm = math.sqrt(sum(float((v * v).sum()) for v in parts))
+    return [v / norm for v in parts]
+
+
+def shifted(policy, steps: list[torch.Tensor] | None, dtype: torch.dtype = torch.float64):
+    """A copy of ``policy`` in ``dtype`` whose parameters are moved by ``steps`` (one tensor per parameter)."""
+    model = copy.deepcopy(policy.model).to(dtype).eval()
+    if steps is not None:
+        with torch.no_grad():
+            for p, v in zip(model.parameters(), steps):
+                p.add_(v.to(p.device, p.dtype))
+    return dataclasses.replace(policy, model=model)
+
+
+def lab_policies(policy, cfg: LabConfig) -> tuple[object, list[object], object]:
+    """``(θ, [θ + ε·v_j], θ')`` in float64: the base, the finite-difference points and a nearby policy.
+
+    ``θ'`` moves every parameter tensor ``p`` by ``perturbation · rms(p) · N(0, 1)`` noise.
+    """
+    gen = torch.Generator().manual_seed(cfg.seed + 7919)
+    base = shifted(policy, None)
+    dirs = [unit_direction(base.model, gen) for _ in range(cfg.num_directions)]
+    fd = [shifted(policy, [cfg.fd_epsilon * v for v in d]) for d in dirs]
+    noise = []
+    for p in base.model.parameters():
+        rms = float(p.detach().double().pow(2).mean().sqrt())
+        noise.append(cfg.perturbation * rms * torch.randn(p.shape, generator=gen, dtype=torch.float64))
+    return base, fd, shifted(policy, noise)
+
+
+# ---------------------------------------------------------------- sampling repetitions
+
+
+def stacked_plans(estimator: PlanEstimator, batch: LabBatch, reps: int, gen: torch.Generator) -> MaskPlan:
+    """``reps`` independent plans concatenated along the sample axis: ``S_total = reps · S``."""
+    plans = [estimator.make_plan(batch.completion_mask, gen, batch.prompt_mask) for _ in range(reps)]
+    pm = None if plans[0].prompt_masks is None else torch.cat([p.prompt_masks for p in plans])
+    t = torch.cat([p.t for p in plans])
+    return MaskPlan(masks=torch.cat([p.masks for p in plans]), weights=torch.cat([p.weights for p in plans]),
+                    t=t, prompt_masks=pm)
+
+
+def table_values(tables: list[MaskTable], plan: MaskPlan, reps: int) -> np.ndarray:
+    """``(reps, B)`` estimates by table lookup (no model call)."""
+    per = plan.num_samples // reps
+    out = np.zeros((reps, len(tables)))
+    w = plan.weights.double().cpu().numpy()  # (S_total, B)
+    for b, tab in enumerate(tables):
+        vals = w[:, b] * tab.values[tab.codes(plan.masks[:, b])]  # (S_total,)
+        out[:, b] = vals.reshape(reps, per).sum(1)
+    return out
+
+
+def model_values(policy, batch: LabBatch, plan: MaskPlan, reps: int, micro_batch: int) -> np.ndarray:
+    """``(reps, B)`` estimates by scoring with the policy."""
+    with torch.no_grad():
+        s = sample_scores(policy, batch.prompt_ids, batch.prompt_mask, batch.completion, batch.completion_mask,
+                          plan, micro_batch)  # (S_total, B)
+    per = plan.num_samples // reps
+    return s.double().cpu().numpy().reshape(reps, per, -1).sum(1)
+
+
+# ---------------------------------------------------------------- the lab
+
+
+def _finite(x: float) -> float | None:
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+def _mean(xs) -> float:
+    xs = list(xs)
+    return float(np.mean(xs)) if xs else float("nan")
+
+
+def run_lab(
+    policy,
+    batches: Sequence[LabBatch],
+    cfg: LabConfig | None = None,
+    estimators_for: Callable[[int], list[PlanEstimator]] = lab_estimators,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict]:
+    """Measure every estimator of ``estimators_for(nfe)`` for each budget on each batch.
+
+    Args:
+        policy: a :class:`~dlmrl.models.policy.MaskedDiffusionPolicy` (copied to float64 here).
+        batches: :class:`LabBatch` list (e.g. one per completion length).
+        cfg: :class:`LabConfig`.
+        estimators_for: budget → estimators (default :func:`lab_estimators`).
+        progress: called with a line of text as work proceeds.
+    Returns:
+        One record per (batch, estimator): the fields of :data:`RECORD_FIELDS`, averaged over the
+        batch's rows (``bias`` signed, ``bias_sq`` its square's mean, ``mse = bias_sq + variance``);
+        exact fields are ``inf`` where the variance is infinite and ``nan`` where no table exists.
+    """
+    cfg = cfg or LabConfig()
+    say = progress or (lambda _: None)
+    base, fd, near = lab_policies(policy, cfg)
+    records = []
+    for bi, batch in enumerate(batches):
+        n_max = int(batch.completion_mask.sum(-1).max())
+        exact = n_max <= cfg.exact_max_length
+        budgets = cfg.budgets if exact else cfg.long_budgets
+        say(f"L={batch.length}: {batch.completion.shape[0]} rows, {'exact tables' if exact else 'reference'}")
+        ctx = _LengthContext(batch, base, fd, near, cfg, exact, say)
+        gen = torch.Generator().manual_seed(cfg.seed * 1000 + bi)
+        for nfe in budgets:
+            for est in estimators_for(nfe):
+                records.append(ctx.measure(est, gen))
+        say(f"L={batch.length}: done")
+    return records
+
+
+class _LengthContext:
+    """Everything measured once per batch: tables (or the reference) at θ, θ+εv_j and θ'."""
+
+    def __init__(self, batch: LabBatch, base, fd, near, cfg: LabConfig, exact: bool, say) -> None:
+        self.batch, self.base, self.fd, self.near, self.cfg, self.exact = batch, base, fd, near, cfg, exact
+        rows = range(batch.completion.shape[0])
+        args = (batch.prompt_ids, batch.prompt_mask, batch.completion, batch.completion_mask)
+        if exact:
+            def tables(pol):
+                return [mask_table(pol, *(x[b] for x in args), cfg.exact_max_length, cfg.micro_batch) for b in rows]
+            self.t0 = tables(base)
+            say(f"L={batch.length}: table at θ ({2 ** n_of(batch) - 1} masks per row)")
+            self.tfd = [tables(p) for p in fd]
+            self.tnear = tables(near)
+            self.d = [[a.combine(b, 1.0 / cfg.fd_epsilon) for a, b in zip(self.t0, tj)] for tj in self.tfd]
+            self.delta = [a.combine(b) for a, b in zip(self.t0, self.tnear)]
+            self.target = np.array([t.elbo for t in self.t0])
+            self.target_kind = "exact"
+        else:
+            ref = DoubleMC(cfg.reference_nfe, "exact_count", stratified=True)
+            gen = torch.Generator().manual_seed(cfg.seed + 104729)
+            plan = stacked_plans(ref, batch, cfg.reference_repeats, gen)
+            vals = model_values(base, batch, plan, cfg.reference_repeats, cfg.micro_batch)  # (R, B)
+            self.target = vals.mean(0)
+            self.target_se = vals.std(0, ddof=1) / math.sqrt(cfg.reference_repeats)
+            self.target_kind = (f"reference: double_mc[exact_count,strat] NFE {cfg.reference_nfe} x "
+                                f"{cfg.reference_repeats} (mean SE {float(self.target_se.mean()):.3g})")
+            say(f"L={batch.length}: {self.target_kind}")
+            self.split = time_mask_split(base, batch, cfg.split_times, cfg.split_masks, cfg.micro_batch,
+                                         torch.Generator().manual_seed(cfg.seed + 15485863))
+
+    def measure(self, est: PlanEstimator, gen: torch.Generator) -> dict:
+        cfg, batch = self.cfg, self.batch
+        rec = {"length": batch.length, **describe(est), "rows": int(batch.completion.shape[0]),
+               "target": self.target_kind}
+        use_table = self.exact and hasattr(est, "moments")
+        reps = cfg.repetitions if use_table else cfg.model_repetitions
+        plan = stacked_plans(est, batch, reps, gen)
+        if use_table:
+            v0 = table_values(self.t0, plan, reps)
+            vd = [table_values(d, plan, reps) for d in self.d]
+            vdelta = table_values(self.delta, plan, reps)
+        else:
+            mb = cfg.micro_batch
+            v0 = model_values(self.base, batch, plan, reps, mb)
+            vd = [(model_values(p, batch, plan, reps, mb) - v0) / cfg.fd_epsilon for p in self.fd]
+            vdelta = model_values(self.near, batch, plan, reps, mb) - v0
+        bias_r = v0.mean(0) - self.target  # (B,)
+        var_r = v0.var(0, ddof=1)
+        rec.update(
+            repetitions=reps,
+            sampled_bias=_mean(bias_r),
+            sampled_variance=_mean(var_r),
+            sampled_mse=_mean(bias_r**2 + var_r),
+            sampled_grad_variance=_mean(_mean(v.var(0, ddof=1)) for v in vd),
+            sampled_diff_variance=_mean(vdelta.var(0, ddof=1)),
+            sampled_diff_variance_independent=_mean(var_r + (v0 + vdelta).var(0, ddof=1)),
+        )
+        nan = float("nan")
+        rec.update(bias=nan, bias_sq=nan, variance=nan, variance_t=nan, variance_mask=nan, mse=nan,
+                   grad_variance=nan, diff_variance=nan, diff_variance_independent=nan,
+                   check_max_abs_z=nan, check_variance_ratio=nan)
+        if use_table:
+            m0 = [est.moments(t.stats()) for t in self.t0]
+            bias = np.array([m.mean for m in m0]) - self.target
+            var = np.array([m.variance for m in m0])
+            md = [[est.moments(t.stats()).variance for t in d] for d in self.d]
+            mdelta = [est.moments(t.stats()).variance for t in self.delta]
+            mnear = [est.moments(t.stats()).variance for t in self.tnear]
+            rec.update(
+                bias=_mean(bias), bias_sq=_mean(bias**2), variance=_mean(var),
+                variance_t=_mean(m.variance_t for m in m0), variance_mask=_mean(m.variance_mask for m in m0),
+                mse=_mean(bias**2 + var), grad_variance=_mean(_mean(row) for row in md),
+                diff_variance=_mean(mdelta), diff_variance_independent=_mean(var + np.array(mnear)),
+            )
+            with np.errstate(divide="ignore", invalid="ignore"):
+                z = (v0.mean(0) - np.array([m.mean for m in m0])) / np.sqrt(var / reps)
+                rec["check_max_abs_z"] = float(np.nanmax(np.abs(np.where(var > 0, z, 0.0))))
+                rec["check_variance_ratio"] = _mean(np.where(var > 0, var_r / var, 1.0))
+        if not self.exact and isinstance(est, DoubleMC) and est.masking == "exact_count" and not est.stratified:
+            var_t, var_mask = self.split
+            k = est.num_samples
+            rec.update(sampled_variance_t=_mean(var_t) / k, sampled_variance_mask=_mean(var_mask) / k)
+        return rec
+
+
+def time_mask_split(policy, batch: LabBatch, num_times: int, masks_per_time: int, micro_batch: int,
+                    gen: torch.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Law-of-total-variance split of one exact-count double-MC draw, by a nested (ANOVA) design.
+
+    ``num_times`` times ``t ~ U(0, 1]`` per row, ``masks_per_time`` masks at each; the within-time
+    variance estimates ``E_t Var(X|t)`` and the between-time variance of the time means, minus
+    ``within / masks_per_time``, estimates ``Var_t E(X|t)`` (both unbiased).
+
+    Returns:
+        ``(variance_t (B,), variance_mask (B,))`` for a single draw (divide by K for K draws).
+    """
+    rows = batch.completion.shape[0]
+    t = (1.0 - torch.rand((num_times, rows), generator=gen, dtype=torch.float64))  # (T, B)
+    t = t.repeat_interleave(masks_per_time, dim=0)  # (T·M, B)
+    masks, scale = sample_masks(batch.completion_mask, t, "exact_count", gen)
+    plan = MaskPlan(masks=masks, weights=scale, t=t)
+    with torch.no_grad():
+        x = sample_scores(policy, batch.prompt_ids, batch.prompt_mask, batch.completion, batch.completion_mask,
+                          plan, micro_batch).double().cpu().numpy()
+    x = x.reshape(num_times, masks_per_time, rows)
+    within = x.var(1, ddof=1).mean(0)  # (B,)
+    between = x.mean(1).var(0, ddof=1) - within / masks_per_time
+    return np.maximum(between, 0.0), within
+
+
+def n_of(batch: LabBatch) -> int:
+    return int(batch.completion_mask.sum(-1).max())
+
+
+# ---------------------------------------------------------------- reporting
+
+
+def value(rec: dict, key: str) -> float:
+    """The exact figure ``key`` where it is finite, else the sampled one (``sampled_<key>``)."""
+    x = rec.get(key)
+    if x is not None and math.isfinite(x):
+        return float(x)
+    y = rec.get(f"sampled_{key}")
+    return float("nan") if y is None else float(y)
+
+
+def to_json_records(records: Sequence[dict]) -> list[dict]:
+    """Records with ``inf``/``nan`` replaced by ``None`` (strict JSON)."""
+    def clean(v):
+        return None if isinstance(v, float) and not math.isfinite(v) else v
+    return [{k: clean(v) for k, v in r.items()} for r in records]
+
+
+COMPARED = ("double_mc[bernoulli]", "double_mc[exact_count]", "double_mc[exact_count,strat]",
+            "sdmc[exact_count]", "coupled_sdmc[exact_count]")
+
+
+def _record_label(rec: dict) -> str:
+    parts = [rec["masking"]] if rec.get("masking") else []
+    if rec.get("stratified"):
+        parts.append("strat")
+    if rec.get("t_range") is not None:
+        parts.append("t~U({:g},{:g})".format(*rec["t_range"]))
+    if rec.get("p_mask_prompt") is not None:
+        parts.append(f"p={rec['p_mask_prompt']:g}")
+    return f"{rec['estimator']}[{','.join(parts)}]" if parts else rec["estimator"]
+
+
+def summary_table(records: Sequence[dict], budgets: Sequence[int] = (3, 4)) -> str:
+    """A Markdown table: MSE and gradient variance at the given NFE, with ratios to exact-count double MC.
+
+    Columns per length ``L`` and NFE: MSE of each compared estimator, SDMC / double-MC and coupled
+    SDMC / double-MC ratios of MSE and of gradient variance, and the share of double MC's variance
+    due to the time ``t``. Sampled figures are used where no exact figure exists (marked ``~``).
+    """
+    by = {(r["length"], r["nfe"], _record_label(r)): r for r in records}
+    lengths = sorted({r["length"] for r in records})
+    head = ("| L | NFE | " + " | ".join(f"MSE {c}" for c in COMPARED)
+            + " | MSE sdmc/dmc | MSE c-sdmc/dmc | grad var sdmc/dmc | grad var c-sdmc/dmc | dmc var from t |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for length in lengths:
+        for nfe in budgets:
+            dmc = by.get((length, nfe, "double_mc[exact_count]"))
+            if dmc is None:
+                continue
+            approx = "" if math.isfinite(dmc.get("mse", float("nan"))) else "~"
+            cells = []
+            for c in COMPARED:
+                r = by.get((length, nfe, c))
+                cells.append("—" if r is None else f"{approx}{value(r, 'mse'):.3g}")
+            ratios = []
+            for key in ("mse", "grad_variance"):
+                for c in ("sdmc[exact_count]", "coupled_sdmc[exact_count]"):
+                    r = by.get((length, nfe, c))
+                    ratios.append("—" if r is None else f"{value(r, key) / value(dmc, key):.2f}")
+            share = value(dmc, "variance_t") / (value(dmc, "variance_t") + value(dmc, "variance_mask"))
+            share_s = f"{share:.0%}" if math.isfinite(share) else "—"
+            lines.append(f"| {length} | {nfe} | " + " | ".join(cells) + " | "
+                         + " | ".join(ratios[:2] + ratios[2:]) + f" | {share_s} |")
+    return "\n".join(lines)
+
+
+def plot_results(records: Sequence[dict], out_dir) -> list[str]:
+    """``mse_vs_nfe.png``, ``grad_variance_vs_nfe.png`` and ``variance_split.png`` in ``out_dir``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from pathlib import Path
+
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    lengths = sorted({r["length"] for r in records})
+    labels = sorted({_record_label(r) for r in records})
+    paths = []
+    for key, name, ylabel in (("mse", "mse_vs_nfe.png", "MSE vs ELBO (nats²)"),
+                              ("grad_variance", "grad_variance_vs_nfe.png", "gradient variance")):
+        fig, axes = plt.subplots(1, len(lengths), figsize=(4.2 * len(lengths), 3.8), squeeze=False)
+        for ax, length in zip(axes[0], lengths):
+            for lab in labels:
+                pts = sorted((r["nfe"], value(r, key)) for r in records
+                             if r["length"] == length and _record_label(r) == lab)
+                pts = [(x, y) for x, y in pts if math.isfinite(y) and y > 0]
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=lab)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"L = {length}")
+            ax.set_xlabel("NFE")
+            ax.set_ylabel(ylabel)
+        axes[0][-1].legend(fontsize=6, loc="best")
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        paths.append(str(out / name))
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    for lab in ("double_mc[exact_count]", "double_mc[exact_count,strat]"):
+        pts = [(r["length"], value(r, "variance_t") / (value(r, "variance_t") + value(r, "variance_mask")))
+               for r in records if _record_label(r) == lab and r["nfe"] == 3]
+        pts = [p for p in pts if math.isfinite(p[1])]
+        if pts:
+            ax.plot(*zip(*sorted(pts)), marker="o", label=lab)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("L (maskable tokens)")
+    ax.set_ylabel("share of variance due to t (NFE 3)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "variance_split.png", dpi=110)
+    plt.close(fig)
+    paths.append(str(out / "variance_split.png"))
+    return paths
