@@ -1,4 +1,4 @@
-"""The ``dlmrl`` command: ``train``, ``eval``, ``pretrain``.
+"""The ``dlmrl`` command: ``train``, ``eval``, ``pretrain``, ``estimators``.
 
 ``dlmrl train`` with no arguments runs the packaged recipe ``dlmrl/recipes/gdpo_sudoku_tiny.yaml``
 (``configs/gdpo_sudoku_tiny.yaml`` is a link to it) on the shipped tiny model. ``--resume`` starts
@@ -53,7 +53,85 @@ def _parser() -> argparse.ArgumentParser:
             sp.add_argument("--no-progress", action="store_true", help="hide the progress bar")
         if name == "eval":
             sp.add_argument("--model", help="checkpoint to evaluate (same as model.name_or_path=...)")
+    _estimators_parser(sub)
     return p
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
+    return values
+
+
+def _estimators_parser(sub) -> None:
+    from dlmrl.estimators.analysis import LabConfig
+
+    d = LabConfig()
+    desc = ("The variance lab: bias, variance, MSE (against the exact ELBO, or a high-budget reference for "
+            "long canvases), gradient variance and shared-plan ELBO-difference variance of every estimator "
+            "at each budget, on Sudoku completions the model samples. Writes estimators.json, lab.json and "
+            "PNG plots of MSE and gradient variance vs NFE.")
+    sp = sub.add_parser("estimators", help="Compare ELBO estimators (the variance lab).", description=desc)
+    sp.add_argument("--output-dir", required=True, help="folder for estimators.json, lab.json and the plots")
+    sp.add_argument("--model", default="tiny-sudoku", help="model to study (default: the shipped tiny model)")
+    sp.add_argument("--family", default="auto", help="model family (default: auto-detect)")
+    sp.add_argument("--trust-remote-code", action="store_true", help="allow the checkpoint's own modeling code")
+    sp.add_argument("--lengths", type=_int_list, default=(8, 16, 64, 256),
+                    help="maskable tokens per row L, comma-separated (default 8,16,64,256)")
+    sp.add_argument("--rows", type=_int_list, default=(8, 2, 2, 2),
+                    help="rows per length: one number or one per length (default 8,2,2,2)")
+    sp.add_argument("--budgets", type=_int_list, default=d.budgets,
+                    help="NFE budgets where exact tables exist (L <= 16), default 1,2,3,4,8")
+    sp.add_argument("--long-budgets", type=_int_list, default=d.long_budgets,
+                    help="NFE budgets for longer canvases (scored by the model; default 3,4)")
+    sp.add_argument("--repetitions", type=int, default=d.repetitions,
+                    help=f"independent plans per estimator checked by table lookup (default {d.repetitions})")
+    sp.add_argument("--model-repetitions", type=int, default=d.model_repetitions,
+                    help=f"independent plans per estimator scored by the model (default {d.model_repetitions})")
+    sp.add_argument("--directions", type=int, default=d.num_directions,
+                    help=f"random parameter directions for the gradient variance (default {d.num_directions})")
+    sp.add_argument("--perturbation", type=float, default=d.perturbation,
+                    help=f"relative size of the nearby policy's parameter noise (default {d.perturbation})")
+    sp.add_argument("--seed", type=int, default=d.seed, help="seed for puzzles, samples and masks")
+    sp.add_argument("--quick", action="store_true",
+                    help="a fast look: L = 8,12,32 with fewer rows and repetitions (about a minute)")
+
+
+def _run_estimators(args) -> int:
+    from dlmrl.estimators.analysis import LabConfig
+    from dlmrl.models.loading import load_policy
+    from dlmrl.training.estimator_lab import run_estimator_lab
+
+    lengths, rows = args.lengths, args.rows
+    cfg = LabConfig(budgets=args.budgets, long_budgets=args.long_budgets, repetitions=args.repetitions,
+                    model_repetitions=args.model_repetitions, num_directions=args.directions,
+                    perturbation=args.perturbation, seed=args.seed)
+    if args.quick:
+        lengths, rows = (8, 12, 32), (4, 2, 2)
+        cfg.budgets, cfg.long_budgets, cfg.repetitions, cfg.model_repetitions = (2, 3, 4), (3, 4), 500, 8
+        cfg.num_directions, cfg.reference_nfe, cfg.reference_repeats = 1, 64, 4
+    if len(rows) not in (1, len(lengths)):
+        print(f"dlmrl estimators: --rows has {len(rows)} values for {len(lengths)} lengths", file=sys.stderr)
+        return 2
+    if min(cfg.repetitions, cfg.model_repetitions) < 2 or cfg.num_directions < 1 or cfg.perturbation <= 0:
+        print("dlmrl estimators: --repetitions and --model-repetitions must be >= 2, --directions >= 1 and "
+              "--perturbation > 0", file=sys.stderr)
+        return 2
+    try:
+        policy = load_policy(args.model, args.family, args.trust_remote_code)
+    except (OSError, ValueError) as e:
+        print(f"dlmrl estimators: cannot load model {args.model!r}: {e}", file=sys.stderr)
+        return 2
+    try:
+        run_estimator_lab(args.output_dir, policy, lengths, rows[0] if len(rows) == 1 else rows, cfg)
+    except ValueError as e:
+        print(f"dlmrl estimators: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _resume_config(args) -> Path | None:
@@ -88,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     # key=value overrides may come after flags too (argparse's subparsers stop at the first flag).
     args, extra = parser.parse_known_args(argv)
+    if args.command == "estimators":
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return _run_estimators(args)
     stray = [x for x in extra if x.startswith("-") or "=" not in x]
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
