@@ -91,6 +91,7 @@ class LabConfig:
     split_times: int = 32
     split_masks: int = 4
     micro_batch: int = 2048
+    tokens_per_forward: int = 131072
     seed: int = 0
 
 
@@ -264,7 +265,11 @@ class _LengthContext:
     """Everything measured once per batch: tables (or the reference) at θ, θ+εv_j and θ'."""
 
     def __init__(self, batch: LabBatch, base, fd, near, cfg: LabConfig, exact: bool, say) -> None:
-        self.batch, self.base, self.fd, self.near, self.cfg, self.exact = batch, base, fd, near, cfg, exact
+        self.batch, self.base, self.fd, self.near, self.exact = batch, base, fd, near, exact
+        # canvases per forward call: at most micro_batch, and at most tokens_per_forward tokens
+        span = batch.prompt_ids.shape[1] + batch.completion.shape[1]
+        cfg = dataclasses.replace(cfg, micro_batch=max(1, min(cfg.micro_batch, cfg.tokens_per_forward // span)))
+        self.cfg = cfg
         rows = range(batch.completion.shape[0])
         args = (batch.prompt_ids, batch.prompt_mask, batch.completion, batch.completion_mask)
         if exact:
