@@ -183,12 +183,22 @@ def lab_policies(policy, cfg: LabConfig) -> tuple[object, list[object], object]:
 
 
 def stacked_plans(estimator: PlanEstimator, batch: LabBatch, reps: int, gen: torch.Generator) -> MaskPlan:
-    """``reps`` independent plans concatenated along the sample axis: ``S_total = reps · S``."""
-    plans = [estimator.make_plan(batch.completion_mask, gen, batch.prompt_mask) for _ in range(reps)]
-    pm = None if plans[0].prompt_masks is None else torch.cat([p.prompt_masks for p in plans])
-    t = torch.cat([p.t for p in plans])
-    return MaskPlan(masks=torch.cat([p.masks for p in plans]), weights=torch.cat([p.weights for p in plans]),
-                    t=t, prompt_masks=pm)
+    """``reps`` independent plans concatenated along the sample axis: ``S_total = reps · S``.
+
+    Drawn as one plan over the batch tiled ``reps`` times (every estimator draws its rows
+    independently), then rearranged so that samples ``r·S .. r·S + S − 1`` are repetition ``r``.
+    """
+    rows = batch.completion_mask.shape[0]
+    tiled = estimator.make_plan(batch.completion_mask.repeat(reps, 1), gen, batch.prompt_mask.repeat(reps, 1))
+    s = tiled.num_samples
+
+    def unstack(x: torch.Tensor) -> torch.Tensor:  # (S, reps·B, ...) -> (reps·S, B, ...)
+        x = x.reshape(s, reps, rows, *x.shape[2:])
+        return x.transpose(0, 1).reshape(reps * s, rows, *x.shape[3:])
+
+    t = unstack(tiled.t) if tiled.t.dim() == 2 else tiled.t.repeat(reps)
+    pm = None if tiled.prompt_masks is None else unstack(tiled.prompt_masks)
+    return MaskPlan(masks=unstack(tiled.masks), weights=unstack(tiled.weights), t=t, prompt_masks=pm)
 
 
 def table_values(tables: list[MaskTable], plan: MaskPlan, reps: int) -> np.ndarray:
