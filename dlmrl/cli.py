@@ -82,8 +82,8 @@ def _estimators_parser(sub) -> None:
     sp.add_argument("--trust-remote-code", action="store_true", help="allow the checkpoint's own modeling code")
     sp.add_argument("--lengths", type=_int_list, default=(8, 16, 64, 256),
                     help="maskable tokens per row L, comma-separated (default 8,16,64,256)")
-    sp.add_argument("--rows", type=_int_list, default=(8, 2, 2, 2),
-                    help="rows per length: one number or one per length (default 8,2,2,2)")
+    sp.add_argument("--rows", type=_int_list, default=None,
+                    help="rows per length: one number or one per length (default: 8 for L < 16, 2 from L = 16)")
     sp.add_argument("--budgets", type=_int_list, default=d.budgets,
                     help="NFE budgets where exact tables exist (L <= 16), default 1,2,3,4,8")
     sp.add_argument("--long-budgets", type=_int_list, default=d.long_budgets,
@@ -104,14 +104,14 @@ def _estimators_parser(sub) -> None:
 def _run_estimators(args) -> int:
     from dlmrl.estimators.analysis import LabConfig
     from dlmrl.models.loading import load_policy
-    from dlmrl.training.estimator_lab import run_estimator_lab
+    from dlmrl.training.estimator_lab import default_rows, run_estimator_lab
 
-    lengths, rows = args.lengths, args.rows
+    lengths, rows = args.lengths, args.rows or tuple(default_rows(n) for n in args.lengths)
     cfg = LabConfig(budgets=args.budgets, long_budgets=args.long_budgets, repetitions=args.repetitions,
                     model_repetitions=args.model_repetitions, num_directions=args.directions,
                     perturbation=args.perturbation, seed=args.seed)
     if args.quick:
-        lengths, rows = (8, 12, 32), (4, 2, 2)
+        lengths, rows = (8, 12, 32), args.rows or (4, 2, 2)
         cfg.budgets, cfg.long_budgets, cfg.repetitions, cfg.model_repetitions = (2, 3, 4), (3, 4), 500, 8
         cfg.num_directions, cfg.reference_nfe, cfg.reference_repeats = 1, 64, 4
     if len(rows) not in (1, len(lengths)):

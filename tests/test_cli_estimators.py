@@ -90,11 +90,6 @@ def test_estimators_unparsable_inputs_exit_2(tmp_path, capsys, args, message):
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the default --rows (8,2,2,2) has one value per *default* length, so "
-    "any --lengths without --rows (e.g. '--lengths 64') is refused: '--rows has 4 values for 1 lengths'",
-)
 def test_estimators_lengths_without_rows(tmp_path, capsys):
     # a model that cannot load makes the run stop right after the argument checks
     assert (

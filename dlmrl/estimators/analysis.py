@@ -334,6 +334,7 @@ class _LengthContext:
             sampled_diff_variance_independent=_mean(var_r + (v0 + vdelta).var(0, ddof=1)),
         )
         nan = float("nan")
+        rec.update(sampled_variance_t=nan, sampled_variance_mask=nan)
         rec.update(bias=nan, bias_sq=nan, variance=nan, variance_t=nan, variance_mask=nan, mse=nan,
                    grad_variance=nan, diff_variance=nan, diff_variance_independent=nan,
                    check_max_abs_z=nan, check_variance_ratio=nan)
@@ -394,13 +395,30 @@ def n_of(batch: LabBatch) -> int:
 # ---------------------------------------------------------------- reporting
 
 
+def _num(x) -> float:
+    return float("nan") if x is None else float(x)
+
+
 def value(rec: dict, key: str) -> float:
-    """The exact figure ``key`` where it is finite, else the sampled one (``sampled_<key>``)."""
-    x = rec.get(key)
-    if x is not None and math.isfinite(x):
-        return float(x)
-    y = rec.get(f"sampled_{key}")
-    return float("nan") if y is None else float(y)
+    """The exact figure ``key`` where it exists (may be ``inf``), else the sampled one (``sampled_<key>``).
+
+    Works on records from :func:`run_lab` and on their JSON form (``None`` for inf/nan: taken as missing).
+    """
+    x = _num(rec.get(key))
+    return x if not math.isnan(x) else _num(rec.get(f"sampled_{key}"))
+
+
+def _cell(rec: dict | None, key: str) -> str:
+    """``value`` as table text: ``~`` marks a sampled figure, ``inf`` an infinite exact one."""
+    if rec is None:
+        return "—"
+    x = _num(rec.get(key))
+    if math.isinf(x):
+        return "inf"
+    if not math.isnan(x):
+        return f"{x:.3g}"
+    y = _num(rec.get(f"sampled_{key}"))
+    return "—" if math.isnan(y) else f"~{y:.3g}"
 
 
 def to_json_records(records: Sequence[dict]) -> list[dict]:
@@ -425,14 +443,19 @@ def _record_label(rec: dict) -> str:
     return f"{rec['estimator']}[{','.join(parts)}]" if parts else rec["estimator"]
 
 
-def summary_table(records: Sequence[dict], budgets: Sequence[int] = (3, 4)) -> str:
+def summary_table(records: Sequence[dict], budgets: Sequence[int] | None = None) -> str:
     """A Markdown table: MSE and gradient variance at the given NFE, with ratios to exact-count double MC.
 
-    Columns per length ``L`` and NFE: MSE of each compared estimator, SDMC / double-MC and coupled
-    SDMC / double-MC ratios of MSE and of gradient variance, and the share of double MC's variance
-    due to the time ``t``. Sampled figures are used where no exact figure exists (marked ``~``).
+    Columns per length ``L`` and NFE (default: 3 and 4 where present, else every budget): MSE of
+    each compared estimator, SDMC / double-MC and coupled SDMC / double-MC ratios of MSE and of
+    gradient variance, and the share of double MC's variance due to the time ``t``. Exact figures
+    are plain (``inf`` where the variance is infinite); sampled ones, used where no exact figure
+    exists (long canvases, against the reference), are marked ``~``.
     """
     by = {(r["length"], r["nfe"], _record_label(r)): r for r in records}
+    present = sorted({r["nfe"] for r in records})
+    if budgets is None:
+        budgets = [b for b in (3, 4) if b in present] or present
     lengths = sorted({r["length"] for r in records})
     head = ("| L | NFE | " + " | ".join(f"MSE {c}" for c in COMPARED)
             + " | MSE sdmc/dmc | MSE c-sdmc/dmc | grad var sdmc/dmc | grad var c-sdmc/dmc | dmc var from t |")
@@ -442,20 +465,17 @@ def summary_table(records: Sequence[dict], budgets: Sequence[int] = (3, 4)) -> s
             dmc = by.get((length, nfe, "double_mc[exact_count]"))
             if dmc is None:
                 continue
-            approx = "" if math.isfinite(dmc.get("mse", float("nan"))) else "~"
-            cells = []
-            for c in COMPARED:
-                r = by.get((length, nfe, c))
-                cells.append("—" if r is None else f"{approx}{value(r, 'mse'):.3g}")
+            cells = [_cell(by.get((length, nfe, c)), "mse") for c in COMPARED]
             ratios = []
             for key in ("mse", "grad_variance"):
                 for c in ("sdmc[exact_count]", "coupled_sdmc[exact_count]"):
                     r = by.get((length, nfe, c))
-                    ratios.append("—" if r is None else f"{value(r, key) / value(dmc, key):.2f}")
-            share = value(dmc, "variance_t") / (value(dmc, "variance_t") + value(dmc, "variance_mask"))
+                    ratio = float("nan") if r is None else value(r, key) / value(dmc, key)
+                    ratios.append("—" if math.isnan(ratio) else f"{ratio:.2f}")
+            vt, vm = value(dmc, "variance_t"), value(dmc, "variance_mask")
+            share = vt / (vt + vm) if vt + vm > 0 else float("nan")
             share_s = f"{share:.0%}" if math.isfinite(share) else "—"
-            lines.append(f"| {length} | {nfe} | " + " | ".join(cells) + " | "
-                         + " | ".join(ratios[:2] + ratios[2:]) + f" | {share_s} |")
+            lines.append(f"| {length} | {nfe} | " + " | ".join(cells + ratios) + f" | {share_s} |")
     return "\n".join(lines)
 
 
@@ -493,16 +513,19 @@ def plot_results(records: Sequence[dict], out_dir) -> list[str]:
         plt.close(fig)
         paths.append(str(out / name))
     fig, ax = plt.subplots(figsize=(5, 3.6))
+    nfes = sorted({r["nfe"] for r in records})
+    split_nfe = 3 if 3 in nfes else nfes[0]
     for lab in ("double_mc[exact_count]", "double_mc[exact_count,strat]"):
         pts = [(r["length"], value(r, "variance_t") / (value(r, "variance_t") + value(r, "variance_mask")))
-               for r in records if _record_label(r) == lab and r["nfe"] == 3]
+               for r in records if _record_label(r) == lab and r["nfe"] == split_nfe]
         pts = [p for p in pts if math.isfinite(p[1])]
         if pts:
             ax.plot(*zip(*sorted(pts)), marker="o", label=lab)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("L (maskable tokens)")
-    ax.set_ylabel("share of variance due to t (NFE 3)")
-    ax.legend(fontsize=7)
+    ax.set_ylabel(f"share of variance due to t (NFE {split_nfe})")
+    if ax.get_lines():
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "variance_split.png", dpi=110)
     plt.close(fig)

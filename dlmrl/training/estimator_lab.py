@@ -27,6 +27,11 @@ DEFAULT_LENGTHS = (8, 16, 64, 256)
 CELLS = 16
 
 
+def default_rows(length: int) -> int:
+    """Rows studied at length ``L`` by default: 8 below 16 tokens, 2 from 16 (a 16-token table is 65535 passes)."""
+    return 8 if length < CELLS else 2
+
+
 def _rows_for_length(task: SudokuTask, length: int, num_rows: int, rng: random.Random):
     """Held-out puzzles whose blank count is closest to ``length`` (ties: more blanks), ``num_rows`` of them."""
     pool = task.test_examples
@@ -69,7 +74,7 @@ def sudoku_lab_batches(
     task = SudokuTask(policy.tokenizer, policy.mask_token_id)
     rows_list = [rows] * len(lengths) if isinstance(rows, int) else list(rows)
     out = []
-    for i, (length, n_rows) in enumerate(zip(lengths, rows_list)):
+    for length, n_rows in zip(lengths, rows_list):
         if length < 1:
             raise ValueError(f"lengths must be >= 1, got {length}")
         rng = random.Random(f"lab-{seed}-{length}")
@@ -78,7 +83,7 @@ def sudoku_lab_batches(
         canvas = batch.canvas
         if extra:
             canvas = torch.cat([canvas, torch.full((n_rows, extra), policy.mask_token_id)], dim=1)
-        gen = torch.Generator().manual_seed(seed * 7919 + i)
+        gen = torch.Generator().manual_seed(seed * 7919 + length)  # a length's batch does not depend on the others
         span = canvas.shape[1]
         with torch.no_grad():
             completion = generate(policy, batch.prompt_ids, batch.prompt_mask, gen_length=span, block_length=span,
@@ -99,7 +104,7 @@ def run_estimator_lab(
     output_dir: str | Path,
     policy,
     lengths: Sequence[int] = DEFAULT_LENGTHS,
-    rows: int | Sequence[int] = (8, 2, 2, 2),
+    rows: int | Sequence[int] | None = None,
     cfg: LabConfig | None = None,
     progress: bool = True,
 ) -> dict:
@@ -109,6 +114,7 @@ def run_estimator_lab(
         ``lab.json``'s content: settings, per-length timings, the summary table and file names.
     """
     cfg = cfg or LabConfig()
+    rows = rows if rows is not None else [default_rows(n) for n in lengths]
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     say = print if progress else (lambda *_: None)

@@ -76,7 +76,7 @@ SAMPLED_FIELDS = (
     "sampled_diff_variance",
     "sampled_diff_variance_independent",
 )
-#: keys that run_lab only writes on long-canvas exact-count double-MC records (see the xfail below)
+#: keys that only long-canvas exact-count double-MC records fill in (NaN elsewhere)
 SPLIT_FIELDS = ("sampled_variance_t", "sampled_variance_mask")
 
 
@@ -280,12 +280,6 @@ def test_records_have_every_field_but_the_split_ones(lab):
             assert math.isfinite(rec[key]), (key, rec)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: run_lab writes sampled_variance_t / sampled_variance_mask only on "
-    "long-canvas iid exact-count double-MC records, though its docstring promises every field "
-    "of RECORD_FIELDS in every record (NaN where absent)",
-)
 def test_records_have_all_record_fields(lab):
     for rec in lab.records:
         assert set(RECORD_FIELDS) <= set(rec), set(RECORD_FIELDS) - set(rec)
@@ -577,12 +571,6 @@ def test_summary_table_rows_and_ratios(lab):
     assert len(parse_table(summary_table(lab.records, budgets=(3, 4)))) == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: summary_table shows double_mc[bernoulli]'s finite *sampled* MSE, "
-    "unmarked, where its exact MSE is inf (docstring: sampled figures are used only where no "
-    "exact figure exists, and are marked ~)",
-)
 def test_summary_table_does_not_hide_an_infinite_mse(lab):
     header = [
         c.strip() for c in summary_table(lab.records, (2,)).splitlines()[0].strip().strip("|").split("|")
@@ -599,13 +587,6 @@ def test_summary_table_marks_sampled_figures(long_run):
         assert all(c.startswith("~") for c in row[2:7]), row
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="BUG: summary_table calls math.isfinite on the "
-    "double-MC record's 'mse', which is None in JSON records (to_json_records / read_records) of "
-    "a long canvas: TypeError",
-)
 def test_summary_table_of_json_records(long_run):
     summary_table(to_json_records(long_run.records), budgets=(2, 3))
 
