@@ -73,6 +73,12 @@ class EstimatorConfig:
     num_nodes: int = doc(3, "SDMC: Gauss-Legendre nodes N on [0,1].")
     samples_per_node: int = doc(1, "SDMC: masks K per node. NFE = N*K (double_mc draws N*K i.i.d. times).")
     masking: str = doc("exact_count", "Masking: exact_count | bernoulli | reference (GDPO's code).")
+    micro_batch: int = doc(
+        0,
+        "Most masked canvases per forward call when scoring (0 = all S*B at once). Training uses a "
+        "two-pass surrogate when the canvases do not fit in one chunk, so peak memory stays that of one "
+        "chunk whatever the NFE.",
+    )
 
 
 @dataclass
@@ -346,6 +352,8 @@ def validate(cfg: Config) -> None:
     _check(not (e.name == "double_mc" and e.masking == "reference"), "estimator.masking",
            "double_mc with 'reference' masking has infinite expectation (weight 1/t near t = 0); "
            "use exact_count or bernoulli")
+    _check(isinstance(e.micro_batch, int) and not isinstance(e.micro_batch, bool) and e.micro_batch >= 0,
+           "estimator.micro_batch", f"must be an integer >= 0 (0 = all canvases at once), got {e.micro_batch!r}")
     _check(tr.algorithm == "gdpo", "train.algorithm", f"unknown algorithm {tr.algorithm!r}; this release has: gdpo")
     _check(tr.learning_rate > 0, "train.learning_rate", "must be > 0")
     _check(tr.lr_scheduler_type in SCHEDULERS, "train.lr_scheduler_type", f"must be one of {', '.join(SCHEDULERS)}")

@@ -22,9 +22,10 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from dlmrl.config import Config, ConfigError, load_yaml, save_yaml, to_dict, validate
+from dlmrl.config import Config, ConfigError, TrainConfig, load_yaml, save_yaml, to_dict, validate
 from dlmrl.data import TASKS
 from dlmrl.estimators import ESTIMATORS, score
+from dlmrl.estimators.scoring import score_and_backward
 from dlmrl.models.loading import load_policy
 from dlmrl.models.sampler import generate
 from dlmrl.objectives import gdpo_loss, group_advantages
@@ -52,6 +53,8 @@ class RunState:
 def check_same_config(cfg: Config, saved_path: Path) -> None:
     """Refuse to resume a run with settings other than the ones it was started with.
 
+    ``output_dir`` and ``estimator.micro_batch`` may differ (e.g. a smaller micro_batch to fit another machine).
+
     Raises:
         ConfigError: listing the keys whose values differ from the saved ``config.yaml``.
     """
@@ -63,7 +66,8 @@ def check_same_config(cfg: Config, saved_path: Path) -> None:
             yield from flat(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
 
     old, new = dict(flat(to_dict(saved))), dict(flat(to_dict(cfg)))
-    diff = [f"{k}: {old[k]!r} -> {new[k]!r}" for k in old if k != "output_dir" and old[k] != new[k]]
+    free = ("output_dir", "estimator.micro_batch")  # micro_batch changes memory and speed, not the steps taken
+    diff = [f"{k}: {old[k]!r} -> {new[k]!r}" for k in old if k not in free and old[k] != new[k]]
     if diff:
         raise ConfigError(f"--resume must use the run's own settings ({saved_path}); these differ: "
                           + "; ".join(diff))
@@ -88,6 +92,22 @@ def build_estimator(cfg: Config):
     if e.name == "double_mc":
         return ESTIMATORS.get("double_mc")(num_samples=e.num_nodes * e.samples_per_node, masking=e.masking)
     return ESTIMATORS.get(e.name)()
+
+
+def gdpo_loss_fn(tr: TrainConfig, elbo_old: torch.Tensor | None, advantages: torch.Tensor, lengths: torch.Tensor,
+                 elbo_ref: torch.Tensor | None, row_weight: float):
+    """The loss of one μ update as a function of the current policy's per-token scores.
+
+    Returns ``per_token (B', L) -> (row_weight · gdpo_loss, metrics)`` on ``ELBO = per_token.sum(-1)``;
+    ``elbo_old`` ``None`` (the first update, where old = current) uses the new ELBO detached (ratio 1).
+    """
+    def loss_fn(per_token: torch.Tensor):
+        new = per_token.sum(-1)  # (B',)
+        old = new.detach() if elbo_old is None else elbo_old
+        loss, metrics = gdpo_loss(new, old, advantages, lengths, tr.epsilon, tr.epsilon_high, tr.beta, elbo_ref)
+        return loss * row_weight, metrics
+
+    return loss_fn
 
 
 def load_configured_policy(cfg: Config):
@@ -169,6 +189,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
                          for sig in (signal.SIGINT, signal.SIGTERM)}
     bar = tqdm(total=tr.max_steps, initial=state.step, desc="gdpo", disable=not progress)
     G, s_cfg = tr.num_generations, cfg.sampling
+    micro_batch = cfg.estimator.micro_batch or None  # canvases per forward call when scoring; None = all
     try:
         while state.step < tr.max_steps and not stop["now"]:
             t0 = time.time()
@@ -197,9 +218,9 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
             plans = [estimator.make_plan(comp_mask, gen) for _ in range(tr.num_iterations)] if len(rows) else []
             # 4. old (and reference) scores, once per rollout batch, on the same MaskPlans
             with torch.no_grad():
-                old = [None] + [score(policy, p_ids, p_mask, comp, comp_mask, plan).sequence
+                old = [None] + [score(policy, p_ids, p_mask, comp, comp_mask, plan, micro_batch).sequence
                                 for plan in plans[1:]]
-                ref_scores = ([score(ref, p_ids, p_mask, comp, comp_mask, plan).sequence
+                ref_scores = ([score(ref, p_ids, p_mask, comp, comp_mask, plan, micro_batch).sequence
                                for plan in plans]
                               if ref is not None else [None] * len(plans))
             t2 = time.time()
@@ -212,17 +233,17 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
                 for _ in range(tr.num_iterations - len(plans)):
                     scheduler.step()  # nothing to learn from this batch; keep the schedule on the step count
             for j, plan in enumerate(plans):
-                new = score(policy, p_ids, p_mask, comp, comp_mask, plan).sequence  # (B',)
-                elbo_old = new.detach() if j == 0 else old[j]
-                loss, m = gdpo_loss(new, elbo_old, adv[rows], lengths, tr.epsilon, tr.epsilon_high, tr.beta,
-                                    ref_scores[j])
-                accelerator.backward(loss * row_weight)
+                # score with grad and back-propagate the GDPO loss; in chunks of micro_batch canvases
+                # (two-pass surrogate, same gradient) when they do not all fit in one forward call
+                loss_fn = gdpo_loss_fn(tr, old[j], adv[rows], lengths, ref_scores[j], row_weight)
+                loss, m, _ = score_and_backward(policy, p_ids, p_mask, comp, comp_mask, plan, loss_fn, micro_batch,
+                                                backward=accelerator.backward)
                 if tr.max_grad_norm > 0:
                     m["grad_norm"] = float(accelerator.clip_grad_norm_(policy.model.parameters(), tr.max_grad_norm))
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
-                logs.append({**m, "loss": loss.item() * row_weight})
+                logs.append({**m, "loss": loss.item()})
             # 6. log
             state.step += 1
             elapsed = time.time() - t0
