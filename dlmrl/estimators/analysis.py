@@ -12,9 +12,9 @@ measures each estimator against the exact ELBO:
   figures and cover long canvases, where the target is a high-budget reference estimate
   (stratified exact-count double MC) instead of the exact ELBO;
 - **gradient variance**: the variance of the estimate's directional derivative along
-  ``num_directions`` fixed random unit directions in parameter space (forward differences in
-  float64, the same masks on both sides), averaged over directions; the same table trick makes
-  it exact;
+  ``num_directions`` fixed random unit directions in parameter space (central differences
+  ``(f(θ+εv) − f(θ−εv)) / 2ε`` on the same masks, float32 with ε = 1e-3 by default, float64 on
+  request), averaged over directions; the same table trick makes it exact;
 - **ELBO difference between two nearby policies on the same plan** (what GDPO's ratio sees):
   its variance with a shared plan and, for contrast, with independent plans.
 
@@ -83,7 +83,8 @@ class LabConfig:
     repetitions: int = 2000
     model_repetitions: int = 32
     num_directions: int = 2
-    fd_epsilon: float = 1e-6
+    fd_epsilon: float = 1e-3
+    dtype: str = "float32"
     perturbation: float = 0.01
     exact_max_length: int = 16
     reference_nfe: int = 128
@@ -153,7 +154,7 @@ def unit_direction(model: torch.nn.Module, generator: torch.Generator) -> list[t
     return [v / norm for v in parts]
 
 
-def shifted(policy, steps: list[torch.Tensor] | None, dtype: torch.dtype = torch.float64):
+def shifted(policy, steps: list[torch.Tensor] | None, dtype: torch.dtype = torch.float32):
     """A copy of ``policy`` in ``dtype`` whose parameters are moved by ``steps`` (one tensor per parameter)."""
     model = copy.deepcopy(policy.model).to(dtype).eval()
     if steps is not None:
@@ -163,20 +164,26 @@ def shifted(policy, steps: list[torch.Tensor] | None, dtype: torch.dtype = torch
     return dataclasses.replace(policy, model=model)
 
 
-def lab_policies(policy, cfg: LabConfig) -> tuple[object, list[object], object]:
-    """``(θ, [θ + ε·v_j], θ')`` in float64: the base, the finite-difference points and a nearby policy.
+def lab_policies(policy, cfg: LabConfig) -> tuple[object, list[tuple[object, object]], object]:
+    """``(θ, [(θ + ε·v_j, θ − ε·v_j)], θ')`` in ``cfg.dtype``: the base, the central-difference pairs
+    along unit directions ``v_j`` and a nearby policy.
 
     ``θ'`` moves every parameter tensor ``p`` by ``perturbation · rms(p) · N(0, 1)`` noise.
+    Float32 with ε = 1e-3 keeps the rounding error of a difference (~1e-6 relative / 2ε) and the
+    truncation error (~ε²) far below the spread being measured; float64 allows ε ~ 1e-6.
     """
+    if cfg.dtype not in ("float32", "float64"):
+        raise ValueError(f"LabConfig.dtype must be 'float32' or 'float64', got {cfg.dtype!r}")
+    dtype = getattr(torch, cfg.dtype)
     gen = torch.Generator().manual_seed(cfg.seed + 7919)
-    base = shifted(policy, None)
+    base = shifted(policy, None, dtype)
     dirs = [unit_direction(base.model, gen) for _ in range(cfg.num_directions)]
-    fd = [shifted(policy, [cfg.fd_epsilon * v for v in d]) for d in dirs]
+    fd = [tuple(shifted(policy, [sign * cfg.fd_epsilon * v for v in d], dtype) for sign in (1, -1)) for d in dirs]
     noise = []
     for p in base.model.parameters():
         rms = float(p.detach().double().pow(2).mean().sqrt())
         noise.append(cfg.perturbation * rms * torch.randn(p.shape, generator=gen, dtype=torch.float64))
-    return base, fd, shifted(policy, noise)
+    return base, fd, shifted(policy, noise, dtype)
 
 
 # ---------------------------------------------------------------- sampling repetitions
@@ -243,7 +250,7 @@ def run_lab(
     """Measure every estimator of ``estimators_for(nfe)`` for each budget on each batch.
 
     Args:
-        policy: a :class:`~dlmrl.models.policy.MaskedDiffusionPolicy` (copied to float64 here).
+        policy: a :class:`~dlmrl.models.policy.MaskedDiffusionPolicy` (copied to ``cfg.dtype`` here).
         batches: :class:`LabBatch` list (e.g. one per completion length).
         cfg: :class:`LabConfig`.
         estimators_for: budget → estimators (default :func:`lab_estimators`).
@@ -287,9 +294,11 @@ class _LengthContext:
                 return [mask_table(pol, *(x[b] for x in args), cfg.exact_max_length, cfg.micro_batch) for b in rows]
             self.t0 = tables(base)
             say(f"L={batch.length}: table at θ ({2 ** n_of(batch) - 1} masks per row)")
-            self.tfd = [tables(p) for p in fd]
             self.tnear = tables(near)
-            self.d = [[a.combine(b, 1.0 / cfg.fd_epsilon) for a, b in zip(self.t0, tj)] for tj in self.tfd]
+            half = 0.5 / cfg.fd_epsilon
+            self.d = []  # per direction: (T(θ+εv) − T(θ−εv)) / 2ε, row by row
+            for plus, minus in fd:
+                self.d.append([m.combine(p, half) for p, m in zip(tables(plus), tables(minus))])
             self.delta = [a.combine(b) for a, b in zip(self.t0, self.tnear)]
             self.target = np.array([t.elbo for t in self.t0])
             self.target_kind = "exact"
@@ -320,7 +329,8 @@ class _LengthContext:
         else:
             mb = cfg.micro_batch
             v0 = model_values(self.base, batch, plan, reps, mb)
-            vd = [(model_values(p, batch, plan, reps, mb) - v0) / cfg.fd_epsilon for p in self.fd]
+            vd = [(model_values(p, batch, plan, reps, mb) - model_values(m, batch, plan, reps, mb))
+                  * (0.5 / cfg.fd_epsilon) for p, m in self.fd]
             vdelta = model_values(self.near, batch, plan, reps, mb) - v0
         bias_r = v0.mean(0) - self.target  # (B,)
         var_r = v0.var(0, ddof=1)
