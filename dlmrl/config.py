@@ -69,10 +69,15 @@ class SamplingConfig:
 
 @dataclass
 class EstimatorConfig:
-    name: str = doc("sdmc", "Likelihood estimator for training: sdmc | double_mc.")
-    num_nodes: int = doc(3, "SDMC: Gauss-Legendre nodes N on [0,1].")
-    samples_per_node: int = doc(1, "SDMC: masks K per node. NFE = N*K (double_mc draws N*K i.i.d. times).")
-    masking: str = doc("exact_count", "Masking: exact_count | bernoulli | reference (GDPO's code).")
+    name: str = doc("sdmc", "Likelihood estimator for training: sdmc | coupled_sdmc | double_mc | coupled | one_step.")
+    num_nodes: int = doc(3, "sdmc/coupled_sdmc: Gauss-Legendre nodes N on [0,1] (double_mc: N*K random times).")
+    samples_per_node: int = doc(1, "K: masks per node (sdmc, coupled_sdmc; NFE = N*K), mask/complement pairs "
+                                   "(coupled; NFE = 2K) or prompt masks (one_step; NFE = K).")
+    masking: str = doc("exact_count", "Masking: exact_count | bernoulli | reference (GDPO's code; sdmc only).")
+    stratified: bool = doc(False, "double_mc: draw one time per stratum ((k-1)/K, k/K].")
+    p_mask_prompt: float = doc(0.15, "one_step: probability of masking each prompt token (d1: 0.15).")
+    t_min: float = doc(0.2, "coupled: times t ~ U(t_min, t_max) (DiffuCoder: 0.2, 0.8; 0, 1 is unbiased).")
+    t_max: float = doc(0.8, "coupled: upper end of the time interval.")
     micro_batch: int = doc(
         0,
         "Most masked canvases per forward call when scoring (0 = all S*B at once). Training uses a "
@@ -344,14 +349,22 @@ def validate(cfg: Config) -> None:
     _check(s.cfg_scale >= 0, "sampling.cfg_scale", "must be >= 0")
     _check(e.name in ESTIMATORS, "estimator.name", f"unknown estimator {e.name!r}; known: {ESTIMATORS.names()}")
     _check(e.name != "exact", "estimator.name",
-           "'exact' enumerates 2^L - 1 masks; it is for analysis, train with 'sdmc' or 'double_mc'")
-    _check(e.num_nodes >= 1, "estimator.num_nodes", "must be >= 1")
-    _check(e.samples_per_node >= 1, "estimator.samples_per_node", "must be >= 1")
-    _check(e.masking in ("exact_count", "bernoulli", "reference"), "estimator.masking",
-           "must be exact_count, bernoulli or reference")
+           "'exact' enumerates 2^L - 1 masks; it is for analysis (dlmrl estimators), train with 'sdmc'")
     _check(not (e.name == "double_mc" and e.masking == "reference"), "estimator.masking",
            "double_mc with 'reference' masking has infinite expectation (weight 1/t near t = 0); "
            "use exact_count or bernoulli")
+    if e.name in ESTIMATORS:
+        from dlmrl.estimators.factory import make_estimator
+
+        try:
+            make_estimator(e.name, e.num_nodes, e.samples_per_node, e.masking, e.stratified, e.p_mask_prompt,
+                           e.t_min, e.t_max)
+        except (ValueError, TypeError) as err:
+            # the estimators name their own argument first; map it to the config field
+            arg = str(err).split()[0]
+            fields = {"num_samples": "samples_per_node", "num_pairs": "samples_per_node", "coupled": "t_min"}
+            field_name = fields.get(arg, arg if arg in {f.name for f in dataclasses.fields(e)} else "name")
+            _check(False, f"estimator.{field_name}", f"{err} (estimator {e.name!r})")
     _check(isinstance(e.micro_batch, int) and not isinstance(e.micro_batch, bool) and e.micro_batch >= 0,
            "estimator.micro_batch", f"must be an integer >= 0 (0 = all canvases at once), got {e.micro_batch!r}")
     _check(tr.algorithm == "gdpo", "train.algorithm", f"unknown algorithm {tr.algorithm!r}; this release has: gdpo")

@@ -24,7 +24,8 @@ from transformers import get_scheduler
 
 from dlmrl.config import Config, ConfigError, TrainConfig, load_yaml, save_yaml, to_dict, validate
 from dlmrl.data import TASKS
-from dlmrl.estimators import ESTIMATORS, score
+from dlmrl.estimators import score
+from dlmrl.estimators.factory import make_estimator
 from dlmrl.estimators.scoring import score_and_backward
 from dlmrl.models.loading import load_policy
 from dlmrl.models.sampler import generate
@@ -87,11 +88,8 @@ def build_task(cfg: Config, policy):
 
 def build_estimator(cfg: Config):
     e = cfg.estimator
-    if e.name == "sdmc":
-        return ESTIMATORS.get("sdmc")(num_nodes=e.num_nodes, samples_per_node=e.samples_per_node, masking=e.masking)
-    if e.name == "double_mc":
-        return ESTIMATORS.get("double_mc")(num_samples=e.num_nodes * e.samples_per_node, masking=e.masking)
-    return ESTIMATORS.get(e.name)()
+    return make_estimator(e.name, e.num_nodes, e.samples_per_node, e.masking, e.stratified, e.p_mask_prompt,
+                          e.t_min, e.t_max)
 
 
 def gdpo_loss_fn(tr: TrainConfig, elbo_old: torch.Tensor | None, advantages: torch.Tensor, lengths: torch.Tensor,
@@ -215,7 +213,8 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
             comp, comp_mask = completion[rows], batch.completion_mask[rows]
             lengths = comp_mask.sum(-1).float()  # (B',) tokens scored
             # (no row to score: every group's rewards were equal, so this batch carries no signal)
-            plans = [estimator.make_plan(comp_mask, gen) for _ in range(tr.num_iterations)] if len(rows) else []
+            plans = ([estimator.make_plan(comp_mask, gen, p_mask) for _ in range(tr.num_iterations)]
+                     if len(rows) else [])
             # 4. old (and reference) scores, once per rollout batch, on the same MaskPlans
             with torch.no_grad():
                 old = [None] + [score(policy, p_ids, p_mask, comp, comp_mask, plan, micro_batch).sequence
