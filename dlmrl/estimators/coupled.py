@@ -92,9 +92,6 @@ class Coupled(PlanEstimator):
         """Forward passes per sequence: 2K."""
         return 2 * self.num_pairs
 
-    def nfe_for(self, length: int) -> int:
-        return self.nfe
-
     def make_plan(
         self,
         completion_mask: torch.Tensor,

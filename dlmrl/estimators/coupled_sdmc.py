@@ -78,9 +78,6 @@ class CoupledSDMC(PlanEstimator):
         """Forward passes per sequence: N·K."""
         return self.num_nodes * self.samples_per_node
 
-    def nfe_for(self, length: int) -> int:
-        return self.nfe
-
     def make_plan(
         self,
         completion_mask: torch.Tensor,

@@ -44,9 +44,6 @@ class OneStep(PlanEstimator):
         """Forward passes per sequence: K."""
         return self.num_samples
 
-    def nfe_for(self, length: int) -> int:
-        return self.nfe
-
     def make_plan(
         self,
         completion_mask: torch.Tensor,

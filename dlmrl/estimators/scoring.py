@@ -274,6 +274,15 @@ class PlanEstimator:
 
     name: str = ""
 
+    @property
+    def nfe(self) -> int | None:
+        """Forward passes per sequence (``None`` when it depends on the canvas)."""
+        raise NotImplementedError
+
+    def nfe_for(self, length: int) -> int:
+        """Forward passes per sequence for a canvas with ``length`` maskable positions."""
+        return self.nfe
+
     def make_plan(
         self,
         completion_mask: torch.Tensor,
