@@ -18,7 +18,7 @@ def python3_kernel_or_skip() -> None:
         pytest.skip("no 'python3' Jupyter kernel (pip install ipykernel)")
 
 
-@pytest.mark.slow  # about 35 s: a kernel start and a small lab run
+# about 15 s (a kernel start and a small lab run): in the default run, so CI executes the notebook
 def test_estimator_variance_notebook_runs(monkeypatch):
     nbformat = pytest.importorskip("nbformat", reason="nbformat is not installed (pip install -e '.[dev]')")
     nbclient = pytest.importorskip("nbclient", reason="nbclient is not installed (pip install -e '.[dev]')")
