@@ -1,4 +1,9 @@
-"""Group-relative advantages from scalar rewards (GRPO / Dr. GRPO / RLOO)."""
+"""Group-relative advantages from scalar rewards (GRPO / Dr. GRPO / RLOO / HAPO / Flow-GRPO).
+
+Rows are grouped consecutively (rows ``g·G .. g·G+G−1`` answer prompt ``g``) unless a function takes
+explicit ``group_ids``. Every estimator gives exactly 0 to a group whose finite rewards are all equal
+and to NaN rewards (excluded from the statistics, with a warning).
+"""
 
 from __future__ import annotations
 
@@ -43,6 +48,14 @@ def _all_equal(r: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return (hi == lo) | (valid.sum(-1, keepdim=True) < 2)
 
 
+def _group_zscore(r: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``(R − mean) / (Bessel std + 1e-4)`` per row of ``(B/G, G)`` (not yet zeroed for equal groups)."""
+    mean, n = _group_mean(r, valid)
+    centred = r - mean
+    var = torch.where(valid, centred**2, 0.0).sum(-1, keepdim=True) / (n - 1).clamp(min=1)
+    return centred / (var.sqrt() + 1e-4)
+
+
 def group_advantages(
     rewards: torch.Tensor, num_generations: int, scale_rewards: str = "group"
 ) -> torch.Tensor:
@@ -74,11 +87,10 @@ def group_advantages(
             f"scale_rewards must be one of {', '.join(repr(s) for s in SCALE_REWARDS)}; got {scale_rewards!r}"
         )
     r, valid = _grouped(rewards, num_generations)  # (B/G, G)
-    mean, n = _group_mean(r, valid)  # (B/G, 1)
+    mean, _n = _group_mean(r, valid)  # (B/G, 1)
     centred = r - mean  # (B/G, G)
     if scale_rewards == "group":
-        var = torch.where(valid, centred**2, 0.0).sum(-1, keepdim=True) / (n - 1).clamp(min=1)
-        adv = centred / (var.sqrt() + 1e-4)
+        adv = _group_zscore(r, valid)
     elif scale_rewards == "batch":
         flat = r[valid]
         std = flat.std() if flat.numel() > 1 else torch.zeros((), dtype=r.dtype)
@@ -109,3 +121,133 @@ def rloo_advantages(rewards: torch.Tensor, num_generations: int) -> torch.Tensor
     others = (total - torch.where(valid, r, 0.0)) / (n - 1).clamp(min=1)  # (B/G, G)
     adv = torch.where(valid & ~_all_equal(r, valid), r - others, 0.0)
     return adv.reshape(-1).float()
+
+
+def hapo_token_group_advantages(
+    rewards: torch.Tensor, num_generations: int, mask: torch.Tensor, fallback_threshold: float = 5.0
+) -> torch.Tensor:
+    """HAPO's token-level group average: statistics over every valid token of the group.
+
+    Each reward is replicated over its row's valid tokens; ``μ`` and the population ``σ`` are taken
+    over all valid tokens of the group (a row of ``n_i`` tokens counts ``n_i`` times), and
+    ``A_i = (R_i − μ) / (σ + 1e-6)``. If any row of the group that has tokens gets ``|A_i| >= 5``, the
+    group falls back to the ordinary ``group`` advantage (:func:`group_advantages`). Rows without
+    valid tokens get 0. (The authors' code also tests the padding entries of its ``(G, L)`` score
+    matrix against the threshold; we test valid tokens only.)
+
+    Args:
+        rewards: ``(B,)`` float. num_generations: G. mask: ``(B, L)`` bool, valid tokens.
+        fallback_threshold: 5 in HAPO.
+    Returns:
+        ``(B,)`` float32 advantages (constant over a row's tokens).
+    Raises:
+        ValueError: on bad shapes or G.
+
+    Reference: HAPO arXiv 2509.16591 (token level group average; authors' ``compute_hapo_outcome_advantage``).
+    """
+    r, valid = _grouped(rewards, num_generations)  # (P, G)
+    if mask.dim() != 2 or mask.shape[0] != rewards.shape[0]:
+        raise ValueError(f"mask must be (B, L) with B = {rewards.shape[0]}, got {tuple(mask.shape)}")
+    n = mask.sum(-1).double().reshape(r.shape)  # (P, G) tokens per row
+    w = torch.where(valid, n, 0.0)
+    total = w.sum(-1, keepdim=True)  # (P, 1)
+    rz = torch.where(valid, r, 0.0)
+    mu = (w * rz).sum(-1, keepdim=True) / total.clamp(min=1)
+    var = (w * (rz - mu) ** 2).sum(-1, keepdim=True) / total.clamp(min=1)
+    adv = (r - mu) / (var.sqrt() + 1e-6)  # (P, G)
+    has_tokens = valid & (n > 0)
+    fallback = (torch.where(has_tokens, adv.abs(), 0.0) >= fallback_threshold).any(-1, keepdim=True)
+    adv = torch.where(fallback, _group_zscore(r, valid), adv)
+    adv = torch.where(has_tokens & ~_all_equal(r, valid), adv, 0.0)
+    return adv.reshape(-1).float()
+
+
+def group_stats_by_ids(values: torch.Tensor, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-group statistics of the finite values, groups given by ids (any integers, any sizes).
+
+    Args:
+        values: ``(N,)`` float (NaN = excluded). ids: ``(N,)`` integer group ids.
+    Returns:
+        float64 tensors ``index`` ``(N,)`` (dense group index of each element), ``count``, ``mean``,
+        ``std`` (Bessel) and bool ``flat`` (all finite values equal, or fewer than two), each ``(k,)``.
+    """
+    v = values.double()
+    finite = ~torch.isnan(v)
+    _, g = torch.unique(ids, return_inverse=True)
+    k = int(g.max()) + 1 if g.numel() else 0
+    zeros = torch.zeros(k, dtype=v.dtype, device=v.device)
+    n = zeros.index_add(0, g, finite.double())
+    mean = zeros.index_add(0, g, torch.where(finite, v, 0.0)) / n.clamp(min=1)
+    dev = torch.where(finite, v - mean[g], 0.0)
+    std = (zeros.index_add(0, g, dev**2) / (n - 1).clamp(min=1)).sqrt()
+    hi = torch.full_like(zeros, -torch.inf).scatter_reduce(0, g, torch.where(finite, v, -torch.inf), "amax")
+    lo = torch.full_like(zeros, torch.inf).scatter_reduce(0, g, torch.where(finite, v, torch.inf), "amin")
+    return {"index": g, "count": n, "mean": mean, "std": std, "flat": (hi == lo) | (n < 2)}
+
+
+def zscore_by_ids(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``(v − mean) / (Bessel std + 1e-4)`` within each id; equal groups, groups of one and NaN get 0.
+
+    Args:
+        values: ``(N,)`` float. ids: ``(N,)`` integer group ids (any values).
+    Returns:
+        ``(N,)`` float64.
+    """
+    v = values.double()
+    finite = ~torch.isnan(v)
+    if not finite.all():
+        warnings.warn(
+            f"{int((~finite).sum())} NaN reward(s): excluded from their group's statistics, advantage 0",
+            stacklevel=3,
+        )
+    st = group_stats_by_ids(v, ids)
+    g = st["index"]
+    adv = (v - st["mean"][g]) / (st["std"][g] + 1e-4)
+    return torch.where(finite & ~st["flat"][g], adv, 0.0)
+
+
+def flow_grpo_advantages(
+    rewards: torch.Tensor,
+    trajectory_ids: torch.Tensor,
+    group_ids: torch.Tensor,
+    turn_weighted: bool = False,
+) -> torch.Tensor:
+    """Flow-GRPO: every turn of a multi-turn trajectory carries the trajectory's z-scored final reward.
+
+    Each row is one turn (context, response) of a trajectory; ``group_ids`` names the question whose
+    ``G`` trajectories form a group.
+
+    - default (the paper's form): z-score over the group's *trajectories*, one reward each, then
+      broadcast to their turns: ``A = (R_traj − mean) / (Bessel std + 1e-4)``.
+    - ``turn_weighted=True`` (the authors' code): the statistics pool every turn sample, so a long
+      trajectory counts once per turn.
+
+    Args:
+        rewards: ``(B,)`` the trajectory's final reward on each of its turns.
+        trajectory_ids: ``(B,)`` integer trajectory id of each turn.
+        group_ids: ``(B,)`` integer question id of each turn (constant within a trajectory).
+        turn_weighted: pool turns instead of trajectories.
+    Returns:
+        ``(B,)`` float32 advantages.
+    Raises:
+        ValueError: on bad shapes, or a trajectory whose turns disagree on reward or question.
+
+    Reference: Flow-GRPO / AgentFlow arXiv 2510.05592 (group-normalised final-outcome advantage).
+    """
+    rewards = torch.as_tensor(rewards)
+    B = rewards.shape[0]
+    if rewards.dim() != 1 or trajectory_ids.shape != (B,) or group_ids.shape != (B,):
+        raise ValueError("rewards, trajectory_ids and group_ids must all be (B,)")
+    if turn_weighted:
+        return zscore_by_ids(rewards, group_ids).float()
+    uniq, t = torch.unique(trajectory_ids, return_inverse=True)
+    arange = torch.arange(B, device=rewards.device)
+    first = torch.full((uniq.numel(),), B, dtype=torch.long, device=rewards.device).scatter_reduce(
+        0, t, arange, "amin"
+    )
+    r = rewards.double()
+    same_reward = (r == r[first][t]) | (torch.isnan(r) & torch.isnan(r[first][t]))
+    if not (same_reward.all() and (group_ids == group_ids[first][t]).all()):
+        raise ValueError("every turn of a trajectory must carry the same reward and group id")
+    traj_adv = zscore_by_ids(r[first], group_ids[first])  # (T,)
+    return traj_adv[t].float()

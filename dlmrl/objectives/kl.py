@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from dlmrl.objectives.segments import check_token_tensors
+
 KL_KINDS = ("k1", "k2", "k3")
 
 
@@ -30,3 +32,53 @@ def kl_estimate(logp_new: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3"
     if kind == "k3":
         return torch.expm1(delta) - delta
     raise ValueError(f"kind must be one of {', '.join(repr(k) for k in KL_KINDS)}; got {kind!r}")
+
+
+KL_LEVELS = ("token", "sequence", "sequence_sum")
+
+
+def kl_term(
+    logp_new: torch.Tensor,
+    logp_ref: torch.Tensor,
+    mask: torch.Tensor,
+    kind: str = "k3",
+    level: str = "token",
+) -> torch.Tensor:
+    """The KL penalty per token, to be added as ``β · kl_term`` to the per-token loss.
+
+    - ``token``: ``k(logp_new[i,t], logp_ref[i,t])`` per valid token (GRPO, TRL).
+    - ``sequence``: ``k`` of the length-normalised sequence log-probs, ``Δ_i = mean_t (logp_ref −
+      logp_new)``, on every valid token of row ``i``; with ``grpo`` aggregation it adds
+      ``β · mean_i k(Δ_i)``. On ELBO contributions this is GDPO's KL term with its length normalisation
+      (**dlmrl interpretation**, the same as :func:`dlmrl.objectives.gdpo.gdpo_loss`).
+    - ``sequence_sum``: as ``sequence`` with ``Δ_i = Σ_t (logp_ref − logp_new)`` (raw sequence ELBOs).
+
+    Invalid positions get 0. ``logp_ref`` is detached.
+
+    Args:
+        logp_new: ``(B, L)`` nats per token (differentiable).
+        logp_ref: ``(B, L)`` nats per token of the reference policy.
+        mask: ``(B, L)`` bool.
+        kind: ``k1``, ``k2`` or ``k3``.
+        level: one of :data:`KL_LEVELS`.
+    Returns:
+        ``(B, L)`` KL estimate per token (nats).
+    Raises:
+        ValueError: on an unknown kind or level, or bad shapes.
+
+    Reference: GRPO arXiv 2402.03300 Eq. 4; GDPO arXiv 2510.08554 (k3 on sequence ELBOs); Schulman (2020).
+    """
+    check_token_tensors(mask, logp_new=logp_new, logp_ref=logp_ref)
+    zero = torch.zeros((), dtype=logp_new.dtype, device=logp_new.device)
+    ref = logp_ref.detach()
+    if level == "token":
+        return torch.where(mask, kl_estimate(logp_new, ref, kind), zero)
+    if level in ("sequence", "sequence_sum"):
+        new_sum = torch.where(mask, logp_new, zero).sum(-1)  # (B,)
+        ref_sum = torch.where(mask, ref, zero).sum(-1)
+        if level == "sequence":
+            n = mask.sum(-1).clamp(min=1).to(logp_new.dtype)
+            new_sum, ref_sum = new_sum / n, ref_sum / n
+        kl = kl_estimate(new_sum, ref_sum, kind)[:, None]  # (B, 1)
+        return torch.where(mask, kl.expand_as(logp_new), zero)
+    raise ValueError(f"KL level must be one of {', '.join(map(repr, KL_LEVELS))}; got {level!r}")
