@@ -13,7 +13,9 @@ def kl_estimate(logp_new: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3"
     """Per-element estimate of ``KL(π_new ‖ π_ref)`` from log-probabilities of samples of ``π_new``.
 
     With ``Δ = logp_ref − logp_new``: ``k1 = −Δ``, ``k2 = Δ²/2``, ``k3 = e^Δ − Δ − 1`` (≥ 0,
-    unbiased, GRPO's default). Minimising any of them moves ``logp_new`` toward ``logp_ref``.
+    unbiased, GRPO's default). Minimising ``k2`` or ``k3`` moves each ``logp_new`` toward its
+    ``logp_ref``; ``k1``'s gradient is the constant +1 (zero in expectation over on-policy samples), so
+    as a loss term it only lowers ``logp_new`` and does not pull toward the reference.
 
     Args:
         logp_new: any shape, nats (differentiable).
