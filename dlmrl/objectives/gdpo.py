@@ -44,6 +44,9 @@ def gdpo_loss(
         ``clip_frac_low`` (rows with ``r < 1−ε_low`` and ``A < 0``: clipping active),
         ``clip_frac_high`` (``r > 1+ε_high`` and ``A > 0``) and ``kl`` (0 without a KL term).
 
+    The ``gdpo`` preset (``get_algorithm("gdpo").objective`` on the per-token contributions) computes
+    the same loss, metrics and gradient; the tests check the two against each other.
+
     Reference: GDPO arXiv 2510.08554 §4 (sequence-level ratio of ELBOs); PPO arXiv 1707.06347 Eq. 7;
     DAPO arXiv 2503.14476 (ε_high); Schulman's k3.
     """

@@ -72,12 +72,14 @@ def kl_term(
     """
     check_token_tensors(mask, logp_new=logp_new, logp_ref=logp_ref)
     zero = torch.zeros((), dtype=logp_new.dtype, device=logp_new.device)
-    ref = logp_ref.detach()
+    # zero the padding before any non-linearity, so garbage there (inf, NaN) cannot poison the gradient
+    new = torch.where(mask, logp_new, zero)
+    ref = torch.where(mask, logp_ref.detach(), zero)
     if level == "token":
-        return torch.where(mask, kl_estimate(logp_new, ref, kind), zero)
+        return torch.where(mask, kl_estimate(new, ref, kind), zero)
     if level in ("sequence", "sequence_sum"):
-        new_sum = torch.where(mask, logp_new, zero).sum(-1)  # (B,)
-        ref_sum = torch.where(mask, ref, zero).sum(-1)
+        new_sum = new.sum(-1)  # (B,)
+        ref_sum = ref.sum(-1)
         if level == "sequence":
             n = mask.sum(-1).clamp(min=1).to(logp_new.dtype)
             new_sum, ref_sum = new_sum / n, ref_sum / n

@@ -106,7 +106,9 @@ class GroupObjective:
         ValueError: at construction, on an unknown name or an out-of-range value (naming the field).
     Warns:
         UserWarning: a sequence-level ratio with a token-summed loss (``bnpo``, ``dapo``, ``dr_grpo``)
-            weights sequences by their length (as TRL warns).
+            weights sequences by their length (as TRL warns): each row's surrogate counts ``|y_i|``
+            times, e.g. ``dapo`` gives ``−Σ_i |y_i|·min(s_i A_i, clip(s_i) A_i) / Σ_i |y_i|``; lengths
+            [2, 4], advantages [−1, +1] and ratio 1 give −1/3 (``grpo`` gives 0).
 
     Reference: GRPO arXiv 2402.03300; GSPO arXiv 2507.18071; DAPO arXiv 2503.14476; Dr. GRPO
     arXiv 2503.20783; GDPO arXiv 2510.08554; and the §6 papers cited by each part.
