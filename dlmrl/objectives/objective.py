@@ -270,19 +270,7 @@ class GroupObjective:
 
         ratio = torch.exp(log_ratio(self.ratio_level, logp_new, old, mask, ratio_segments))  # (B, L)
 
-        # clip ranges
-        base_high = self.epsilon if self.epsilon_high is None else self.epsilon_high
-        eps_low: float | torch.Tensor = self.epsilon
-        eps_high: float | torch.Tensor = base_high
-        h_hat = None
-        if self.clip_rule == "sspo":
-            scale = sspo_clip_epsilon(entropy, mask, segment_ids, 1.0).to(dtype)  # 0.5 + h
-            eps_low, eps_high = self.epsilon * scale, base_high * scale
-        elif self.clip_rule == "espo":
-            eps_low = eps_high = espo_clip_epsilon(entropy, mask, groups, self.vocab_size, self.espo_alpha).to(dtype)
-        elif self.clip_rule == "hapo":
-            h_hat = hapo_normalized_entropy(entropy, mask, self.hapo_entropy_pivot).to(dtype)
-            eps_low, eps_high = hapo_clip_epsilon(h_hat, self.epsilon, base_high, self.hapo_clip_alpha)
+        eps_low, eps_high, h_hat = self._clip_ranges(entropy, mask, segment_ids, groups, dtype)
         if self.hapo_advantage_beta > 0:
             if h_hat is None:
                 h_hat = hapo_normalized_entropy(entropy, mask, self.hapo_entropy_pivot).to(dtype)
@@ -290,30 +278,10 @@ class GroupObjective:
         adv_tok = adv_tok.detach()
 
         clip = clipped_surrogate(ratio, adv_tok, eps_low, eps_high, self.dual_clip, self.delta)
-
-        # weights
-        w = torch.ones(B, L, dtype=dtype, device=mask.device)
-        weighted = False
-        if weights is not None:
-            if weights.shape not in ((B,), (B, L)):
-                raise ValueError(f"weights must be (B,) or (B, L), got {tuple(weights.shape)}")
-            w = w * (weights[:, None] if weights.dim() == 1 else weights).to(dtype)
-            weighted = True
-        if self.weighting != "none":
-            seq_adv = adv if adv.dim() == 1 else (
-                torch.where(mask, adv, 0.0).sum(-1) / mask.sum(-1).clamp(min=1)
-            )
-            ew = egsw_weights(seq_adv.detach(), entropy, mask, group_ids, self.egsw_alpha, self.egsw_temperature,
-                              stepwise=self.weighting == "egsw_step").to(dtype)
-            w = w * (ew[:, None] if ew.dim() == 1 else ew)
-            weighted = True
-        if anchor is not None and self.anchor_weight != 1.0:
-            w = w * torch.where(anchor.bool(), self.anchor_weight, 1.0).to(dtype)[:, None]
-            weighted = True
-        w = w.detach()
+        w = self._weights(adv, mask, entropy, weights, group_ids, anchor, dtype)  # (B, L) or None
 
         zero = torch.zeros((), dtype=dtype, device=mask.device)
-        policy_tok = torch.where(mask, -clip.surrogate * w, zero)  # (B, L)
+        policy_tok = torch.where(mask, -clip.surrogate * (1.0 if w is None else w), zero)  # (B, L)
         agg = {"num_tokens": num_tokens, "max_completion_length": self.max_completion_length,
                "segment_ids": agg_segments}
         policy_loss = aggregate(policy_tok, mask, self.loss_type, **agg)
@@ -334,9 +302,44 @@ class GroupObjective:
             eps_low=torch.as_tensor(eps_low, dtype=dtype, device=mask.device).expand(B, L),
             eps_high=torch.as_tensor(eps_high, dtype=dtype, device=mask.device).expand(B, L),
             clip_low=clip.clipped_low & mask, clip_high=clip.clipped_high & mask, clip_dual=clip.capped & mask,
-            weights=w if weighted else None, kl=None if kl_tok is None else kl_tok.detach(),
+            weights=w, kl=None if kl_tok is None else kl_tok.detach(),
             segment_ids=ratio_segments if ratio_segments is not None else agg_segments,
         )
+
+    def _clip_ranges(self, entropy, mask, segment_ids, groups, dtype):
+        """``(eps_low, eps_high, ĥ or None)``: floats for ``fixed``, ``(B, L)`` tensors for the entropy rules."""
+        base_high = self.epsilon if self.epsilon_high is None else self.epsilon_high
+        if self.clip_rule == "sspo":
+            scale = sspo_clip_epsilon(entropy, mask, segment_ids, 1.0).to(dtype)  # 0.5 + h
+            return self.epsilon * scale, base_high * scale, None
+        if self.clip_rule == "espo":
+            eps = espo_clip_epsilon(entropy, mask, groups, self.vocab_size, self.espo_alpha).to(dtype)
+            return eps, eps, None
+        if self.clip_rule == "hapo":
+            h_hat = hapo_normalized_entropy(entropy, mask, self.hapo_entropy_pivot).to(dtype)
+            return (*hapo_clip_epsilon(h_hat, self.epsilon, base_high, self.hapo_clip_alpha), h_hat)
+        return self.epsilon, base_high, None
+
+    def _weights(self, adv, mask, entropy, weights, group_ids, anchor, dtype):
+        """Product of the given weights, EGSW weights and anchor weights as ``(B, L)``; ``None`` if none apply."""
+        B, L = mask.shape
+        factors = []
+        if weights is not None:
+            if weights.shape not in ((B,), (B, L)):
+                raise ValueError(f"weights must be (B,) or (B, L), got {tuple(weights.shape)}")
+            factors.append(weights)
+        if self.weighting != "none":
+            seq_adv = adv if adv.dim() == 1 else torch.where(mask, adv, 0.0).sum(-1) / mask.sum(-1).clamp(min=1)
+            factors.append(egsw_weights(seq_adv.detach(), entropy, mask, group_ids, self.egsw_alpha,
+                                        self.egsw_temperature, stepwise=self.weighting == "egsw_step"))
+        if anchor is not None and self.anchor_weight != 1.0:
+            factors.append(torch.where(anchor.bool(), self.anchor_weight, 1.0))
+        if not factors:
+            return None
+        w = torch.ones(B, L, dtype=dtype, device=mask.device)
+        for f in factors:
+            w = w * (f[:, None] if f.dim() == 1 else f).to(dtype)
+        return w.detach()
 
     def _ratio_metrics(self, ratio: torch.Tensor, clip, mask: torch.Tensor) -> dict[str, float]:
         """Ratio statistics and clip fractions per unit of the ratio: per sequence for the sequence
