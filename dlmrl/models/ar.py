@@ -1,0 +1,421 @@
+"""The autoregressive adapter: any ``transformers`` causal LM as a policy (baselines on the same tasks).
+
+An AR policy has exact token log-probs, so its "estimator" is one forward pass over
+``[prompt | completion]`` with no mask plan (DESIGN.md). Prompts are left-padded; position ids are
+counted over real tokens (as in the diffusion policy), so a row's log-probs and its greedy output do
+not depend on how much padding its batch needs.
+
+Sampling uses ``model.generate`` with a generation config built here from the arguments alone: the
+checkpoint's ``generation_config.json`` sampling defaults (repetition penalty, top-k, min-p, ...) are
+ignored, so the sampled distribution is exactly ``softmax(logits / T)`` cut by top-p, the one
+:meth:`AutoregressivePolicy.token_logprobs` scores. A per-step temperature hook
+(:class:`StepTemperatureProcessor`) carries HAPO's adaptive temperature (:class:`HapoTemperature`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList
+
+from dlmrl.models.loading import DTYPES
+from dlmrl.models.policy import position_ids_from_mask
+
+#: Name that resolves to the tiny causal Sudoku model shipped in ``dlmrl/assets/tiny_sudoku_ar``.
+TINY_AR_DEFAULT = "tiny-sudoku-ar"
+
+#: ``temperature_fn(input_ids (B, T) long, scores (B, V) float) -> (B,) or scalar`` positive factor.
+TemperatureFn = Callable[[torch.Tensor, torch.Tensor], "torch.Tensor | float"]
+
+
+def resolve_ar_model_path(name_or_path: str) -> str:
+    """``tiny-sudoku-ar`` → the shipped checkpoint folder; anything else is returned unchanged."""
+    if name_or_path == TINY_AR_DEFAULT:
+        return str(resources.files("dlmrl") / "assets" / "tiny_sudoku_ar")
+    return name_or_path
+
+
+class ARRollout(NamedTuple):
+    """Sampled completions; unpacks as ``completion, completion_mask = policy.generate(...)``.
+
+    Attributes:
+        completion: ``(B, L)`` long, ``L = max_new_tokens``; pad id after the first EOS.
+        completion_mask: ``(B, L)`` bool, True up to and including the first EOS (all generated
+            tokens when a row hit ``max_new_tokens`` without EOS).
+    """
+
+    completion: torch.Tensor
+    completion_mask: torch.Tensor
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The ``PreTrainedModel`` inside a DDP/accelerate wrapper (``generate`` lives there)."""
+    while hasattr(model, "module") and not hasattr(model, "generate"):
+        model = model.module
+    return model
+
+
+def _check_left_padded(prompt_mask: torch.Tensor) -> None:
+    m = prompt_mask.bool()
+    if (m[:, :-1] & ~m[:, 1:]).any():
+        raise ValueError("prompts must be left-padded: prompt_mask has a padding position after a real token")
+    if not m[:, -1].all():
+        raise ValueError("every prompt needs at least one real token (its last position predicts the first "
+                         "completion token)")
+
+
+def _seed_from(generator: torch.Generator | int | None) -> int | None:
+    if generator is None or isinstance(generator, int) and not isinstance(generator, bool):
+        return generator
+    if isinstance(generator, torch.Generator):
+        return int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device).item())
+    raise TypeError(f"generator must be a torch.Generator, an int seed or None, got {type(generator).__name__}")
+
+
+@contextlib.contextmanager
+def _seeded(seed: int | None, device: torch.device):
+    """Seed torch's global RNG inside, restore the caller's RNG state after (``generate`` samples with it)."""
+    if seed is None:
+        yield
+        return
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+@contextlib.contextmanager
+def _blank_generation_config(model: nn.Module):
+    """Hide the checkpoint's generation defaults so ``generate`` uses only what we pass."""
+    saved = model.generation_config
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+
+
+class StepTemperatureProcessor(LogitsProcessor):
+    """Divide each row's next-token logits by a factor computed afresh at every decoding step.
+
+    ``temperature_fn(input_ids (B, T), scores (B, V)) -> f (B,) or scalar``, ``f > 0``; the processor
+    returns ``scores / f[:, None]``. Passed to ``model.generate`` as a custom logits processor it runs
+    before transformers' temperature, top-k and top-p warpers (custom processors are merged ahead of
+    the sampling warpers), so the effective temperature of step ``t`` is ``T · f_t`` and top-p acts on
+    the final distribution. ``scores`` reach it at temperature 1 (raw logits after any penalties).
+    The factors applied are kept in ``factors`` (one ``(B,)`` tensor per step) so the exact sampling
+    temperatures can be rebuilt with :meth:`applied`.
+    """
+
+    def __init__(self, temperature_fn: TemperatureFn):
+        self.temperature_fn = temperature_fn
+        self.factors: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        f = torch.as_tensor(self.temperature_fn(input_ids, scores), dtype=scores.dtype, device=scores.device)
+        f = f.expand(scores.shape[0])  # (B,)
+        if not torch.isfinite(f).all() or (f <= 0).any():
+            raise ValueError(f"temperature_fn must return finite factors > 0, got {f.tolist()}")
+        self.factors.append(f.detach())
+        return scores / f[:, None]
+
+    def applied(self, length: int | None = None) -> torch.Tensor:
+        """``(B, steps)`` factors applied so far, padded with 1 (or cut) to ``length`` columns."""
+        f = torch.stack(self.factors, dim=1)  # (B, steps)
+        if length is not None:
+            f = f[:, :length]
+            f = torch.cat([f, f.new_ones(f.shape[0], length - f.shape[1])], dim=1)
+        return f
+
+
+@dataclass
+class AutoregressivePolicy:
+    """A causal LM as a policy: exact token log-probs and entropies, sampling with ``generate``.
+
+    Attributes:
+        model: a ``transformers`` causal LM (``AutoModelForCausalLM``; may be wrapped by accelerate).
+        tokenizer: its tokenizer (left padding), or ``None``.
+        eos_token_id: the EOS id (``None`` when the model has none: completions then end only at
+            ``max_new_tokens``).
+        pad_token_id: the id written after EOS (the EOS id when the tokenizer has no pad token).
+        stop_token_ids: every id that ends a completion (EOS plus the generation config's ``eos_token_id``
+            list, e.g. an end-of-turn token).
+        kind: ``"ar"`` (the diffusion policy is the masked-diffusion kind).
+    """
+
+    model: nn.Module
+    tokenizer: Any
+    eos_token_id: int | None
+    pad_token_id: int
+    stop_token_ids: tuple[int, ...] = ()
+    kind: str = field(default="ar", init=False)
+
+    def __post_init__(self) -> None:
+        if not self.stop_token_ids and self.eos_token_id is not None:
+            self.stop_token_ids = (int(self.eos_token_id),)
+        params = inspect.signature(_unwrap(self.model).forward).parameters
+        self._keeps_logits = "logits_to_keep" in params
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def parameters(self):
+        return self.model.parameters()
+
+    def token_logprobs(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        completion: torch.Tensor,
+        completion_mask: torch.Tensor,
+        temperature: float | torch.Tensor = 1.0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact ``log p(y_t | q, y_<t)`` of each completion token and the entropy of each prediction.
+
+        One forward pass over ``[prompt | completion]``; the logits at position ``P − 1 + t`` predict
+        ``y_t``. Positions are counted over real prompt tokens, so left padding never changes a row.
+
+        Args:
+            prompt_ids: ``(B, P)`` long, left-padded; ``prompt_mask`` ``(B, P)`` bool, True on real tokens.
+            completion: ``(B, L)`` long; ``completion_mask`` ``(B, L)`` bool, the tokens to score (up to
+                and including EOS); tokens after the mask never influence scored ones (causal attention).
+            temperature: logits are divided by it before the softmax: a float, or ``(B, L)`` per-token
+                temperatures (e.g. the sampling temperatures of an adaptive sampler). 1 = the model's
+                own distribution.
+        Returns:
+            ``logp`` ``(B, L)`` float32 nats (differentiable) and ``entropy`` ``(B, L)`` float32 nats
+            (``−Σ_v p log p`` of the same distribution, detached); both 0 outside ``completion_mask``.
+        Reference: SPEC §4 (token log-probs, entropy); GRPO arXiv 2402.03300 (token ratio inputs).
+        """
+        _check_left_padded(prompt_mask)
+        length = completion.shape[1]
+        input_ids = torch.cat([prompt_ids, completion], dim=1)  # (B, P+L)
+        attention_mask = torch.cat([prompt_mask.bool(), torch.ones_like(completion, dtype=torch.bool)], dim=1)
+        extra = {"logits_to_keep": length + 1} if self._keeps_logits else {}
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask.long(),
+                         position_ids=position_ids_from_mask(attention_mask), use_cache=False, **extra)
+        logits = out.logits[:, -(length + 1) : -1].float()  # (B, L, V): position P-1+t predicts y_t
+        if isinstance(temperature, torch.Tensor):
+            logits = logits / temperature.to(logits)[..., None]
+        elif temperature != 1.0:
+            logits = logits / temperature
+        logp_all = logits.log_softmax(-1)  # (B, L, V)
+        logp = logp_all.gather(-1, completion[..., None]).squeeze(-1)  # (B, L)
+        with torch.no_grad():
+            entropy = torch.special.entr(logp_all.exp()).sum(-1)  # (B, L)
+        mask = completion_mask.bool()
+        return torch.where(mask, logp, 0.0), torch.where(mask, entropy, 0.0)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        generator: torch.Generator | int | None = None,
+        temperature_fn: TemperatureFn | StepTemperatureProcessor | None = None,
+    ) -> ARRollout:
+        """Sample completions with ``model.generate``.
+
+        Args:
+            prompt_ids: ``(B, P)`` long, left-padded; ``prompt_mask`` ``(B, P)`` bool.
+            max_new_tokens: completion length ``L`` (the output is padded to exactly ``L`` columns).
+            temperature: 0 = greedy (argmax); > 0 samples from ``softmax(logits / T)``.
+            top_p: nucleus cut-off in (0, 1]; 1 = none. No top-k, repetition penalty or other processor
+                is applied (the checkpoint's generation defaults are ignored).
+            generator: an ``int`` seed, or a ``torch.Generator`` from which a seed is drawn; the sampler
+                itself draws from torch's *global* RNG (transformers' sampling does), so it is seeded
+                with that value inside and the caller's global RNG state is restored after. ``None``
+                uses the global RNG as it stands (and advances it).
+            temperature_fn: a per-step temperature hook (see :class:`StepTemperatureProcessor`; pass the
+                processor itself to read the factors it applied afterwards); the effective temperature is
+                ``T · f_t``. Ignored when ``temperature == 0``.
+        Returns:
+            :class:`ARRollout` ``(completion (B, L) long, completion_mask (B, L) bool)``: the mask covers
+            the tokens up to and including the first stop token; pad id after it. The number of forward
+            passes is ``completion_mask.sum(-1).max()`` (``generate`` stops when every row has ended).
+        Raises:
+            ValueError: on ``max_new_tokens < 1``, ``temperature < 0``, ``top_p`` outside (0, 1], or prompts
+                that are not left-padded.
+        """
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        _check_left_padded(prompt_mask)
+        model = _unwrap(self.model)
+        sample = temperature > 0
+        gc = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=sample, num_beams=1, use_cache=True,
+                              eos_token_id=list(self.stop_token_ids) or None, pad_token_id=self.pad_token_id)
+        if sample:
+            gc.update(temperature=float(temperature), top_p=float(top_p), top_k=0)
+        processors = None
+        if sample and temperature_fn is not None:
+            proc = (temperature_fn if isinstance(temperature_fn, StepTemperatureProcessor)
+                    else StepTemperatureProcessor(temperature_fn))
+            processors = LogitsProcessorList([proc])
+        with _blank_generation_config(model), _seeded(_seed_from(generator), prompt_ids.device):
+            out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask.long(), generation_config=gc,
+                                 logits_processor=processors)
+        return self._finish(out[:, prompt_ids.shape[1] :], max_new_tokens)
+
+    def _finish(self, generated: torch.Tensor, length: int) -> ARRollout:
+        """Mask after the first stop token, pad with the pad id to ``length`` columns."""
+        stops = torch.tensor(self.stop_token_ids, dtype=torch.long, device=generated.device)
+        is_stop = torch.isin(generated, stops).long()  # (B, L')
+        mask = (is_stop.cumsum(-1) - is_stop) == 0  # True up to and including the first stop
+        completion = torch.where(mask, generated, self.pad_token_id)
+        missing = length - generated.shape[1]
+        if missing > 0:
+            completion = torch.cat([completion, completion.new_full((len(completion), missing), self.pad_token_id)], 1)
+            mask = torch.cat([mask, mask.new_zeros(len(mask), missing)], 1)
+        return ARRollout(completion, mask)
+
+
+# -- HAPO's adaptive temperature ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EntropyStats:
+    """Statistics of log-entropies over a batch's valid tokens (HAPO arXiv 2509.16591, authors' code).
+
+    Attributes: ``pivot`` (the quantile of ``e = log H``), ``scale`` (``sqrt(mean((e − pivot)²))``),
+    ``pos_max`` (largest positive ``h``) and ``neg_max`` (``|smallest negative h|``); 1 when absent.
+    """
+
+    pivot: float
+    scale: float
+    pos_max: float
+    neg_max: float
+
+
+def hapo_entropy_stats(entropy: torch.Tensor, mask: torch.Tensor, pivot_quantile: float = 0.8,
+                       eps: float = 1e-8) -> EntropyStats:
+    """HAPO's normalisation statistics from a batch's token entropies.
+
+    ``e = log max(H, 1e-8)``; ``pivot`` = the ``pivot_quantile`` quantile of ``e`` over valid tokens
+    (linear interpolation); ``h = (e − pivot) / sqrt(mean((e − pivot)²))``.
+
+    Args:
+        entropy: ``(B, L)`` nats; ``mask`` ``(B, L)`` bool, the valid tokens (at least one).
+    Reference: HAPO arXiv 2509.16591 (SPEC "HAPO"; the authors' code).
+    """
+    e = entropy[mask.bool()].float().clamp(min=1e-8).log()  # (N,)
+    if e.numel() == 0:
+        raise ValueError("hapo_entropy_stats needs at least one valid token")
+    pivot = torch.quantile(e, pivot_quantile)
+    scale = ((e - pivot) ** 2).mean().sqrt().clamp(min=eps)
+    h = (e - pivot) / scale
+    pos_max = h[h > 0].max().item() if (h > 0).any() else 1.0
+    neg_max = -h[h < 0].min().item() if (h < 0).any() else 1.0
+    return EntropyStats(pivot.item(), scale.item(), pos_max, neg_max)
+
+
+def hapo_normalized_entropy(entropy: torch.Tensor, stats: EntropyStats) -> torch.Tensor:
+    """``ĥ ∈ [−1, 1]``: ``h / pos_max`` for ``h > 0``, ``h / neg_max`` otherwise, clamped.
+
+    On the batch the stats came from no clamp is needed; new tokens (the next rollout) may fall
+    outside, and are clamped as the authors' sampler does. Same shape as ``entropy`` (nats).
+    Reference: HAPO arXiv 2509.16591.
+    """
+    h = (entropy.float().clamp(min=1e-8).log() - stats.pivot) / stats.scale
+    return torch.where(h > 0, h / stats.pos_max, h / stats.neg_max).clamp(-1.0, 1.0)
+
+
+class HapoTemperature:
+    """HAPO's adaptive temperature factor ``f_t = 1 + τ·ĥ_t`` for :class:`StepTemperatureProcessor`.
+
+    ``ĥ_t`` is the normalised entropy (:func:`hapo_normalized_entropy`) of the current step's
+    next-token distribution (at temperature 1), normalised with ``stats`` from the previous training
+    step's rollouts; the sampling temperature is ``T_t = T · (1 + τ·ĥ_t)``. With ``stats=None`` (the
+    first step) the factor is 1.
+    Reference: HAPO arXiv 2509.16591, adaptive temperature sampling (τ = 0.05).
+    """
+
+    def __init__(self, stats: EntropyStats | None, tau: float = 0.05):
+        self.stats, self.tau = stats, tau
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.stats is None:
+            return torch.ones(scores.shape[0], device=scores.device)
+        entropy = torch.special.entr(scores.float().softmax(-1)).sum(-1)  # (B,)
+        return 1.0 + self.tau * hapo_normalized_entropy(entropy, self.stats)
+
+
+# -- building and loading ----------------------------------------------------------------------
+
+
+def build_tiny_causal_model(vocab_size: int, hidden_size: int = 64, num_layers: int = 4, num_heads: int = 4,
+                            intermediate_size: int = 192, max_positions: int = 128, seed: int = 0,
+                            bos_token_id: int | None = None, eos_token_id: int | None = None,
+                            pad_token_id: int | None = None) -> LlamaForCausalLM:
+    """A freshly initialised causal Llama (the AR counterpart of ``build_tiny_model``), float32.
+
+    Position ``i`` predicts token ``i + 1`` (the usual causal-LM shift).
+    """
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
+                         max_position_embeddings=max_positions, tie_word_embeddings=True, attn_implementation="sdpa",
+                         bos_token_id=bos_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.generation_config = GenerationConfig(bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+                                               pad_token_id=pad_token_id)
+    return model
+
+
+def _stop_ids(tokenizer, model: nn.Module) -> tuple[int, ...]:
+    ids: list[int] = []
+    for value in (tokenizer.eos_token_id, getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        for i in value if isinstance(value, (list, tuple)) else [value]:
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+    return tuple(ids)
+
+
+def load_ar_policy(name_or_path: str = TINY_AR_DEFAULT, trust_remote_code: bool = False, dtype: str = "float32",
+                   device: str | torch.device = "cpu") -> AutoregressivePolicy:
+    """Load a causal LM and its tokenizer as an :class:`AutoregressivePolicy`.
+
+    Args:
+        name_or_path: a local folder, a hub id, or ``"tiny-sudoku-ar"`` for the shipped default.
+        trust_remote_code: passed to ``from_pretrained`` only as given (never forced on).
+        dtype: ``float32``, ``bfloat16`` or ``float16``.
+    The tokenizer is switched to left padding; a tokenizer without a pad token pads with EOS.
+    Raises:
+        ValueError: unknown dtype, a local folder without safetensors weights (only safetensors are
+            loaded), or a tokenizer with neither pad nor EOS token.
+        FileNotFoundError: a local-looking path that does not exist.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in DTYPES:
+        raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    path = resolve_ar_model_path(name_or_path)
+    local = Path(path)
+    if (path.startswith((".", "/")) or local.suffix) and not local.exists():
+        raise FileNotFoundError(f"model path {path!r} does not exist")
+    if local.is_dir() and not any(local.glob("*.safetensors")):
+        raise ValueError(f"{path}: no *.safetensors weights; only safetensors checkpoints are loaded")
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=trust_remote_code, dtype=DTYPES[dtype],
+                                                 use_safetensors=True).to(device)
+    tokenizer.padding_side = "left"
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise ValueError(f"{path}: the tokenizer has neither a pad nor an EOS token")
+    return AutoregressivePolicy(model=model, tokenizer=tokenizer, eos_token_id=tokenizer.eos_token_id,
+                                pad_token_id=int(pad), stop_token_ids=_stop_ids(tokenizer, model))
