@@ -163,6 +163,8 @@ class AutoregressivePolicy:
             self.stop_token_ids = (int(self.eos_token_id),)
         params = inspect.signature(_unwrap(self.model).forward).parameters
         self._keeps_logits = "logits_to_keep" in params
+        self._takes_positions = "position_ids" in params or any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
     @property
     def device(self) -> torch.device:
@@ -201,8 +203,9 @@ class AutoregressivePolicy:
         input_ids = torch.cat([prompt_ids, completion], dim=1)  # (B, P+L)
         attention_mask = torch.cat([prompt_mask.bool(), torch.ones_like(completion, dtype=torch.bool)], dim=1)
         extra = {"logits_to_keep": length + 1} if self._keeps_logits else {}
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask.long(),
-                         position_ids=position_ids_from_mask(attention_mask), use_cache=False, **extra)
+        if self._takes_positions:  # (a model without position ids must handle left padding itself)
+            extra["position_ids"] = position_ids_from_mask(attention_mask)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask.long(), use_cache=False, **extra)
         logits = out.logits[:, -(length + 1) : -1].float()  # (B, L, V): position P-1+t predicts y_t
         if isinstance(temperature, torch.Tensor):
             logits = logits / temperature.to(logits)[..., None]
