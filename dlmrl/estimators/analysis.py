@@ -48,7 +48,7 @@ from dlmrl.estimators.sdmc import SDMC
 
 RECORD_FIELDS = (
     "length", "estimator", "masking", "nodes", "samples_per_node", "num_samples", "stratified", "t_range",
-    "p_mask_prompt", "nfe", "rows", "target", "bias", "bias_sq", "variance", "variance_t", "variance_mask",
+    "p_mask_prompt", "nfe", "rows", "target", "infinite_variance", "bias", "bias_sq", "variance", "variance_t", "variance_mask",
     "mse", "grad_variance", "diff_variance", "diff_variance_independent", "sampled_bias", "sampled_variance",
     "sampled_mse", "sampled_variance_t", "sampled_variance_mask", "sampled_grad_variance", "sampled_diff_variance",
     "sampled_diff_variance_independent",
@@ -344,7 +344,7 @@ class _LengthContext:
             sampled_diff_variance_independent=_mean(var_r + (v0 + vdelta).var(0, ddof=1)),
         )
         nan = float("nan")
-        rec.update(sampled_variance_t=nan, sampled_variance_mask=nan)
+        rec.update(sampled_variance_t=nan, sampled_variance_mask=nan, infinite_variance=False)
         rec.update(bias=nan, bias_sq=nan, variance=nan, variance_t=nan, variance_mask=nan, mse=nan,
                    grad_variance=nan, diff_variance=nan, diff_variance_independent=nan,
                    check_max_abs_z=nan, check_variance_ratio=nan)
@@ -356,6 +356,7 @@ class _LengthContext:
             mdelta = [est.moments(t.stats()).variance for t in self.delta]
             mnear = [est.moments(t.stats()).variance for t in self.tnear]
             rec.update(
+                infinite_variance=bool(np.isinf(var).any()),
                 bias=_mean(bias), bias_sq=_mean(bias**2), variance=_mean(var),
                 variance_t=_mean(m.variance_t for m in m0), variance_mask=_mean(m.variance_mask for m in m0),
                 mse=_mean(bias**2 + var), grad_variance=_mean(_mean(row) for row in md),
@@ -409,11 +410,18 @@ def _num(x) -> float:
     return float("nan") if x is None else float(x)
 
 
+INFINITE_WITH_VARIANCE = ("variance", "variance_mask", "mse", "grad_variance", "diff_variance",
+                          "diff_variance_independent")
+
+
 def value(rec: dict, key: str) -> float:
     """The exact figure ``key`` where it exists (may be ``inf``), else the sampled one (``sampled_<key>``).
 
-    Works on records from :func:`run_lab` and on their JSON form (``None`` for inf/nan: taken as missing).
+    Works on records from :func:`run_lab` and on their JSON form, where ``inf`` and ``nan`` are
+    ``None``: a record with ``infinite_variance`` true reads ``inf`` for the variance-like keys.
     """
+    if rec.get("infinite_variance") and key in INFINITE_WITH_VARIANCE:
+        return math.inf
     x = _num(rec.get(key))
     return x if not math.isnan(x) else _num(rec.get(f"sampled_{key}"))
 
@@ -422,7 +430,7 @@ def _cell(rec: dict | None, key: str) -> str:
     """``value`` as table text: ``~`` marks a sampled figure, ``inf`` an infinite exact one."""
     if rec is None:
         return "—"
-    x = _num(rec.get(key))
+    x = math.inf if rec.get("infinite_variance") and key in INFINITE_WITH_VARIANCE else _num(rec.get(key))
     if math.isinf(x):
         return "inf"
     if not math.isnan(x):
@@ -499,26 +507,34 @@ def plot_results(records: Sequence[dict], out_dir) -> list[str]:
     import matplotlib.pyplot as plt
 
     out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     lengths = sorted({r["length"] for r in records})
     labels = sorted({_record_label(r) for r in records})
     paths = []
     for key, name, ylabel in (("mse", "mse_vs_nfe.png", "MSE vs ELBO (nats²)"),
                               ("grad_variance", "grad_variance_vs_nfe.png", "gradient variance")):
-        fig, axes = plt.subplots(1, len(lengths), figsize=(4.2 * len(lengths), 3.8), squeeze=False)
+        fig, axes = plt.subplots(1, len(lengths), figsize=(4.2 * len(lengths), 4.6), squeeze=False)
+        colors = dict(zip(labels, plt.cm.tab20.colors))
         for ax, length in zip(axes[0], lengths):
             for lab in labels:
-                pts = sorted((r["nfe"], value(r, key)) for r in records
-                             if r["length"] == length and _record_label(r) == lab)
+                rows = [r for r in records if r["length"] == length and _record_label(r) == lab]
+                # an infinite exact variance is drawn from its (finite, unstable) sampled figure, dashed
+                infinite = any(r.get("infinite_variance") for r in rows)
+                pts = sorted((r["nfe"], _num(r.get(f"sampled_{key}")) if infinite else value(r, key)) for r in rows)
                 pts = [(x, y) for x, y in pts if math.isfinite(y) and y > 0]
                 if pts:
-                    ax.plot(*zip(*pts), marker="o", label=lab)
+                    ax.plot(*zip(*pts), marker="o", color=colors[lab], linestyle="--" if infinite else "-",
+                            label=f"{lab} (sampled; exact ∞)" if infinite else lab)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
+            nfes = sorted({r["nfe"] for r in records if r["length"] == length})
+            ax.set_xticks(nfes, [str(n) for n in nfes])
             ax.set_title(f"L = {length}")
             ax.set_xlabel("NFE")
             ax.set_ylabel(ylabel)
-        axes[0][-1].legend(fontsize=6, loc="best")
-        fig.tight_layout()
+        handles = {h.get_label(): h for ax in axes[0] for h in ax.get_lines()}
+        fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=4, fontsize=7, frameon=False)
+        fig.tight_layout(rect=(0, 0.16, 1, 1))
         fig.savefig(out / name, dpi=110)
         plt.close(fig)
         paths.append(str(out / name))

@@ -620,3 +620,17 @@ def test_plot_results_writes_three_pngs(lab, long_run, tmp_path):
     for name in names:
         data = (tmp_path / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+
+
+def test_infinite_variance_is_flagged_and_survives_json(lab):
+    bern = [r for r in lab.records if r["estimator"] == "double_mc" and r["masking"] == "bernoulli"]
+    others = [r for r in lab.records if r["estimator"] == "sdmc"]
+    assert bern and others
+    assert all(r["infinite_variance"] and math.isinf(r["variance"]) for r in bern)
+    assert not any(r["infinite_variance"] for r in others)
+    for rec, clean in zip(lab.records, to_json_records(lab.records)):
+        assert clean["infinite_variance"] == rec["infinite_variance"]
+        # the JSON form stores inf as null; value() still reads it as inf, and finite figures as they were
+        assert value(clean, "mse") == value(rec, "mse") or math.isinf(value(rec, "mse")) and math.isinf(
+            value(clean, "mse")
+        )
