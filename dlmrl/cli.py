@@ -40,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     for name, cls, desc in (
         ("train", Config, "Fine-tune a diffusion LM with GDPO. Without --config, runs the tiny Sudoku recipe."),
         ("eval", Config, "Evaluate a checkpoint on the held-out split (greedy decoding)."),
-        ("pretrain", PretrainConfig, "Masked-diffusion SFT of the tiny default on Sudoku solutions."),
+        ("pretrain", PretrainConfig, ("SFT of a tiny default on Sudoku solutions: masked-diffusion "
+                                      "(kind=diffusion) or next-token (kind=ar).")),
     ):
         sp = sub.add_parser(name, help=desc, description=desc, formatter_class=fmt,
                             epilog="config keys (set in YAML or as key=value; bare leaf names work when unique):\n"
@@ -206,9 +207,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(evaluate_config(cfg, policy, build_task(cfg, policy)), indent=2))
     else:
         from dlmrl.training.pretrain import pretrain
+        from dlmrl.training.pretrain_ar import pretrain_ar
 
         try:
-            print(json.dumps(pretrain(cfg), indent=2))
+            print(json.dumps((pretrain_ar if cfg.kind == "ar" else pretrain)(cfg), indent=2))
         except ConfigError as e:
             print(f"dlmrl pretrain: {e}", file=sys.stderr)
             return 2

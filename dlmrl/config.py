@@ -136,8 +136,10 @@ class Config:
 
 @dataclass
 class PretrainConfig:
-    """The ``dlmrl pretrain`` config: masked-diffusion SFT of the tiny default on Sudoku solutions."""
+    """The ``dlmrl pretrain`` config: SFT of a tiny default on Sudoku solutions (masked-diffusion or next-token)."""
 
+    kind: str = doc("diffusion", "Model kind: 'diffusion' (bidirectional, masked-diffusion SFT, infill) or 'ar' "
+                                 "(causal, next-token SFT on d1's full format).")
     output_dir: str = doc("runs/pretrain_tiny", "Where the checkpoint (config, tokenizer, safetensors) is saved.")
     seed: int = doc(0, "Seed for initialisation, data and masks.")
     steps: int = doc(300, "Optimizer steps.")
@@ -404,6 +406,7 @@ def _check_data_files(t: TaskConfig) -> int:
 
 def validate_pretrain(cfg: PretrainConfig) -> None:
     """Check a pretrain config. Raises ``ConfigError`` naming the key."""
+    _check(cfg.kind in ("diffusion", "ar"), "kind", f"unknown model kind {cfg.kind!r}; use diffusion or ar")
     for key in ("steps", "batch_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "eval_puzzles"):
         _check(getattr(cfg, key) >= 1, key, "must be >= 1")
     _check(cfg.hidden_size % cfg.num_heads == 0, "num_heads", "must divide hidden_size")

@@ -42,7 +42,7 @@ from dlmrl.training.checkpoint import atomic_dir
 
 @dataclasses.dataclass
 class ARPretrainConfig(PretrainConfig):
-    """``PretrainConfig`` for the AR default: the same fields plus ``kind: ar``.
+    """``PretrainConfig`` with ``kind: ar`` by default (``dlmrl pretrain kind=ar`` uses ``PretrainConfig`` itself).
 
     ``eval_puzzles`` are decoded greedily, left to right (16 cells + EOS).
     """

@@ -95,3 +95,23 @@ def test_pretrain_never_replaces_a_foreign_folder(tmp_path, capsys):
     assert main(["--output-dir", str(tmp_path), "--no-progress", *TINY]) == 2
     assert "not a dlmrl pretrain checkpoint" in capsys.readouterr().err
     assert (tmp_path / "notes.txt").read_text() == "keep me"
+
+
+def test_dlmrl_pretrain_dispatches_on_kind(tmp_path, capsys, monkeypatch):
+    from dlmrl import cli
+    from dlmrl.training import pretrain as diffusion_pretrain
+
+    monkeypatch.setattr(diffusion_pretrain, "pretrain", lambda cfg: pytest.fail("kind=ar ran the diffusion SFT"))
+    out = tmp_path / "ar"
+    assert cli.main(["pretrain", "--config", str(CONFIG), "--output-dir", str(out), *TINY]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["kind"] == "ar"
+    assert load_ar_policy(str(out)).eos_token_id is not None
+
+    calls = []
+    monkeypatch.setattr(diffusion_pretrain, "pretrain", lambda cfg: calls.append(cfg.kind) or {"kind": "diffusion"})
+    assert cli.main(["pretrain", "--output-dir", str(tmp_path / "d"), *TINY]) == 0  # default kind: diffusion
+    assert calls == ["diffusion"]
+
+    assert cli.main(["pretrain", "--output-dir", str(tmp_path / "x"), "kind=autoregressive"]) == 2
+    assert "'kind'" in capsys.readouterr().err
