@@ -37,8 +37,11 @@ def doc(default: Any, help: str, **kw) -> Any:
 
 @dataclass
 class ModelConfig:
-    name_or_path: str = doc("tiny-sudoku", "Checkpoint: local folder, hub id, or 'tiny-sudoku' (shipped default).")
-    family: str = doc("auto", "Family adapter: auto | tiny | masked_lm (auto reads the checkpoint config).")
+    kind: str = doc("diffusion", "Policy kind: diffusion (masked-diffusion LM: sampler + ELBO estimator) | ar "
+                                 "(causal LM: generate + exact token log-probs; task.answer_mode full).")
+    name_or_path: str = doc("tiny-sudoku", "Checkpoint: local folder, hub id, or 'tiny-sudoku' (shipped diffusion "
+                                           "default) / 'tiny-sudoku-ar' (shipped AR default).")
+    family: str = doc("auto", "Family adapter (diffusion): auto | tiny | masked_lm (auto reads the checkpoint config).")
     trust_remote_code: bool = doc(False, "Allow the checkpoint's own modeling code (only if you trust it).")
     dtype: str = doc("float32", "Weights dtype: float32 | bfloat16 | float16.")
 
@@ -88,7 +91,8 @@ class EstimatorConfig:
 
 @dataclass
 class TrainConfig:
-    algorithm: str = doc("gdpo", "Algorithm preset (this release: gdpo).")
+    algorithm: str = doc("gdpo", "Algorithm preset (dlmrl list algorithms); the fields below left null use the "
+                                 "preset's values.")
     learning_rate: float = doc(4e-4, "AdamW learning rate (peak).")
     weight_decay: float = doc(0.0, "AdamW weight decay.")
     adam_beta1: float = doc(0.9, "AdamW beta1.")
@@ -100,10 +104,19 @@ class TrainConfig:
     prompts_per_step: int = doc(64, "Prompts per rollout step; the batch is prompts_per_step * num_generations completions.")
     num_generations: int = doc(8, "Group size G: completions per prompt.")
     num_iterations: int = doc(1, "Inner iterations mu per rollout batch, each with a fresh MaskPlan.")
-    epsilon: float = doc(0.5, "Clip epsilon (lower; and upper unless epsilon_high is set).")
-    epsilon_high: float | None = doc(None, "Upper clip epsilon (default: epsilon).")
-    beta: float = doc(0.0, "KL coefficient beta against the frozen initial model (k3 on length-normalised ELBOs).")
-    scale_rewards: str = doc("none", "Advantage scaling: none (R - mean, GDPO/Dr. GRPO) | group | batch.")
+    epsilon: float | None = doc(None, "Clip epsilon (lower; and upper unless epsilon_high is set); null = the "
+                                      "preset's (gdpo 0.5, grpo 0.2).")
+    epsilon_high: float | None = doc(None, "Upper clip epsilon; null = the preset's (default: epsilon).")
+    beta: float | None = doc(None, "KL coefficient beta against the frozen initial model; null = the preset's "
+                                   "(gdpo 0: no reference model; grpo 0.04).")
+    loss_type: str | None = doc(None, "Loss aggregation: grpo | bnpo | dapo | dr_grpo | segment_mean; null = the "
+                                      "preset's.")
+    importance_sampling_level: str | None = doc(None, "Ratio level: token | sequence | sequence_token | sentence | "
+                                                      "entropy_group; null = the preset's (gdpo: sequence).")
+    scale_rewards: str | None = doc(None, "Advantage scaling: none (R - mean) | group (/ group std) | batch "
+                                          "(/ batch std); null = the preset's advantage (gdpo: none).")
+    advantage: str | None = doc(None, "Advantage estimator by name (rloo, gtpo, ...; see objectives."
+                                      "advantage_registry); null = the preset's. Exclusive with scale_rewards.")
     seed: int = doc(0, "Seed for rollouts, masks and data.")
     save_steps: int = doc(25, "Checkpoint every this many steps (and at the end).")
     logging_steps: int = doc(1, "Write metrics every this many steps.")
@@ -328,7 +341,14 @@ def validate(cfg: Config) -> None:
     from dlmrl.estimators import ESTIMATORS
 
     m, t, s, e, tr, ev = cfg.model, cfg.task, cfg.sampling, cfg.estimator, cfg.train, cfg.eval
+    _check(m.kind in ("diffusion", "ar"), "model.kind", f"unknown policy kind {m.kind!r}; use diffusion or ar")
     _check(m.family in ("auto", "tiny", "masked_lm"), "model.family", f"unknown family {m.family!r}")
+    shipped = {"diffusion": "tiny-sudoku", "ar": "tiny-sudoku-ar"}
+    _check(m.name_or_path != shipped["ar" if m.kind == "diffusion" else "diffusion"], "model.name_or_path",
+           f"{m.name_or_path!r} is the shipped {'AR' if m.kind == 'diffusion' else 'diffusion'} model; "
+           f"model.kind is {m.kind!r} (use {shipped[m.kind]!r} or set model.kind)")
+    _check(m.kind != "ar" or t.answer_mode == "full", "task.answer_mode",
+           "model.kind 'ar' generates the whole grid left to right: use answer_mode full")
     _check(m.dtype in ("float32", "bfloat16", "float16"), "model.dtype", f"unknown dtype {m.dtype!r}")
     _check(t.name in TASKS, "task.name", f"unknown task {t.name!r}; known: {TASKS.names()}")
     _check(t.answer_mode in ("infill", "full"), "task.answer_mode", "must be 'infill' or 'full'")
@@ -369,17 +389,13 @@ def validate(cfg: Config) -> None:
             _check(False, f"estimator.{field_name}", f"{err} (estimator {e.name!r})")
     _check(isinstance(e.micro_batch, int) and not isinstance(e.micro_batch, bool) and e.micro_batch >= 0,
            "estimator.micro_batch", f"must be an integer >= 0 (0 = all canvases at once), got {e.micro_batch!r}")
-    _check(tr.algorithm == "gdpo", "train.algorithm", f"unknown algorithm {tr.algorithm!r}; this release has: gdpo")
+    _check_algorithm(cfg)
     _check(tr.learning_rate > 0, "train.learning_rate", "must be > 0")
     _check(tr.lr_scheduler_type in SCHEDULERS, "train.lr_scheduler_type", f"must be one of {', '.join(SCHEDULERS)}")
     _check(tr.max_steps >= 0, "train.max_steps", "must be >= 0")
     _check(tr.prompts_per_step >= 1, "train.prompts_per_step", "must be >= 1")
     _check(tr.num_generations >= 2, "train.num_generations", "group size G must be >= 2 (advantages need a group)")
     _check(tr.num_iterations >= 1, "train.num_iterations", "must be >= 1")
-    _check(0 < tr.epsilon < 1, "train.epsilon", "must be in (0, 1)")
-    _check(tr.epsilon_high is None or tr.epsilon_high > 0, "train.epsilon_high", "must be > 0")
-    _check(tr.beta >= 0, "train.beta", "must be >= 0")
-    _check(tr.scale_rewards in ("none", "group", "batch"), "train.scale_rewards", "must be none, group or batch")
     _check(tr.max_grad_norm >= 0, "train.max_grad_norm", "must be >= 0")
     _check(tr.save_steps >= 1, "train.save_steps", "must be >= 1")
     _check(tr.logging_steps >= 1, "train.logging_steps", "must be >= 1")
@@ -387,6 +403,70 @@ def validate(cfg: Config) -> None:
     _check(ev.eval_steps >= 0, "eval.eval_steps", "must be >= 0")
     _check(ev.num_puzzles >= 1, "eval.num_puzzles", "must be >= 1")
     _check(ev.batch_size >= 1, "eval.batch_size", "must be >= 1")
+
+
+SCALE_REWARDS = {"none": "none", "group": "group", "batch": "batch"}  # TRL's scale_rewards -> advantage estimator
+
+
+def preset_overrides(tr: TrainConfig) -> dict:
+    """The preset parts the ``train`` section sets (TRL names mapped to :class:`GroupObjective` fields)."""
+    out = {k: getattr(tr, k) for k in ("epsilon", "epsilon_high", "beta", "loss_type") if getattr(tr, k) is not None}
+    if tr.importance_sampling_level is not None:
+        out["ratio_level"] = tr.importance_sampling_level
+    if tr.scale_rewards is not None:
+        out["advantage"] = SCALE_REWARDS.get(tr.scale_rewards, tr.scale_rewards)
+    if tr.advantage is not None:
+        out["advantage"] = tr.advantage
+    return out
+
+
+def build_preset(cfg: Config):
+    """``get_algorithm(train.algorithm, **overrides)``; errors become ``ConfigError`` naming the field."""
+    import warnings
+
+    from dlmrl.objectives.presets import get_algorithm
+
+    fields = {"ratio_level": "importance_sampling_level"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # (a sequence ratio with a token-summed loss warns)
+        try:
+            return get_algorithm(cfg.train.algorithm, **preset_overrides(cfg.train))
+        except ValueError as err:
+            msg = str(err)
+            if "unknown algorithm" in msg:
+                key = "algorithm"
+            else:
+                first = msg.split()[0]
+                key = fields.get(first, first if first in {f.name for f in dataclasses.fields(TrainConfig)}
+                                 else ("advantage" if "advantage" in msg else "algorithm"))
+            raise ConfigError(f"config key 'train.{key}': {msg}") from None
+
+
+#: why a preset's rollout-side switch cannot run yet (see dlmrl.training.trainer)
+UNSUPPORTED = {
+    "anchor_threshold": "DaGRPO's off-policy anchors (reference solutions added to failed groups)",
+    "multi_turn": "multi-turn episodes (Flow-GRPO needs an environment)",
+}
+
+
+def _check_algorithm(cfg: Config) -> None:
+    """The preset exists, its overrides are valid, it runs on ``model.kind`` and the trainer supports it."""
+    tr, kind = cfg.train, cfg.model.kind
+    _check(tr.scale_rewards is None or tr.advantage is None, "train.scale_rewards",
+           "set scale_rewards or advantage, not both")
+    _check(tr.scale_rewards is None or tr.scale_rewards in SCALE_REWARDS, "train.scale_rewards",
+           f"must be none, group or batch, got {tr.scale_rewards!r}")
+    _check(tr.epsilon is None or 0 < tr.epsilon < 1, "train.epsilon", "must be in (0, 1)")
+    _check(tr.epsilon_high is None or tr.epsilon_high > 0, "train.epsilon_high", "must be > 0")
+    _check(tr.beta is None or tr.beta >= 0, "train.beta", "must be >= 0")
+    preset = build_preset(cfg)
+    _check(kind in preset.policies, "train.algorithm",
+           f"{tr.algorithm!r} runs on {' and '.join(preset.policies)} policies only, but model.kind is {kind!r}")
+    for part, what in UNSUPPORTED.items():
+        _check(getattr(preset, part) is None or getattr(preset, part) is False, "train.algorithm",
+               f"{tr.algorithm!r} needs {what}: not yet supported by the trainer")
+    _check(preset.adaptive_temperature_tau is None or kind == "ar", "train.algorithm",
+           f"{tr.algorithm!r} samples with HAPO's adaptive temperature, which needs model.kind 'ar'")
 
 
 def _check_data_files(t: TaskConfig) -> int:

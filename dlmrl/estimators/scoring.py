@@ -22,6 +22,9 @@ class Estimate:
         per_token: ``(B, L)`` float32 contributions ``c^i`` (nats), zero outside the completion
             mask; ``per_token.sum(-1) == sequence``.
         nfe: denoiser forward passes per sequence.
+        entropy: ``(B, L)`` float32 detached predictive entropy (nats) of each completion token, averaged
+            over the samples where it was masked (0 where it never was, and outside the mask); ``None``
+            unless :func:`score` was asked for it.
 
     Reference: SPEC §1 per-token contributions (dlmrl interpretation); GDPO arXiv 2510.08554 §4.
     """
@@ -29,6 +32,7 @@ class Estimate:
     sequence: torch.Tensor
     per_token: torch.Tensor
     nfe: int
+    entropy: torch.Tensor | None = None
 
 
 def check_plan(
@@ -86,11 +90,14 @@ def _score_chunk(
     completion: torch.Tensor,
     plan: MaskPlan,
     flat: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    with_entropy: bool = False,
+):
     """One forward call on the canvases ``flat`` (indices ``s·B + b``).
 
     Returns ``(terms (n, L), rows (n,))``: the weighted log-probs of the masked tokens of each
-    canvas (float32, or float64 for a float64 model) and the row ``b`` each canvas belongs to.
+    canvas (float32, or float64 for a float64 model) and the row ``b`` each canvas belongs to;
+    ``with_entropy`` appends ``(entropy (n, L), masks (n, L))``: the detached predictive entropy at the
+    masked positions (0 elsewhere) and the masks.
     """
     batch = completion.shape[0]
     s_idx, rows = flat // batch, flat % batch  # (n,), (n,)
@@ -108,6 +115,10 @@ def _score_chunk(
     logp = torch.log_softmax(logits, dim=-1).gather(-1, target[..., None])[..., 0]  # (n, L)
     weights = plan.weights[s_idx, rows].to(logp.dtype)  # (n,)
     terms = torch.where(masks, logp, torch.zeros_like(logp)) * weights[:, None]  # (n, L)
+    if with_entropy:
+        with torch.no_grad():
+            ent = torch.special.entr(torch.softmax(logits, dim=-1)).sum(-1)  # (n, L)
+        return terms, rows, torch.where(masks, ent, 0.0), masks
     return terms, rows
 
 
@@ -119,6 +130,7 @@ def score(
     completion_mask: torch.Tensor,
     plan: MaskPlan,
     micro_batch: int | None = None,
+    entropy: bool = False,
 ) -> Estimate:
     """Score ``completion`` under ``policy`` on the masks of ``plan``.
 
@@ -139,9 +151,11 @@ def score(
         plan: the :class:`MaskPlan` (``S`` samples).
         micro_batch: most canvases per forward call (the ``S·B`` canvases are split into chunks);
             ``None`` = all in one call. The result does not depend on it, only speed and memory do.
+        entropy: also return ``Estimate.entropy`` (the predictive entropy at each token, averaged over
+            the samples that mask it), e.g. for entropy-based objectives on a diffusion policy.
     Returns:
         :class:`Estimate` with ``sequence (B,)``, ``per_token (B, L)`` (float32; float64 for a
-        float64 model) and ``nfe = S``.
+        float64 model), ``nfe = S`` and ``entropy`` (``None`` unless asked for).
     Raises:
         ValueError: if the plan does not fit, or masks a position outside ``completion_mask``.
 
@@ -151,14 +165,21 @@ def score(
     check_plan(plan, completion, completion_mask, prompt_mask)
     plan = plan.to(completion.device)
     per_token = None
+    ent_sum = torch.zeros(completion.shape, dtype=torch.float32, device=completion.device)  # (B, L)
+    ent_count = torch.zeros_like(ent_sum)
     for flat in _chunks(plan, micro_batch):
-        terms, rows = _score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat)
+        extra = {"with_entropy": True} if entropy else {}
+        terms, rows, *ent = _score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat, **extra)
         if per_token is None:
             per_token = torch.zeros(completion.shape, dtype=terms.dtype, device=completion.device)  # (B, L)
         per_token = per_token.index_add(0, rows, terms)
+        if entropy:
+            ent_sum.index_add_(0, rows, ent[0].float())
+            ent_count.index_add_(0, rows, ent[1].float())
     if per_token is None:  # a plan with no samples (S = 0) or an empty batch
         per_token = torch.zeros(completion.shape, dtype=torch.float32, device=completion.device)
-    return Estimate(sequence=per_token.sum(-1), per_token=per_token, nfe=plan.num_samples)
+    mean_entropy = ent_sum / ent_count.clamp(min=1) if entropy else None
+    return Estimate(sequence=per_token.sum(-1), per_token=per_token, nfe=plan.num_samples, entropy=mean_entropy)
 
 
 def sample_scores(

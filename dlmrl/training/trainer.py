@@ -1,5 +1,11 @@
-"""The GDPO trainer: one loop that reads top to bottom (rollout, reward, advantages, old scores, μ updates,
-log, checkpoint), on ``accelerate``.
+"""The group-optimizer trainer: one loop that reads top to bottom (rollout, reward, advantages, old scores,
+μ updates, log, checkpoint), on ``accelerate``.
+
+``train.algorithm`` picks a preset (:data:`dlmrl.objectives.presets.ALGORITHMS`): its
+:class:`~dlmrl.objectives.objective.GroupObjective` is the loss over per-token scores and its advantage
+estimator turns rewards into advantages. ``model.kind`` picks the policy: ``diffusion`` (masked-diffusion
+sampler, per-token ELBO contributions on MaskPlans) or ``ar`` (``generate``, exact token log-probs); see
+:mod:`dlmrl.training.rollout`. The default (``gdpo`` on the tiny diffusion model) is GDPO.
 
 Every random draw of step ``s`` comes from a generator seeded with ``(seed, s)``, so a run resumed
 from a checkpoint takes exactly the same steps as an uninterrupted one.
@@ -8,6 +14,7 @@ Reference: GDPO, arXiv 2510.08554 (Algorithm 1).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -22,17 +29,19 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from dlmrl.config import Config, ConfigError, TrainConfig, load_yaml, save_yaml, to_dict, validate
+from dlmrl.config import Config, ConfigError, build_preset, load_yaml, save_yaml, to_dict, validate
 from dlmrl.data import TASKS
-from dlmrl.estimators import score
 from dlmrl.estimators.factory import make_estimator
-from dlmrl.estimators.scoring import score_and_backward
+from dlmrl.models.ar import EntropyStats, HapoTemperature, hapo_entropy_stats
 from dlmrl.models.loading import load_policy
-from dlmrl.models.sampler import generate
-from dlmrl.objectives import gdpo_loss, group_advantages
+from dlmrl.objectives.advantage_registry import AdvantageInputs
+from dlmrl.objectives.objective import GroupObjective
+from dlmrl.objectives.segments import delimiter_token_ids, sentence_segments
+from dlmrl.objectives.shaping import dynamic_sampling_keep, soft_overlong_punishment
 from dlmrl.training.checkpoint import atomic_dir, latest_checkpoint, write_json_atomic
 from dlmrl.training.evaluation import evaluate
 from dlmrl.training.logging import MetricsWriter, plot_curves
+from dlmrl.training.rollout import ARScorer, DiffusionScorer, rollout_ar, rollout_diffusion
 
 
 @dataclass
@@ -42,13 +51,16 @@ class RunState:
     step: int = 0
     eval_before: dict | None = None
     train_seconds: float = 0.0
+    hapo_stats: dict | None = None  # HAPO: the previous step's entropy statistics (adaptive temperature)
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "eval_before": self.eval_before, "train_seconds": self.train_seconds}
+        return {"step": self.step, "eval_before": self.eval_before, "train_seconds": self.train_seconds,
+                "hapo_stats": self.hapo_stats}
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.eval_before = state["step"], state["eval_before"]
         self.train_seconds = state.get("train_seconds", 0.0)
+        self.hapo_stats = state.get("hapo_stats")
 
 
 def check_same_config(cfg: Config, saved_path: Path) -> None:
@@ -81,7 +93,9 @@ def step_generator(seed: int, step: int) -> torch.Generator:
 
 def build_task(cfg: Config, policy):
     t = cfg.task
-    return TASKS.get(t.name)(policy.tokenizer, policy.mask_token_id, answer_mode=t.answer_mode,
+    mask_id = getattr(policy, "mask_token_id", None)  # (an AR policy has none; its tokenizer may)
+    mask_id = mask_id if mask_id is not None else getattr(policy.tokenizer, "mask_token_id", None)
+    return TASKS.get(t.name)(policy.tokenizer, mask_id, answer_mode=t.answer_mode,
                              min_blanks=t.min_blanks, max_blanks=t.max_blanks,
                              train_file=t.train_file, test_file=t.test_file)
 
@@ -92,40 +106,70 @@ def build_estimator(cfg: Config):
                           e.t_min, e.t_max)
 
 
-def gdpo_loss_fn(tr: TrainConfig, elbo_old: torch.Tensor | None, advantages: torch.Tensor, lengths: torch.Tensor,
-                 elbo_ref: torch.Tensor | None, row_weight: float):
+def group_loss_fn(objective: GroupObjective, old: torch.Tensor | None, advantages: torch.Tensor,
+                  mask: torch.Tensor, row_weight: float = 1.0, **inputs):
     """The loss of one μ update as a function of the current policy's per-token scores.
 
-    Returns ``per_token (B', L) -> (row_weight · gdpo_loss, metrics)`` on ``ELBO = per_token.sum(-1)``;
-    ``elbo_old`` ``None`` (the first update, where old = current) uses the new ELBO detached (ratio 1).
+    Returns ``per_token (B', L) -> (row_weight · objective(per_token, old, advantages, mask, **inputs),
+    metrics)``; ``old`` ``None`` (the first update, where old = current) uses ``per_token`` detached
+    (ratio 1). ``inputs`` are :meth:`GroupObjective.compute`'s keyword inputs (``logp_ref``, ``entropy``,
+    ``segment_ids``, ``group_ids``, ``num_tokens``). With the ``gdpo`` preset this is
+    :func:`dlmrl.objectives.gdpo_loss` on ``per_token.sum(-1)``.
     """
     def loss_fn(per_token: torch.Tensor):
-        new = per_token.sum(-1)  # (B',)
-        old = new.detach() if elbo_old is None else elbo_old
-        loss, metrics = gdpo_loss(new, old, advantages, lengths, tr.epsilon, tr.epsilon_high, tr.beta, elbo_ref)
+        loss, metrics = objective(per_token, per_token.detach() if old is None else old, advantages, mask,
+                                  **inputs)
         return loss * row_weight, metrics
 
     return loss_fn
 
 
+def can_skip_zero_rows(objective: GroupObjective, advantages: torch.Tensor) -> bool:
+    """Whether rows with ``A = 0`` may go unscored: they add nothing to the surrogate, and the loss is a
+    mean over rows (``grpo``, ``dr_grpo``, ``segment_mean``: rescaled by ``rows kept / rows``) that no
+    other row's term depends on (fixed clip ranges, no weighting, no KL, one advantage per row)."""
+    o = objective
+    return (o.loss_type in ("grpo", "dr_grpo", "segment_mean") and o.beta == 0 and advantages.dim() == 1
+            and o.clip_rule == "fixed" and o.weighting == "none" and o.hapo_advantage_beta == 0)
+
+
+def shaped_rewards(preset, rewards: torch.Tensor, lengths: torch.Tensor, max_length: int) -> torch.Tensor:
+    """Task rewards plus DAPO's soft overlong punishment when the preset asks for it
+    (``L_cache = round(fraction · L_max)``, at least 1)."""
+    if preset.overlong_cache_fraction is None:
+        return rewards
+    cache = max(1, round(preset.overlong_cache_fraction * max_length))
+    return rewards + soft_overlong_punishment(lengths, max_length, cache)
+
+
 def load_configured_policy(cfg: Config):
-    """``load_policy`` with the ``model`` section; a load failure becomes a ``ConfigError`` naming the model."""
+    """``load_policy`` (diffusion) or ``load_ar_policy`` (ar) with the ``model`` section; a load failure becomes
+    a ``ConfigError`` naming the model."""
     m = cfg.model
     try:
+        if m.kind == "ar":
+            from dlmrl.models.ar import load_ar_policy
+
+            return load_ar_policy(m.name_or_path, m.trust_remote_code, m.dtype)
         return load_policy(m.name_or_path, m.family, m.trust_remote_code, m.dtype)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model.name_or_path {m.name_or_path!r} (family {m.family!r}) cannot be loaded: {e}") from e
 
 
 def evaluate_config(cfg: Config, policy, task) -> dict:
-    """Held-out evaluation with the ``eval`` section's settings."""
+    """Held-out evaluation with the ``eval`` section's settings (AR: left-to-right decoding, ``eval.steps`` unused)."""
+    if cfg.model.kind == "ar":
+        from dlmrl.training.pretrain_ar import evaluate_ar
+
+        return evaluate_ar(policy, task, num_puzzles=cfg.eval.num_puzzles, batch_size=cfg.eval.batch_size,
+                           temperature=cfg.eval.temperature, seed=cfg.train.seed)
     return evaluate(policy, task, num_puzzles=cfg.eval.num_puzzles, steps=cfg.eval.steps,
                     block_length=cfg.sampling.block_length, temperature=cfg.eval.temperature,
                     batch_size=cfg.eval.batch_size, seed=cfg.train.seed)
 
 
 def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
-    """Run GDPO as configured; write the run files (see README); return ``summary.json``'s content.
+    """Run the configured algorithm; write the run files (see README); return ``summary.json``'s content.
 
     Raises:
         ConfigError: on an invalid config (before any model is loaded).
@@ -145,11 +189,19 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
     accelerator = Accelerator(log_with=None if tr.report_to == "none" else tr.report_to, project_dir=str(out))
     torch.manual_seed(tr.seed)
 
+    preset, is_ar = build_preset(cfg), cfg.model.kind == "ar"
     policy = load_configured_policy(cfg)
-    ref = load_configured_policy(cfg) if tr.beta > 0 else None  # frozen initial model for the KL term
+    if preset.objective.clip_rule == "espo" and preset.objective.vocab_size is None:
+        preset = preset.with_overrides(vocab_size=len(policy.tokenizer))
+    objective = preset.objective
+    ref = load_configured_policy(cfg) if objective.beta > 0 else None  # frozen initial model for the KL term
     if ref is not None:
         ref.model.requires_grad_(False).eval().to(accelerator.device)
-    task, estimator = build_task(cfg, policy), build_estimator(cfg)
+    task = build_task(cfg, policy)
+    scorer = (ARScorer(policy, ref) if is_ar
+              else DiffusionScorer(policy, ref, build_estimator(cfg), cfg.estimator.micro_batch or None))
+    needs = preset.required_inputs
+    delimiters = delimiter_token_ids(policy.tokenizer) if "segment_ids" in needs else None
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=tr.learning_rate, betas=(tr.adam_beta1, tr.adam_beta2),
                                   weight_decay=tr.weight_decay)
     total_updates = tr.max_steps * tr.num_iterations
@@ -185,58 +237,73 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
     stop = {"now": False}
     previous_handlers = {sig: signal.signal(sig, lambda *_: stop.update(now=True))
                          for sig in (signal.SIGINT, signal.SIGTERM)}
-    bar = tqdm(total=tr.max_steps, initial=state.step, desc="gdpo", disable=not progress)
-    G, s_cfg = tr.num_generations, cfg.sampling
-    micro_batch = cfg.estimator.micro_batch or None  # canvases per forward call when scoring; None = all
+    bar = tqdm(total=tr.max_steps, initial=state.step, desc=tr.algorithm, disable=not progress)
+    G = tr.num_generations
+    max_length = task.gen_length + 1 if is_ar else task.gen_length  # generation budget (AR: the grid + EOS)
     try:
         while state.step < tr.max_steps and not stop["now"]:
             t0 = time.time()
             gen = step_generator(tr.seed, state.step)
             # 1. rollout: G completions per prompt
             examples = task.train_batch(tr.prompts_per_step, tr.seed, state.step)
-            batch = task.encode(examples, device=policy.device).repeat(G)
             policy.model.eval()
-            rollout = generate(policy, batch.prompt_ids, batch.prompt_mask, gen_length=task.gen_length,
-                               block_length=s_cfg.block_length, steps=s_cfg.steps, temperature=s_cfg.temperature,
-                               remasking=s_cfg.remasking, cfg_scale=s_cfg.cfg_scale, canvas=batch.canvas,
-                               generator=gen)
-            completion = rollout.canvas  # (B, L)
+            if is_ar:  # (HAPO: temperature T·(1 + τ·ĥ_t), ĥ normalised by the previous step's statistics)
+                tau = preset.adaptive_temperature_tau
+                stats = EntropyStats(**state.hapo_stats) if state.hapo_stats else None
+                ro = rollout_ar(policy, task, cfg, examples, gen,
+                                temperature_fn=HapoTemperature(stats, tau) if tau is not None else None)
+            else:
+                ro = rollout_diffusion(policy, task, cfg, examples, gen)
             t1 = time.time()
-            # 2. rewards
-            rewards = torch.tensor(task.rewards(batch.examples, task.decode(completion)), dtype=torch.float32)
-            # 3. advantages (group statistics)
-            adv = group_advantages(rewards, G, tr.scale_rewards)  # (B,)
-            # Rows with A = 0 add exactly nothing to the clipped surrogate; with β = 0 they need no scoring.
-            rows = torch.arange(len(adv)) if tr.beta > 0 else torch.nonzero(adv != 0).squeeze(-1)
-            row_weight = len(rows) / len(adv)
-            p_ids, p_mask = batch.prompt_ids[rows], batch.prompt_mask[rows]
-            comp, comp_mask = completion[rows], batch.completion_mask[rows]
-            lengths = comp_mask.sum(-1).float()  # (B',) tokens scored
-            # (no row to score: every group's rewards were equal, so this batch carries no signal)
-            plans = ([estimator.make_plan(comp_mask, gen, p_mask) for _ in range(tr.num_iterations)]
-                     if len(rows) else [])
-            # 4. old (and reference) scores, once per rollout batch, on the same MaskPlans
-            with torch.no_grad():
-                old = [None] + [score(policy, p_ids, p_mask, comp, comp_mask, plan, micro_batch).sequence
-                                for plan in plans[1:]]
-                ref_scores = ([score(ref, p_ids, p_mask, comp, comp_mask, plan, micro_batch).sequence
-                               for plan in plans]
-                              if ref is not None else [None] * len(plans))
+            # 2. rewards (plus DAPO's soft overlong punishment when the preset has it)
+            rewards = torch.tensor(task.rewards(ro.examples, task.decode(ro.completion)), dtype=torch.float32)
+            lengths = ro.completion_mask.sum(-1)  # (B,)
+            train_rewards = shaped_rewards(preset, rewards, lengths, max_length)
+            # 3. advantages; the rows to score (DAPO: only groups whose rewards differ; A = 0 rows when that
+            #    cannot change the loss). Entropy-based advantages wait for the old scores (step 4).
+            keep = torch.ones(len(rewards), dtype=torch.bool)
+            if preset.dynamic_sampling:  # (drop and log; no resampling of new prompts yet)
+                keep = dynamic_sampling_keep(train_rewards, G).repeat_interleave(G)
+            groups_dropped = int((~keep).sum()) // G
+            adv = None
+            if "entropy" not in needs:
+                adv = preset.advantages(AdvantageInputs(train_rewards, G, mask=ro.completion_mask))
+                if can_skip_zero_rows(objective, adv):
+                    keep = keep & (adv != 0)
+            rows = torch.nonzero(keep).squeeze(-1)
+            row_weight = len(rows) / len(rewards) if objective.loss_type != "dapo" else 1.0
+            sub = ro.rows(rows)
+            # 4. old (and reference) scores, once per rollout batch (diffusion: on the μ MaskPlans)
+            old = (scorer.prepare(sub, tr.num_iterations, gen, entropy="entropy" in needs) if len(rows)
+                   else None)  # (no row to score: this batch carries no signal)
+            if preset.adaptive_temperature_tau is not None and old is not None:
+                state.hapo_stats = dataclasses.asdict(hapo_entropy_stats(old.entropy, sub.completion_mask))
+            if adv is None:
+                adv = preset.advantages(AdvantageInputs(train_rewards[rows], G, mask=sub.completion_mask,
+                                                        entropy=old.entropy if old is not None else None))
+                adv_rows = adv
+            else:
+                adv_rows = adv[rows]
+            inputs = {"entropy": old.entropy if old is not None else None, "group_ids": rows // G,
+                      "num_tokens": sub.completion_mask.sum().clamp(min=1).float()}
+            if delimiters is not None:
+                inputs["segment_ids"] = sentence_segments(torch.isin(sub.completion, delimiters), sub.completion_mask)
             t2 = time.time()
-            # 5. μ inner updates, each on a fresh MaskPlan shared by old/new/ref
+            # 5. μ inner updates (diffusion: each on a fresh MaskPlan shared by old/new/ref)
             policy.model.train()
             logs: list[dict] = []
             lr_used = scheduler.get_last_lr()[0]
+            updates = tr.num_iterations if old is not None else 0
             with warnings.catch_warnings():  # torch warns when the schedule moves without an optimizer step
                 warnings.simplefilter("ignore", UserWarning)
-                for _ in range(tr.num_iterations - len(plans)):
+                for _ in range(tr.num_iterations - updates):
                     scheduler.step()  # nothing to learn from this batch; keep the schedule on the step count
-            for j, plan in enumerate(plans):
-                # score with grad and back-propagate the GDPO loss; in chunks of micro_batch canvases
-                # (two-pass surrogate, same gradient) when they do not all fit in one forward call
-                loss_fn = gdpo_loss_fn(tr, old[j], adv[rows], lengths, ref_scores[j], row_weight)
-                loss, m, _ = score_and_backward(policy, p_ids, p_mask, comp, comp_mask, plan, loss_fn, micro_batch,
-                                                backward=accelerator.backward)
+            for j in range(updates):
+                # score with grad and back-propagate the preset's loss (diffusion: in chunks of micro_batch
+                # canvases, a two-pass surrogate with the same gradient, when they do not fit in one call)
+                loss_fn = group_loss_fn(objective, old.old[j], adv_rows, sub.completion_mask, row_weight,
+                                        logp_ref=old.ref[j], **inputs)
+                loss, m = scorer.backward(j, loss_fn, accelerator.backward)
                 if tr.max_grad_norm > 0:
                     m["grad_norm"] = float(accelerator.clip_grad_norm_(policy.model.parameters(), tr.max_grad_norm))
                 optimizer.step()
@@ -249,7 +316,8 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
             state.train_seconds += elapsed
             record = {"step": state.step, "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
                       "solve_rate": (rewards == 1).float().mean().item(), "rows_scored": len(rows),
-                      "lr": lr_used, "nfe_sampling": rollout.nfe, "nfe_scoring": estimator.nfe,
+                      "groups_dropped": groups_dropped,
+                      "lr": lr_used, "nfe_sampling": ro.nfe, "nfe_scoring": scorer.nfe,
                       "seconds_rollout": t1 - t0, "seconds_scoring_old": t2 - t1, "seconds_update": time.time() - t2,
                       "seconds_step": elapsed}
             for key in ("loss", "ratio_mean", "ratio_min", "ratio_max", "clip_frac_low", "clip_frac_high", "kl",
