@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import shutil
 import signal
 import time
@@ -240,6 +241,10 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
     bar = tqdm(total=tr.max_steps, initial=state.step, desc=tr.algorithm, disable=not progress)
     G = tr.num_generations
     max_length = task.gen_length + 1 if is_ar else task.gen_length  # generation budget (AR: the grid + EOS)
+    if is_ar and preset.overlong_cache_fraction is not None:
+        # (dlmrl interpretation) DAPO's cache sits past the answer: L_max = (L + 1) / (1 − fraction), so a
+        # complete answer is never punished and only tokens beyond it are
+        max_length = math.ceil(max_length / (1 - preset.overlong_cache_fraction))
     try:
         while state.step < tr.max_steps and not stop["now"]:
             t0 = time.time()
@@ -250,7 +255,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
             if is_ar:  # (HAPO: temperature T·(1 + τ·ĥ_t), ĥ normalised by the previous step's statistics)
                 tau = preset.adaptive_temperature_tau
                 stats = EntropyStats(**state.hapo_stats) if state.hapo_stats else None
-                ro = rollout_ar(policy, task, cfg, examples, gen,
+                ro = rollout_ar(policy, task, cfg, examples, gen, max_new_tokens=max_length,
                                 temperature_fn=HapoTemperature(stats, tau) if tau is not None else None)
             else:
                 ro = rollout_diffusion(policy, task, cfg, examples, gen)
