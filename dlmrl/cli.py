@@ -1,4 +1,4 @@
-"""The ``dlmrl`` command: ``train``, ``eval``, ``pretrain``, ``estimators``.
+"""The ``dlmrl`` command: ``train``, ``eval``, ``pretrain``, ``estimators``, ``list``.
 
 ``dlmrl train`` with no arguments runs the packaged recipe ``dlmrl/recipes/gdpo_sudoku_tiny.yaml``
 (``configs/gdpo_sudoku_tiny.yaml`` is a link to it) on the shipped tiny model. ``--resume`` starts
@@ -55,7 +55,30 @@ def _parser() -> argparse.ArgumentParser:
         if name == "eval":
             sp.add_argument("--model", help="checkpoint to evaluate (same as model.name_or_path=...)")
     _estimators_parser(sub)
+    sp = sub.add_parser("list", help="List a registry (algorithms, estimators, rewards, tasks, advantages).")
+    sp.add_argument("registry", choices=sorted(_REGISTRIES))
     return p
+
+
+_REGISTRIES = {
+    "algorithms": ("dlmrl.objectives.presets", "ALGORITHMS"),
+    "estimators": ("dlmrl.estimators", "ESTIMATORS"),
+    "rewards": ("dlmrl.rewards", "REWARDS"),
+    "tasks": ("dlmrl.data", "TASKS"),
+    "advantages": ("dlmrl.objectives.advantage_registry", "ADVANTAGES"),
+}
+
+
+def _run_list(name: str) -> int:
+    """Print each registered name with the first line of its docstring."""
+    import importlib
+
+    module, attr = _REGISTRIES[name]
+    registry = getattr(importlib.import_module(module), attr)
+    width = max(map(len, registry.names()), default=0)
+    for key in registry.names():
+        print(f"{key:<{width}}  {registry.doc(key)}")
+    return 0
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -167,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     # key=value overrides may come after flags too (argparse's subparsers stop at the first flag).
     args, extra = parser.parse_known_args(argv)
+    if args.command == "list":
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return _run_list(args.registry)
     if args.command == "estimators":
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")

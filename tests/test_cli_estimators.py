@@ -118,3 +118,17 @@ def test_estimators_quick(tmp_path):
     assert checked and max(checked) < 5
     lab = json.loads((out / "lab.json").read_text())
     assert len(lab["summary_table"].splitlines()) == 2 + 3 * 2  # L = 8, 12, 32 at NFE 3 and 4
+
+
+@pytest.mark.parametrize("registry", ["algorithms", "estimators", "rewards", "tasks", "advantages"])
+def test_dlmrl_list_prints_every_name_with_its_doc_line(registry, capsys):
+    import importlib
+
+    from dlmrl.cli import _REGISTRIES, main
+
+    assert main(["list", registry]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    module, attr = _REGISTRIES[registry]
+    reg = getattr(importlib.import_module(module), attr)
+    assert [line.split()[0] for line in lines] == reg.names()
+    assert all(reg.doc(n) in line for n, line in zip(reg.names(), lines))
