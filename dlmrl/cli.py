@@ -38,7 +38,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     fmt = argparse.RawDescriptionHelpFormatter
     for name, cls, desc in (
-        ("train", Config, "Fine-tune a diffusion LM with GDPO. Without --config, runs the tiny Sudoku recipe."),
+        ("train", Config, ("Fine-tune a policy with a group optimizer (train.algorithm; default: GDPO on the "
+                           "tiny diffusion model). Without --config, runs the tiny Sudoku recipe.")),
         ("eval", Config, "Evaluate a checkpoint on the held-out split (greedy decoding)."),
         ("pretrain", PretrainConfig, ("SFT of a tiny default on Sudoku solutions: masked-diffusion "
                                       "(kind=diffusion) or next-token (kind=ar).")),
