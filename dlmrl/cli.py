@@ -123,7 +123,8 @@ def _estimators_parser(sub) -> None:
                     help=f"relative size of the nearby policy's parameter noise (default {d.perturbation})")
     sp.add_argument("--seed", type=int, default=d.seed, help="seed for puzzles, samples and masks")
     sp.add_argument("--quick", action="store_true",
-                    help="a fast look: L = 8,12,32 with fewer rows and repetitions (about a minute)")
+                    help="a fast, noisy look (under a minute): sets L = 8,12,32, budgets 2,3,4 (3,4 beyond 16 "
+                         "tokens), 500/8 repetitions, 1 direction and a smaller reference, overriding those options")
 
 
 def _run_estimators(args) -> int:
@@ -146,9 +147,13 @@ def _run_estimators(args) -> int:
         print("dlmrl estimators: --repetitions and --model-repetitions must be >= 2, --directions >= 1 and "
               "--perturbation > 0", file=sys.stderr)
         return 2
+    out = Path(args.output_dir)
+    if out.exists() and not out.is_dir():
+        print(f"dlmrl estimators: --output-dir {out} exists and is not a folder", file=sys.stderr)
+        return 2
     try:
         policy = load_policy(args.model, args.family, args.trust_remote_code)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, KeyError) as e:
         print(f"dlmrl estimators: cannot load model {args.model!r}: {e}", file=sys.stderr)
         return 2
     try:

@@ -290,15 +290,22 @@ class _LengthContext:
         rows = range(batch.completion.shape[0])
         args = (batch.prompt_ids, batch.prompt_mask, batch.completion, batch.completion_mask)
         if exact:
-            def tables(pol):
-                return [mask_table(pol, *(x[b] for x in args), cfg.exact_max_length, cfg.micro_batch) for b in rows]
-            self.t0 = tables(base)
-            say(f"L={batch.length}: table at θ ({2 ** n_of(batch) - 1} masks per row)")
-            self.tnear = tables(near)
+            total = 2 + 2 * len(fd)  # tables per row: θ, θ', and θ ± εv per direction
+            done = [0]
+
+            def tables(pol, what):
+                out = [mask_table(pol, *(x[b] for x in args), cfg.exact_max_length, cfg.micro_batch) for b in rows]
+                done[0] += 1
+                say(f"L={batch.length}: mask tables {done[0]}/{total} ({what}; {2 ** n_of(batch) - 1} masks "
+                    f"x {len(rows)} rows)")
+                return out
+
+            self.t0 = tables(base, "θ")
+            self.tnear = tables(near, "θ'")
             half = 0.5 / cfg.fd_epsilon
             self.d = []  # per direction: (T(θ+εv) − T(θ−εv)) / 2ε, row by row
             for plus, minus in fd:
-                self.d.append([m.combine(p, half) for p, m in zip(tables(plus), tables(minus))])
+                self.d.append([m.combine(p, half) for p, m in zip(tables(plus, "θ+εv"), tables(minus, "θ-εv"))])
             self.delta = [a.combine(b) for a, b in zip(self.t0, self.tnear)]
             self.target = np.array([t.elbo for t in self.t0])
             self.target_kind = "exact"
@@ -344,7 +351,7 @@ class _LengthContext:
             sampled_diff_variance_independent=_mean(var_r + (v0 + vdelta).var(0, ddof=1)),
         )
         nan = float("nan")
-        rec.update(sampled_variance_t=nan, sampled_variance_mask=nan, infinite_variance=False)
+        rec.update(sampled_variance_t=nan, sampled_variance_mask=nan, infinite_variance=has_infinite_variance(rec))
         rec.update(bias=nan, bias_sq=nan, variance=nan, variance_t=nan, variance_mask=nan, mse=nan,
                    grad_variance=nan, diff_variance=nan, diff_variance_independent=nan,
                    check_max_abs_z=nan, check_variance_ratio=nan)
@@ -356,13 +363,14 @@ class _LengthContext:
             mdelta = [est.moments(t.stats()).variance for t in self.delta]
             mnear = [est.moments(t.stats()).variance for t in self.tnear]
             rec.update(
-                infinite_variance=bool(np.isinf(var).any()),
+                infinite_variance=bool(np.isinf(var).any()) or rec["infinite_variance"],
                 bias=_mean(bias), bias_sq=_mean(bias**2), variance=_mean(var),
                 variance_t=_mean(m.variance_t for m in m0), variance_mask=_mean(m.variance_mask for m in m0),
                 mse=_mean(bias**2 + var), grad_variance=_mean(_mean(row) for row in md),
                 diff_variance=_mean(mdelta), diff_variance_independent=_mean(var + np.array(mnear)),
             )
-            ok = np.isfinite(var) & (var > 0)  # no CLT check where the variance is infinite (or zero)
+            # no CLT check where the variance is infinite, or zero up to rounding (a deterministic estimate)
+            ok = np.isfinite(var) & (var > 1e-12 * (1.0 + self.target**2))
             if ok.any():
                 z = (v0.mean(0)[ok] - np.array([m.mean for m in m0])[ok]) / np.sqrt(var[ok] / reps)
                 rec["check_max_abs_z"] = float(np.abs(z).max())
@@ -414,13 +422,27 @@ INFINITE_WITH_VARIANCE = ("variance", "variance_mask", "mse", "grad_variance", "
                           "diff_variance_independent")
 
 
+def has_infinite_variance(rec: dict) -> bool:
+    """Whether a record's estimator has infinite variance at every length: a ``1/t`` weight on a
+    Bernoulli(t) mask with ``t`` reaching 0 (Bernoulli double MC; Bernoulli coupled with ``t_min = 0``
+    or ``t_max = 1``). A flag stored in the record wins (e.g. set from an exact table)."""
+    if rec.get("infinite_variance"):
+        return True
+    if rec.get("masking") != "bernoulli":
+        return False
+    if rec.get("estimator") == "double_mc":
+        return True
+    t_range = rec.get("t_range")
+    return rec.get("estimator") == "coupled" and t_range is not None and (t_range[0] == 0 or t_range[1] == 1)
+
+
 def value(rec: dict, key: str) -> float:
     """The exact figure ``key`` where it exists (may be ``inf``), else the sampled one (``sampled_<key>``).
 
     Works on records from :func:`run_lab` and on their JSON form, where ``inf`` and ``nan`` are
     ``None``: a record with ``infinite_variance`` true reads ``inf`` for the variance-like keys.
     """
-    if rec.get("infinite_variance") and key in INFINITE_WITH_VARIANCE:
+    if has_infinite_variance(rec) and key in INFINITE_WITH_VARIANCE:
         return math.inf
     x = _num(rec.get(key))
     return x if not math.isnan(x) else _num(rec.get(f"sampled_{key}"))
@@ -430,7 +452,7 @@ def _cell(rec: dict | None, key: str) -> str:
     """``value`` as table text: ``~`` marks a sampled figure, ``inf`` an infinite exact one."""
     if rec is None:
         return "—"
-    x = math.inf if rec.get("infinite_variance") and key in INFINITE_WITH_VARIANCE else _num(rec.get(key))
+    x = math.inf if has_infinite_variance(rec) and key in INFINITE_WITH_VARIANCE else _num(rec.get(key))
     if math.isinf(x):
         return "inf"
     if not math.isnan(x):
@@ -488,7 +510,8 @@ def summary_table(records: Sequence[dict], budgets: Sequence[int] | None = None)
             for key in ("mse", "grad_variance"):
                 for c in ("sdmc[exact_count]", "coupled_sdmc[exact_count]"):
                     r = by.get((length, nfe, c))
-                    ratio = float("nan") if r is None else value(r, key) / value(dmc, key)
+                    den = value(dmc, key)
+                    ratio = float("nan") if r is None or not den else value(r, key) / den
                     ratios.append("—" if math.isnan(ratio) else f"{ratio:.2f}")
             vt, vm = value(dmc, "variance_t"), value(dmc, "variance_mask")
             share = vt / (vt + vm) if vt + vm > 0 else float("nan")
@@ -519,7 +542,7 @@ def plot_results(records: Sequence[dict], out_dir) -> list[str]:
             for lab in labels:
                 rows = [r for r in records if r["length"] == length and _record_label(r) == lab]
                 # an infinite exact variance is drawn from its (finite, unstable) sampled figure, dashed
-                infinite = any(r.get("infinite_variance") for r in rows)
+                infinite = any(has_infinite_variance(r) for r in rows)
                 pts = sorted((r["nfe"], _num(r.get(f"sampled_{key}")) if infinite else value(r, key)) for r in rows)
                 pts = [(x, y) for x, y in pts if math.isfinite(y) and y > 0]
                 if pts:
@@ -542,9 +565,9 @@ def plot_results(records: Sequence[dict], out_dir) -> list[str]:
     nfes = sorted({r["nfe"] for r in records})
     split_nfe = 3 if 3 in nfes else nfes[0]
     for lab in ("double_mc[exact_count]", "double_mc[exact_count,strat]"):
-        pts = [(r["length"], value(r, "variance_t") / (value(r, "variance_t") + value(r, "variance_mask")))
+        pts = [(r["length"], value(r, "variance_t"), value(r, "variance_t") + value(r, "variance_mask"))
                for r in records if _record_label(r) == lab and r["nfe"] == split_nfe]
-        pts = [p for p in pts if math.isfinite(p[1])]
+        pts = [(n, vt / v) for n, vt, v in pts if v > 0 and math.isfinite(vt / v)]  # v = 0: deterministic
         if pts:
             ax.plot(*zip(*sorted(pts)), marker="o", label=lab)
     ax.set_xscale("log", base=2)
