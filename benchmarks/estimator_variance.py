@@ -24,14 +24,14 @@ from pathlib import Path
 
 import torch
 
-from dlmrl.estimators.analysis import LabConfig, _record_label, value
+from dlmrl.estimators.analysis import LabConfig, record_label, value
 from dlmrl.models.loading import load_policy
 from dlmrl.training.estimator_lab import run_estimator_lab
 
 
 def ratios(records: list[dict]) -> list[dict]:
     """Per (L, NFE): estimator / exact-count double MC for MSE and gradient variance, and the t share."""
-    by = {(r["length"], r["nfe"], _record_label(r)): r for r in records}
+    by = {(r["length"], r["nfe"], record_label(r)): r for r in records}
     out = []
     for (length, nfe, lab), dmc in sorted(by.items()):
         if lab != "double_mc[exact_count]" or nfe not in (3, 4):

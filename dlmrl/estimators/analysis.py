@@ -472,7 +472,8 @@ COMPARED = ("double_mc[bernoulli]", "double_mc[exact_count]", "double_mc[exact_c
             "sdmc[exact_count]", "coupled_sdmc[exact_count]")
 
 
-def _record_label(rec: dict) -> str:
+def record_label(rec: dict) -> str:
+    """:func:`label` for a record (``dlmrl estimators`` output), e.g. ``coupled[bernoulli,t~U(0.2,0.8)]``."""
     parts = [rec["masking"]] if rec.get("masking") else []
     if rec.get("stratified"):
         parts.append("strat")
@@ -492,7 +493,7 @@ def summary_table(records: Sequence[dict], budgets: Sequence[int] | None = None)
     are plain (``inf`` where the variance is infinite); sampled ones, used where no exact figure
     exists (long canvases, against the reference), are marked ``~``.
     """
-    by = {(r["length"], r["nfe"], _record_label(r)): r for r in records}
+    by = {(r["length"], r["nfe"], record_label(r)): r for r in records}
     present = sorted({r["nfe"] for r in records})
     if budgets is None:
         budgets = [b for b in (3, 4) if b in present] or present
@@ -532,7 +533,7 @@ def plot_results(records: Sequence[dict], out_dir) -> list[str]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     lengths = sorted({r["length"] for r in records})
-    labels = sorted({_record_label(r) for r in records})
+    labels = sorted({record_label(r) for r in records})
     paths = []
     for key, name, ylabel in (("mse", "mse_vs_nfe.png", "MSE vs ELBO (nats²)"),
                               ("grad_variance", "grad_variance_vs_nfe.png", "gradient variance")):
@@ -540,7 +541,7 @@ def plot_results(records: Sequence[dict], out_dir) -> list[str]:
         colors = dict(zip(labels, plt.cm.tab20.colors))
         for ax, length in zip(axes[0], lengths):
             for lab in labels:
-                rows = [r for r in records if r["length"] == length and _record_label(r) == lab]
+                rows = [r for r in records if r["length"] == length and record_label(r) == lab]
                 # an infinite exact variance is drawn from its (finite, unstable) sampled figure, dashed
                 infinite = any(has_infinite_variance(r) for r in rows)
                 pts = sorted((r["nfe"], _num(r.get(f"sampled_{key}")) if infinite else value(r, key)) for r in rows)
@@ -566,7 +567,7 @@ def plot_results(records: Sequence[dict], out_dir) -> list[str]:
     split_nfe = 3 if 3 in nfes else nfes[0]
     for lab in ("double_mc[exact_count]", "double_mc[exact_count,strat]"):
         pts = [(r["length"], value(r, "variance_t"), value(r, "variance_t") + value(r, "variance_mask"))
-               for r in records if _record_label(r) == lab and r["nfe"] == split_nfe]
+               for r in records if record_label(r) == lab and r["nfe"] == split_nfe]
         pts = [(n, vt / v) for n, vt, v in pts if v > 0 and math.isfinite(vt / v)]  # v = 0: deterministic
         if pts:
             ax.plot(*zip(*sorted(pts)), marker="o", label=lab)

@@ -538,7 +538,7 @@ def test_long_canvas_reference_is_close_to_the_exact_elbo(long_run):
 
 
 def label_of(rec: dict) -> str:
-    return analysis._record_label(rec)
+    return analysis.record_label(rec)
 
 
 # ---------------------------------------------------------------- reporting
