@@ -331,6 +331,14 @@ def _check(cond: bool, key: str, msg: str) -> None:
         raise ConfigError(f"config key {key!r}: {msg}")
 
 
+def build_estimator(e: EstimatorConfig):
+    """The estimator the ``estimator`` section describes (``factory.make_estimator``; raises its ValueError)."""
+    from dlmrl.estimators.factory import make_estimator
+
+    return make_estimator(e.name, e.num_nodes, e.samples_per_node, e.masking, e.stratified, e.p_mask_prompt,
+                          e.t_min, e.t_max)
+
+
 def validate(cfg: Config) -> None:
     """Check every value of a train/eval config against its allowed range and the registries.
 
@@ -376,11 +384,8 @@ def validate(cfg: Config) -> None:
            "double_mc with 'reference' masking has infinite expectation (weight 1/t near t = 0); "
            "use exact_count or bernoulli")
     if e.name in ESTIMATORS:
-        from dlmrl.estimators.factory import make_estimator
-
         try:
-            make_estimator(e.name, e.num_nodes, e.samples_per_node, e.masking, e.stratified, e.p_mask_prompt,
-                           e.t_min, e.t_max)
+            build_estimator(e)
         except (ValueError, TypeError) as err:
             # the estimators name their own argument first; map it to the config field
             arg = str(err).split()[0]

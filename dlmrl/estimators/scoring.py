@@ -91,13 +91,12 @@ def _score_chunk(
     plan: MaskPlan,
     flat: torch.Tensor,
     with_entropy: bool = False,
-):
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One forward call on the canvases ``flat`` (indices ``s·B + b``).
 
-    Returns ``(terms (n, L), rows (n,))``: the weighted log-probs of the masked tokens of each
-    canvas (float32, or float64 for a float64 model) and the row ``b`` each canvas belongs to;
-    ``with_entropy`` appends ``(entropy (n, L), masks (n, L))``: the detached predictive entropy at the
-    masked positions (0 elsewhere) and the masks.
+    Returns ``(terms (n, L), rows (n,), entropy)``: the weighted log-probs of the masked tokens of
+    each canvas (float32, or float64 for a float64 model), the row ``b`` each canvas belongs to, and
+    (``with_entropy``) the detached predictive entropy at the masked positions, 0 elsewhere (else ``None``).
     """
     batch = completion.shape[0]
     s_idx, rows = flat // batch, flat % batch  # (n,), (n,)
@@ -118,8 +117,8 @@ def _score_chunk(
     if with_entropy:
         with torch.no_grad():
             ent = torch.special.entr(torch.softmax(logits, dim=-1)).sum(-1)  # (n, L)
-        return terms, rows, torch.where(masks, ent, 0.0), masks
-    return terms, rows
+        return terms, rows, torch.where(masks, ent, 0.0)
+    return terms, rows, None
 
 
 def score(
@@ -166,19 +165,17 @@ def score(
     plan = plan.to(completion.device)
     per_token = None
     ent_sum = torch.zeros(completion.shape, dtype=torch.float32, device=completion.device)  # (B, L)
-    ent_count = torch.zeros_like(ent_sum)
     for flat in _chunks(plan, micro_batch):
-        extra = {"with_entropy": True} if entropy else {}
-        terms, rows, *ent = _score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat, **extra)
+        terms, rows, ent = _score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat, entropy)
         if per_token is None:
             per_token = torch.zeros(completion.shape, dtype=terms.dtype, device=completion.device)  # (B, L)
         per_token = per_token.index_add(0, rows, terms)
-        if entropy:
-            ent_sum.index_add_(0, rows, ent[0].float())
-            ent_count.index_add_(0, rows, ent[1].float())
+        if ent is not None:
+            ent_sum.index_add_(0, rows, ent.float())
     if per_token is None:  # a plan with no samples (S = 0) or an empty batch
         per_token = torch.zeros(completion.shape, dtype=torch.float32, device=completion.device)
-    mean_entropy = ent_sum / ent_count.clamp(min=1) if entropy else None
+    # entropy averaged over the samples that mask each token (the plan's masks count them)
+    mean_entropy = ent_sum / plan.masks.sum(0).clamp(min=1) if entropy else None
     return Estimate(sequence=per_token.sum(-1), per_token=per_token, nfe=plan.num_samples, entropy=mean_entropy)
 
 
@@ -204,7 +201,7 @@ def sample_scores(
     num_samples, batch = plan.masks.shape[:2]
     out = []
     for flat in _chunks(plan, micro_batch):
-        terms, _ = _score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat)
+        terms, _, _ = _score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat)
         out.append(terms.sum(-1))
     if not out:
         return torch.zeros(num_samples, batch, device=completion.device)
@@ -271,7 +268,7 @@ def score_and_backward(
     grad = torch.zeros_like(leaf) if grad is None else grad.detach()  # (B, L) ∂loss/∂c
     plan = plan.to(completion.device)
     for flat in _chunks(plan, micro_batch):
-        terms, rows = _score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat)
+        terms, rows, _ = _score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat)
         backward((terms * grad[rows].to(terms.dtype)).sum())
     return loss.detach(), metrics, Estimate(est.per_token.sum(-1), est.per_token, est.nfe)
 

@@ -48,6 +48,50 @@ def masked_diffusion_sft_loss(policy, prompt_ids: torch.Tensor, prompt_mask: tor
     return (ce * masked / t).sum() / answer_mask.sum().clamp(min=1)
 
 
+def pretrain_output_dir(cfg: PretrainConfig) -> Path:
+    """``cfg.output_dir`` resolved; refuses a non-empty folder that is not a pretrain checkpoint.
+
+    Raises:
+        ConfigError: if the folder exists, is not empty and holds no ``pretrain_summary.json``.
+    """
+    out = Path(cfg.output_dir).resolve()
+    if out.exists() and any(out.iterdir()) and not (out / "pretrain_summary.json").exists():
+        # the checkpoint replaces the folder as a whole: never do that to a folder we did not write
+        raise ConfigError(f"output_dir {out} exists and is not a dlmrl pretrain checkpoint; choose a new folder")
+    return out
+
+
+def sft_loop(model, task, cfg: PretrainConfig, batch_loss, desc: str, progress: bool) -> tuple[list[float], float]:
+    """The supervised loop shared by both kinds: AdamW (weight decay 0.01), cosine schedule with warm-up,
+    gradient clipping at 1.0, ``cfg.steps`` batches of ``task.train_batch(cfg.batch_size, cfg.seed, step)``.
+
+    ``batch_loss(examples) -> loss`` is the kind's SFT loss. Returns ``(losses, train_seconds)``.
+    """
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=0.01)
+    sched = get_scheduler("cosine", opt, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.steps)
+    start = time.time()
+    model.train()
+    losses = []
+    for step in tqdm(range(cfg.steps), desc=desc, disable=not progress):
+        loss = batch_loss(task.train_batch(cfg.batch_size, cfg.seed, step))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    return losses, time.time() - start
+
+
+def save_pretrain_run(out: Path, model, tokenizer, cfg: PretrainConfig, summary: dict) -> None:
+    """Write the model, tokenizer, config and summary to ``out`` atomically (replacing it as a whole)."""
+    with atomic_dir(out) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        save_yaml(cfg, tmp / "pretrain_config.yaml")
+        (tmp / "pretrain_summary.json").write_text(json.dumps(summary, indent=2))
+
+
 def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict:
     """Build the tiny default from scratch, SFT it on generated Sudoku solutions, evaluate, save.
 
@@ -57,10 +101,7 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict:
     Raises:
         ConfigError: if ``output_dir`` exists, is not empty and is not a pretrain checkpoint.
     """
-    out = Path(cfg.output_dir).resolve()
-    if out.exists() and any(out.iterdir()) and not (out / "pretrain_summary.json").exists():
-        # the checkpoint replaces the folder as a whole: never do that to a folder we did not write
-        raise ConfigError(f"output_dir {out} exists and is not a dlmrl pretrain checkpoint; choose a new folder")
+    out = pretrain_output_dir(cfg)
     torch.manual_seed(cfg.seed)
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(len(tokenizer), cfg.hidden_size, cfg.num_layers, cfg.num_heads,
@@ -70,35 +111,21 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict:
                                    tokenizer.eos_token_id, tokenizer.pad_token_id)
     task = SudokuTask(tokenizer, tokenizer.mask_token_id, answer_mode="full",
                       min_blanks=cfg.min_blanks, max_blanks=cfg.max_blanks)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=0.01)
-    sched = get_scheduler("cosine", opt, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.steps)
     gen = torch.Generator().manual_seed(cfg.seed)
     answer_ids = lambda exs: torch.tensor(
         [tokenizer.convert_tokens_to_ids(list(task.sft_answer(e))) for e in exs])
-    start = time.time()
-    model.train()
-    losses = []
-    for step in tqdm(range(cfg.steps), desc="pretrain", disable=not progress):
-        examples = task.train_batch(cfg.batch_size, cfg.seed, step)
+
+    def batch_loss(examples):
         batch = task.encode(examples)
         targets = answer_ids(examples)
-        loss = masked_diffusion_sft_loss(policy, batch.prompt_ids, batch.prompt_mask, targets,
+        return masked_diffusion_sft_loss(policy, batch.prompt_ids, batch.prompt_mask, targets,
                                          torch.ones_like(targets, dtype=torch.bool), gen)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-    train_s = time.time() - start
+
+    losses, train_s = sft_loop(model, task, cfg, batch_loss, "pretrain", progress)
     eval_task = SudokuTask(tokenizer, tokenizer.mask_token_id, answer_mode="infill")
     metrics = evaluate(policy, eval_task, num_puzzles=cfg.eval_puzzles)
     summary = {"steps": cfg.steps, "train_seconds": round(train_s, 1), "final_loss": sum(losses[-20:]) / len(losses[-20:]),
                "eval_infill": metrics,
                "num_parameters": sum(p.numel() for p in model.parameters())}
-    with atomic_dir(out) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        save_yaml(cfg, tmp / "pretrain_config.yaml")
-        (tmp / "pretrain_summary.json").write_text(json.dumps(summary, indent=2))
+    save_pretrain_run(out, model, tokenizer, cfg, summary)
     return summary

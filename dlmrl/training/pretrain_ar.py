@@ -17,12 +17,8 @@ import argparse
 import dataclasses
 import json
 import sys
-import time
-from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
-from transformers import get_scheduler
 
 from dlmrl.config import (
     ConfigError,
@@ -31,13 +27,12 @@ from dlmrl.config import (
     doc,
     load_yaml,
     locate_error,
-    save_yaml,
     validate_pretrain,
 )
 from dlmrl.data.tasks import SudokuTask
 from dlmrl.models.ar import AutoregressivePolicy, build_tiny_causal_model
 from dlmrl.models.tokenizer import build_char_tokenizer
-from dlmrl.training.checkpoint import atomic_dir
+from dlmrl.training.pretrain import pretrain_output_dir, save_pretrain_run, sft_loop
 
 
 @dataclasses.dataclass
@@ -116,9 +111,7 @@ def pretrain_ar(cfg: PretrainConfig, progress: bool = True) -> dict:
     Raises:
         ConfigError: if ``output_dir`` exists, is not empty and is not a pretrain checkpoint.
     """
-    out = Path(cfg.output_dir).resolve()
-    if out.exists() and any(out.iterdir()) and not (out / "pretrain_summary.json").exists():
-        raise ConfigError(f"output_dir {out} exists and is not a dlmrl pretrain checkpoint; choose a new folder")
+    out = pretrain_output_dir(cfg)
     torch.manual_seed(cfg.seed)
     tokenizer = build_char_tokenizer()
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
@@ -128,35 +121,21 @@ def pretrain_ar(cfg: PretrainConfig, progress: bool = True) -> dict:
     policy = AutoregressivePolicy(model, tokenizer, eos_token_id=eos, pad_token_id=pad)
     task = SudokuTask(tokenizer, tokenizer.mask_token_id, answer_mode="full",
                       min_blanks=cfg.min_blanks, max_blanks=cfg.max_blanks)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=0.01)
-    sched = get_scheduler("cosine", opt, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.steps)
-    start = time.time()
-    model.train()
-    losses = []
-    for step in tqdm(range(cfg.steps), desc="pretrain-ar", disable=not progress):
-        examples = task.train_batch(cfg.batch_size, cfg.seed, step)
+
+    def batch_loss(examples):
         batch = task.encode(examples)
         targets = sft_targets(task, examples, eos)  # (B, 17)
-        loss = ar_sft_loss(policy, batch.prompt_ids, batch.prompt_mask, targets,
+        return ar_sft_loss(policy, batch.prompt_ids, batch.prompt_mask, targets,
                            torch.ones_like(targets, dtype=torch.bool))
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-    train_s = time.time() - start
+
+    losses, train_s = sft_loop(model, task, cfg, batch_loss, "pretrain-ar", progress)
     metrics = evaluate_ar(policy, task, num_puzzles=cfg.eval_puzzles)
     tail = losses[-20:]
     summary = {"kind": "ar", "steps": cfg.steps, "train_seconds": round(train_s, 1),
                "final_loss": sum(tail) / len(tail), "eval_greedy": metrics,
                "num_parameters": sum(p.numel() for p in model.parameters()),
                "torch_num_threads": torch.get_num_threads()}
-    with atomic_dir(out) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        save_yaml(cfg, tmp / "pretrain_config.yaml")
-        (tmp / "pretrain_summary.json").write_text(json.dumps(summary, indent=2))
+    save_pretrain_run(out, model, tokenizer, cfg, summary)
     return summary
 
 

@@ -31,8 +31,8 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from dlmrl.config import Config, ConfigError, build_preset, load_yaml, save_yaml, to_dict, validate
+from dlmrl.config import build_estimator as estimator_from_config
 from dlmrl.data import TASKS
-from dlmrl.estimators.factory import make_estimator
 from dlmrl.models.ar import EntropyStats, HapoTemperature, hapo_entropy_stats
 from dlmrl.models.loading import load_policy
 from dlmrl.objectives.advantage_registry import AdvantageInputs
@@ -102,9 +102,8 @@ def build_task(cfg: Config, policy):
 
 
 def build_estimator(cfg: Config):
-    e = cfg.estimator
-    return make_estimator(e.name, e.num_nodes, e.samples_per_node, e.masking, e.stratified, e.p_mask_prompt,
-                          e.t_min, e.t_max)
+    """The training estimator of the config's ``estimator`` section."""
+    return estimator_from_config(cfg.estimator)
 
 
 def group_loss_fn(objective: GroupObjective, old: torch.Tensor | None, advantages: torch.Tensor,

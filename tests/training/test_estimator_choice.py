@@ -64,7 +64,7 @@ def test_every_trainable_estimator_is_registered_and_exact_is_not_trainable():
 @pytest.mark.parametrize("name", ["coupled_sdmc", "coupled", "one_step"])
 def test_two_steps_with_each_new_estimator_change_parameters(base, tmp_path, name, monkeypatch):
     plans = []
-    original = trainer.make_estimator
+    original = trainer.build_estimator
 
     def spy(*args, **kwargs):
         est = original(*args, **kwargs)
@@ -78,7 +78,7 @@ def test_two_steps_with_each_new_estimator_change_parameters(base, tmp_path, nam
         object.__setattr__(est, "make_plan", recording)
         return est
 
-    monkeypatch.setattr(trainer, "make_estimator", spy)
+    monkeypatch.setattr(trainer, "build_estimator", spy)
     cfg = small_config(base, tmp_path, **{"estimator.name": name, "eval.before": False,
                                           "estimator.p_mask_prompt": 0.5})
     trainer.train(cfg, progress=False)

@@ -21,9 +21,9 @@ def test_micro_batch_run_matches_the_unchunked_run(base, tmp_path, monkeypatch):
     runs, canvases_per_call = {}, {}
     score_chunk = scoring._score_chunk
 
-    def counting_score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat):
+    def counting_score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat, *args, **kwargs):
         canvases_per_call[micro_batch].append(len(flat))
-        return score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat)
+        return score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat, *args, **kwargs)
 
     monkeypatch.setattr(scoring, "_score_chunk", counting_score_chunk)
     for micro_batch in (0, 4):
