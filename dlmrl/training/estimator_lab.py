@@ -129,6 +129,8 @@ def run_estimator_lab(
            "files": ["estimators.json", *[Path(p).name for p in plots]]}
     write_json_atomic(out / "lab.json", lab)
     say(table)
+    say("(inf: infinite exact variance, e.g. Bernoulli double MC; ~: sampled against a high-budget reference, "
+        "no exact table beyond 16 tokens; ratios are to exact-count double MC at the same NFE)")
     say(f"wrote {out / 'estimators.json'} ({len(records)} records) and {', '.join(Path(p).name for p in plots)}")
     return lab
 
