@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from importlib import resources
 from pathlib import Path
@@ -73,12 +74,28 @@ _REGISTRIES = {
 def _run_list(name: str) -> int:
     """Print each registered name with the first line of its docstring."""
     import importlib
+    import shutil
+    import textwrap
+    import warnings
 
     module, attr = _REGISTRIES[name]
     registry = getattr(importlib.import_module(module), attr)
     width = max(map(len, registry.names()), default=0)
+    columns = max(shutil.get_terminal_size((100, 24)).columns, width + 40)
+    lines = []
     for key in registry.names():
-        print(f"{key:<{width}}  {registry.doc(key)}")
+        text = registry.doc(key)
+        if name == "algorithms":  # which policy kinds the preset runs on
+            with warnings.catch_warnings():  # (some presets warn about their own documented choices)
+                warnings.simplefilter("ignore")
+                text += f" [{', '.join(registry.get(key)().policies)}]"
+        lines += textwrap.wrap(text, columns - 1, initial_indent=f"{key:<{width}}  ",
+                               subsequent_indent=" " * (width + 2), break_on_hyphens=False) or [key]
+    try:
+        print("\n".join(lines))
+        sys.stdout.flush()
+    except BrokenPipeError:  # e.g. `dlmrl list algorithms | head`: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

@@ -52,6 +52,6 @@ class Registry(Generic[T]):
         return sorted(self._items)
 
     def doc(self, name: str) -> str:
-        """First line of the registered object's docstring."""
+        """The first paragraph of the registered object's docstring, on one line."""
         text = (getattr(self._items[name], "__doc__", None) or "").strip()
-        return text.splitlines()[0] if text else ""
+        return " ".join(line.strip() for line in text.split("\n\n")[0].splitlines())

@@ -130,5 +130,21 @@ def test_dlmrl_list_prints_every_name_with_its_doc_line(registry, capsys):
     lines = capsys.readouterr().out.splitlines()
     module, attr = _REGISTRIES[registry]
     reg = getattr(importlib.import_module(module), attr)
-    assert [line.split()[0] for line in lines] == reg.names()
-    assert all(reg.doc(n) in line for n, line in zip(reg.names(), lines))
+    # one entry per name: its first line starts with the name, continuation lines are indented
+    starts = [i for i, line in enumerate(lines) if not line.startswith(" ")]
+    assert [lines[i].split()[0] for i in starts] == reg.names()
+    entries = [" ".join(" ".join(lines[a:b]).split()) for a, b in zip(starts, [*starts[1:], len(lines)])]
+    for name, entry in zip(reg.names(), entries):
+        assert entry.startswith(name + " ")
+        assert " ".join(reg.doc(name).split()) in entry  # the whole first paragraph, wrapped
+    if registry == "algorithms":
+        assert entries[reg.names().index("gdpo")].endswith("[diffusion]")
+
+
+def test_dlmrl_list_survives_a_closed_pipe():
+    import subprocess
+    import sys
+
+    proc = subprocess.run(f"{sys.executable} -m dlmrl.cli list algorithms | head -1", check=False, shell=True,
+                          capture_output=True, text=True)
+    assert proc.stdout.startswith("dagrpo") and "BrokenPipe" not in proc.stderr and "Traceback" not in proc.stderr
