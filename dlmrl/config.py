@@ -41,7 +41,8 @@ class ModelConfig:
                                  "(causal LM: generate + exact token log-probs; task.answer_mode full).")
     name_or_path: str = doc("tiny-sudoku", "Checkpoint: local folder, hub id, or 'tiny-sudoku' (shipped diffusion "
                                            "default) / 'tiny-sudoku-ar' (shipped AR default).")
-    family: str = doc("auto", "Family adapter (diffusion): auto | tiny | masked_lm (auto reads the checkpoint config).")
+    family: str = doc("auto", "Family adapter (diffusion): auto | llada | dream | masked_lm | tiny; auto reads "
+                              "config.json (model_type / architectures / auto_map), a name overrides it.")
     trust_remote_code: bool = doc(False, "Allow the checkpoint's own modeling code (only if you trust it).")
     dtype: str = doc("float32", "Weights dtype: float32 | bfloat16 | float16.")
 

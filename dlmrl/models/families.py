@@ -1,20 +1,41 @@
 """Family adapters: how each checkpoint family is loaded and turned into per-position logits.
 
-Each family is registered in ``FAMILIES``; ``load_policy`` picks one from the checkpoint's config
-(``family="auto"``) or by name.
-Adding LLaDA and Dream means registering two more adapters here (mask ids 126336 / 151666, Dream's
-one-position logit shift).
+Every adapter returns ``(B, T, V)`` logits in which position ``i`` predicts token ``i`` of the input
+(the masked-diffusion convention the sampler and the estimators use). Families:
+
+- ``llada`` (``GSAI-ML/LLaDA-8B-Instruct``, LLaDA 1.5): ``AutoModel`` with the checkpoint's own code;
+  bidirectional, no logit shift, mask id 126336.
+- ``dream`` (``Dream-org/Dream-v0-Instruct-7B``, Dream-Coder, DiffuCoder): ``AutoModel`` with the
+  checkpoint's own code; logits shifted right by one, mask id 151666.
+- ``masked_lm``: any ``transformers`` ``*ForMaskedLM`` (BERT, RoBERTa, ModernBERT, ...); the
+  tokenizer's mask token.
+- ``tiny``: the shipped default, a Llama with ``is_causal=False`` (``dlmrl.models.tiny``).
+
+``FAMILIES`` is a registry: register a :class:`Family` under a new name to add one.
+:func:`detect_family` reads the checkpoint's ``config.json`` (``model_type``, ``architectures``,
+``auto_map``) without running any checkpoint code.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+import weakref
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from dlmrl.registry import Registry
+
+#: LLaDA's mask token ``<|mdm_mask|>``. Source: LLaDA's ``generate.py`` (``mask_id=126336``, "The token id
+#: of [MASK] is 126336") and the ``mask_token_id`` of LLaDA's ``config.json``; the tokenizer declares no
+#: mask token, so the id comes from the config or this constant.
+LLADA_MASK_TOKEN_ID = 126336
+#: Dream's mask token ``<|mask|>``. Source: ``DreamConfig(mask_token_id=151666)`` in Dream's
+#: ``configuration_dream.py`` and the ``mask_token_id`` Dream's generation config passes to
+#: ``diffusion_generate``.
+DREAM_MASK_TOKEN_ID = 151666
 
 
 @dataclass(frozen=True)
@@ -23,9 +44,12 @@ class Family:
 
     Attributes:
         load: ``(path, trust_remote_code, dtype) -> nn.Module``.
-        logits: ``(model, input_ids (B,T), attention_mask (B,T) bool, position_ids (B,T)) -> (B,T,V)``.
-        detect: ``(config) -> bool``, True when ``family="auto"`` should choose this family.
-        default_mask_token_id: used when the tokenizer has no mask token (e.g. LLaDA's 126336).
+        logits: ``(model, input_ids (B,T) long, attention_mask (B,T) bool, position_ids (B,T) long)
+            -> (B,T,V)``; position ``i`` of the result predicts token ``i`` (any shift undone). Left
+            padding is marked False in ``attention_mask``; ``position_ids`` count real tokens only.
+        detect: ``(config) -> bool``, True when ``family="auto"`` should choose this family;
+            ``config`` is the checkpoint's ``config.json`` as a dict (or a ``PretrainedConfig``).
+        default_mask_token_id: used when neither the tokenizer nor the config names a mask token.
     """
 
     load: Callable[[str, bool, torch.dtype], nn.Module]
@@ -37,20 +61,54 @@ class Family:
 FAMILIES: Registry[Family] = Registry("model family")
 
 
-def _load_causal_lm(path: str, trust_remote_code: bool, dtype: torch.dtype) -> nn.Module:
-    from transformers import AutoModelForCausalLM
+def config_value(config: object, key: str, default=None):
+    """``config[key]`` for a ``config.json`` dict, ``getattr(config, key)`` for a ``PretrainedConfig``."""
+    if isinstance(config, Mapping):
+        return config.get(key, default)
+    return getattr(config, key, default)
 
-    return AutoModelForCausalLM.from_pretrained(
-        path, trust_remote_code=trust_remote_code, dtype=dtype, use_safetensors=True
-    )
+
+def _architectures(config: object) -> list[str]:
+    return list(config_value(config, "architectures") or [])
+
+
+def _auto_map_targets(config: object) -> list[str]:
+    """The ``module.Class`` references of ``auto_map`` (a value may be a list, e.g. for tokenizers)."""
+    targets: list[str] = []
+    for value in (config_value(config, "auto_map") or {}).values():
+        targets.extend(v for v in (value if isinstance(value, list | tuple) else [value]) if isinstance(v, str))
+    return targets
+
+
+def _model_type(config: object) -> str:
+    return str(config_value(config, "model_type", "") or "").lower()
+
+
+# --------------------------------------------------------------------------------------------- loading
+
+
+def _from_pretrained(auto_class: str, path: str, trust_remote_code: bool, dtype: torch.dtype) -> nn.Module:
+    import transformers
+
+    cls = getattr(transformers, auto_class)
+    return cls.from_pretrained(path, trust_remote_code=trust_remote_code, dtype=dtype, use_safetensors=True)
+
+
+def _load_causal_lm(path: str, trust_remote_code: bool, dtype: torch.dtype) -> nn.Module:
+    return _from_pretrained("AutoModelForCausalLM", path, trust_remote_code, dtype)
 
 
 def _load_masked_lm(path: str, trust_remote_code: bool, dtype: torch.dtype) -> nn.Module:
-    from transformers import AutoModelForMaskedLM
+    return _from_pretrained("AutoModelForMaskedLM", path, trust_remote_code, dtype)
 
-    return AutoModelForMaskedLM.from_pretrained(
-        path, trust_remote_code=trust_remote_code, dtype=dtype, use_safetensors=True
-    )
+
+def _load_auto_model(path: str, trust_remote_code: bool, dtype: torch.dtype) -> nn.Module:
+    # LLaDA and Dream register their LM classes under AutoModel (their model cards load them with
+    # AutoModel.from_pretrained(..., trust_remote_code=True)).
+    return _from_pretrained("AutoModel", path, trust_remote_code, dtype)
+
+
+# ---------------------------------------------------------------------------------------------- logits
 
 
 def _tiny_logits(model, input_ids, attention_mask, position_ids):
@@ -58,39 +116,167 @@ def _tiny_logits(model, input_ids, attention_mask, position_ids):
     return out.logits
 
 
+# Per-model facts of masked LMs, computed once: (position offset, whether forward takes position_ids).
+_MASKED_LM_FACTS: weakref.WeakKeyDictionary[nn.Module, tuple[int, bool]] = weakref.WeakKeyDictionary()
+
+
+def _masked_lm_facts(model: nn.Module) -> tuple[int, bool]:
+    """``(offset, takes_position_ids)`` for a ``*ForMaskedLM``.
+
+    RoBERTa-style embeddings (RoBERTa, XLM-R, CamemBERT, ...) number real tokens from
+    ``padding_idx + 1`` (``create_position_ids_from_input_ids`` in transformers' ``modeling_roberta``),
+    BERT and ModernBERT from 0; a model whose ``forward`` has no ``position_ids`` (DistilBERT) gets none.
+    """
+    facts = _MASKED_LM_FACTS.get(model)
+    if facts is None:
+        offset = 0
+        for module in model.modules():
+            if hasattr(module, "create_position_ids_from_input_ids") and getattr(module, "padding_idx", None) is not None:
+                offset = int(module.padding_idx) + 1
+                break
+        params = inspect.signature(model.forward).parameters
+        takes = "position_ids" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+        facts = _MASKED_LM_FACTS[model] = (offset, takes)
+    return facts
+
+
 def _masked_lm_logits(model, input_ids, attention_mask, position_ids):
     # Positions counted over real tokens, so left padding does not shift a prompt's positions.
-    return model(input_ids=input_ids, attention_mask=attention_mask.long(), position_ids=position_ids).logits
+    offset, takes_positions = _masked_lm_facts(model)
+    kwargs = {"position_ids": position_ids + offset} if takes_positions else {}
+    return model(input_ids=input_ids, attention_mask=attention_mask.long(), **kwargs).logits
 
 
-FAMILIES.register("tiny")(
-    Family(
-        load=_load_causal_lm,
-        logits=_tiny_logits,
-        # The tiny default is a Llama with bidirectional attention (config.is_causal = False).
-        detect=lambda config: getattr(config, "model_type", "") == "llama"
-        and getattr(config, "is_causal", True) is False,
+def llada_logits(model, input_ids, attention_mask, position_ids):
+    """LLaDA logits: ``model(input_ids).logits`` (``(B, T, V)``, no shift), as LLaDA's ``generate.py`` calls it.
+
+    LLaDA's modeling code (``modeling_llada.py``, ``LLaDAModelLM.forward``) takes ``input_ids`` and an
+    optional 0/1 ``attention_mask (B, T)`` and no ``position_ids``: rotary positions run 0..T-1 over
+    the whole row. The mask is passed only for a left-padded batch (LLaDA's batched ``generate.py``
+    passes it the same way); RoPE depends on relative positions only, so a padded row's real tokens
+    see the same scores as unpadded ones **provided the checkpoint's code applies the mask**: its
+    ``LLaDAModel.forward`` turns it into an additive bias, but older copies of the file called
+    ``scaled_dot_product_attention(attn_mask=None)`` and ignore padding. Unpadded batches are exact
+    whatever the version.
+    """
+    padded = not bool(attention_mask.all())
+    kwargs = {"attention_mask": attention_mask.long()} if padded else {}
+    return model(input_ids=input_ids, **kwargs).logits
+
+
+def shift_logits_right(logits: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Undo an autoregressive-style head: the logits for position ``i`` are the outputs at ``i − 1``.
+
+    ``torch.cat([logits[:, :1], logits[:, :-1]], 1)`` (Dream's ``generation_utils.py``, ``_sample``): the
+    first position keeps its own output, which carries no prediction (Dream asserts it is never masked).
+    With left padding the same rule is applied per row: each row's first real token keeps its own
+    output instead of a padding position's, so a row's logits do not depend on its padding.
+
+    Args:
+        logits: ``(B, T, V)`` raw outputs.
+        attention_mask: ``(B, T)`` bool, True on real tokens (left padding); ``None`` = all real.
+    Returns:
+        ``(B, T, V)``, same dtype.
+    """
+    shifted = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)  # (B, T, V)
+    if attention_mask is None or bool(attention_mask.all()):
+        return shifted
+    mask = attention_mask.bool()
+    previous_real = torch.cat([torch.zeros_like(mask[:, :1]), mask[:, :-1]], dim=1)  # (B, T)
+    first_real = mask & ~previous_real  # (B, T)
+    return torch.where(first_real[..., None], logits, shifted)
+
+
+def dream_logits(model, input_ids, attention_mask, position_ids):
+    """Dream logits, shifted right by one (:func:`shift_logits_right`); ``(B, T, V)``.
+
+    Called as Dream's ``generation_utils.py`` calls the model, ``model(x, attention_mask, tok_idx)``:
+    an unpadded batch gets ``attention_mask="full"`` and no position ids; a left-padded batch gets a
+    ``(B, 1, T, T)`` bool mask (True = may attend) and position ids counted over real tokens. Dream
+    builds its mask as ``pad[:, None, :, None] & pad[:, None, None, :]``, which also blanks the rows
+    of padding queries; here only padding *keys* are blocked, so no query row is empty (an all-False
+    row makes scaled-dot-product attention return NaN on older torch). Rows of real tokens, the only
+    ones used, are identical either way.
+    """
+    if bool(attention_mask.all()):
+        raw = model(input_ids=input_ids, attention_mask="full", position_ids=None).logits
+    else:
+        b, t = input_ids.shape
+        keys = attention_mask.bool()[:, None, None, :].expand(b, 1, t, t)  # (B, 1, T, T)
+        raw = model(input_ids=input_ids, attention_mask=keys, position_ids=position_ids).logits
+    return shift_logits_right(raw, attention_mask)
+
+
+# ------------------------------------------------------------------------------------------- detection
+
+
+def _is_llada(config) -> bool:
+    # LLaDA's config.json: model_type "llada", architectures ["LLaDAModelLM"],
+    # auto_map {"AutoModel": "modeling_llada.LLaDAModelLM", ...}. LLaDA-MoE / LLaDA 2 use other types.
+    return (
+        _model_type(config) == "llada"
+        or "LLaDAModelLM" in _architectures(config)
+        or any(t.endswith("modeling_llada.LLaDAModelLM") for t in _auto_map_targets(config))
     )
+
+
+def _is_dream(config) -> bool:
+    # Dream's config.json: model_type "Dream", architectures ["DreamModel"],
+    # auto_map {"AutoModel": "modeling_dream.DreamModel", ...}.
+    return (
+        _model_type(config) == "dream"
+        or "DreamModel" in _architectures(config)
+        or any(t.endswith("modeling_dream.DreamModel") for t in _auto_map_targets(config))
+    )
+
+
+def _is_masked_lm(config) -> bool:
+    return any(a.endswith("ForMaskedLM") for a in _architectures(config))
+
+
+def _is_tiny(config) -> bool:
+    # The tiny default is a Llama with bidirectional attention (config.is_causal = False).
+    return _model_type(config) == "llama" and config_value(config, "is_causal", True) is False
+
+
+FAMILIES.register("tiny")(Family(load=_load_causal_lm, logits=_tiny_logits, detect=_is_tiny))
+FAMILIES.register("masked_lm")(Family(load=_load_masked_lm, logits=_masked_lm_logits, detect=_is_masked_lm))
+FAMILIES.register("llada")(
+    Family(load=_load_auto_model, logits=llada_logits, detect=_is_llada, default_mask_token_id=LLADA_MASK_TOKEN_ID)
 )
-FAMILIES.register("masked_lm")(
-    Family(
-        load=_load_masked_lm,
-        logits=_masked_lm_logits,
-        detect=lambda config: any(a.endswith("ForMaskedLM") for a in (getattr(config, "architectures", None) or [])),
-    )
+FAMILIES.register("dream")(
+    Family(load=_load_auto_model, logits=dream_logits, detect=_is_dream, default_mask_token_id=DREAM_MASK_TOKEN_ID)
 )
 
 
 def detect_family(config) -> str:
     """Name of the registered family whose ``detect`` accepts ``config``.
 
+    Args:
+        config: the checkpoint's ``config.json`` as a dict, or a ``PretrainedConfig``.
     Raises:
-        ValueError: if no family recognises the config (pass ``model.family`` explicitly).
+        ValueError: if no family, or more than one, recognises the config (set ``model.family``).
     """
-    for name in FAMILIES:
-        if FAMILIES.get(name).detect(config):
-            return name
-    raise ValueError(
-        f"cannot detect the model family of a {getattr(config, 'model_type', '?')!r} checkpoint; "
-        f"set model.family to one of {FAMILIES.names()}"
-    )
+    found = [name for name in FAMILIES if FAMILIES.get(name).detect(config)]
+    if len(found) == 1:
+        return found[0]
+    what = f"model_type {config_value(config, 'model_type')!r}, architectures {_architectures(config)}"
+    if not found:
+        raise ValueError(
+            f"cannot detect the model family of this checkpoint ({what}); "
+            f"set model.family to one of {FAMILIES.names()}"
+        )
+    raise ValueError(f"several model families match this checkpoint ({what}): {found}; set model.family")
+
+
+__all__ = [
+    "DREAM_MASK_TOKEN_ID",
+    "FAMILIES",
+    "LLADA_MASK_TOKEN_ID",
+    "Family",
+    "config_value",
+    "detect_family",
+    "dream_logits",
+    "llada_logits",
+    "shift_logits_right",
+]

@@ -1,4 +1,10 @@
-"""Loading a policy from a local folder, a hub id, or the shipped tiny default."""
+"""Loading a policy from a local folder, a hub id, or the shipped tiny default.
+
+One loader for every family (``dlmrl.models.families``): the family is read from the checkpoint's
+``config.json`` without running any of its code, checkpoints whose model code ships with them are
+refused unless ``trust_remote_code`` is set, and the mask token id is resolved from the tokenizer,
+the config or the family's constant, in that order.
+"""
 
 from __future__ import annotations
 
@@ -22,45 +28,118 @@ def resolve_model_path(name_or_path: str) -> str:
     return name_or_path
 
 
+def read_checkpoint_config(path: str) -> dict:
+    """The checkpoint's ``config.json`` as a plain dict, read without importing any checkpoint code.
+
+    Raises:
+        OSError: if there is no ``config.json`` at ``path`` (or, for a hub id, it cannot be fetched).
+    """
+    from transformers import PretrainedConfig
+
+    config, _ = PretrainedConfig.get_config_dict(path)
+    return config
+
+
+def needs_remote_code(config: dict) -> bool:
+    """True when the checkpoint's model code ships with it: an ``auto_map`` and a ``model_type``
+    that ``transformers`` does not know (LLaDA's ``llada``, Dream's ``Dream``)."""
+    from transformers import CONFIG_MAPPING
+
+    return bool(config.get("auto_map")) and config.get("model_type") not in CONFIG_MAPPING
+
+
+def resolve_mask_token_id(
+    tokenizer, config: dict, family_default: int | None, override: int | None = None
+) -> int:
+    """The absorbing mask token id ``M``.
+
+    Order: ``override``; else the tokenizer's ``mask_token_id`` (BERT-family ``[MASK]``/``<mask>``);
+    else ``config.json``'s ``mask_token_id`` (LLaDA: 126336, Dream: 151666); else the family's
+    constant (``Family.default_mask_token_id``).
+
+    Raises:
+        ValueError: if the tokenizer and the config name different ids (pass ``override``), or no
+            source names one.
+    """
+    if override is not None:
+        return int(override)
+    from_tokenizer = getattr(tokenizer, "mask_token_id", None)
+    from_config = config.get("mask_token_id")
+    if from_tokenizer is not None and from_config is not None and int(from_tokenizer) != int(from_config):
+        raise ValueError(
+            f"the tokenizer's mask token id ({from_tokenizer}) differs from config.json's mask_token_id "
+            f"({from_config}); pass mask_token_id= to load_policy to choose"
+        )
+    for candidate in (from_tokenizer, from_config, family_default):
+        if candidate is not None:
+            return int(candidate)
+    raise ValueError("no mask token: the tokenizer has none, config.json sets no mask_token_id, and the family none")
+
+
+def _output_vocab_size(model) -> int | None:
+    try:
+        head = model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None
+    weight = getattr(head, "weight", None)
+    return int(weight.shape[0]) if weight is not None else None
+
+
 def load_policy(
     name_or_path: str = TINY_DEFAULT,
     family: str = "auto",
     trust_remote_code: bool = False,
     dtype: str = "float32",
     device: str | torch.device = "cpu",
+    mask_token_id: int | None = None,
 ) -> MaskedDiffusionPolicy:
     """Load a masked-diffusion policy (model + tokenizer + family adapter).
 
     Args:
         name_or_path: a local folder, a hub id, or ``"tiny-sudoku"`` for the shipped default.
-        family: ``auto`` (detected from the checkpoint config) or a name in ``FAMILIES``.
-        trust_remote_code: passed to ``from_pretrained`` only as given (never forced on).
+        family: ``auto`` (detected from ``config.json``: ``model_type`` / ``architectures`` /
+            ``auto_map``) or a name in ``FAMILIES`` (``llada``, ``dream``, ``masked_lm``, ``tiny``),
+            which overrides detection.
+        trust_remote_code: passed to ``from_pretrained`` only as given (never forced on); required for
+            checkpoints that ship their own model code (LLaDA, Dream).
         dtype: ``float32``, ``bfloat16`` or ``float16``.
+        device: where the model is moved.
+        mask_token_id: overrides the mask id found by :func:`resolve_mask_token_id`.
+    Returns:
+        :class:`MaskedDiffusionPolicy` whose ``__call__`` gives ``(B, T, V)`` float32 logits with
+        position ``i`` predicting token ``i`` (Dream's shift undone).
     Raises:
-        ValueError: unknown dtype, undetectable family, or no mask token.
+        ValueError: unknown dtype, undetectable family, remote code without ``trust_remote_code``,
+            no mask token, or a mask id outside the model's vocabulary.
+        KeyError: unknown family name (the message suggests close names).
         FileNotFoundError: a local-looking path that does not exist.
     """
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoTokenizer
 
     if dtype not in DTYPES:
         raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     path = resolve_model_path(name_or_path)
     if (path.startswith((".", "/")) or Path(path).suffix) and not Path(path).exists():
         raise FileNotFoundError(f"model path {path!r} does not exist")
-    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    config = read_checkpoint_config(path)
     name = detect_family(config) if family == "auto" else family
     fam = FAMILIES.get(name)
+    if needs_remote_code(config) and not trust_remote_code:
+        raise ValueError(
+            f"{name_or_path}: this {name!r} checkpoint ships its own model code (config.json auto_map: "
+            f"{config.get('auto_map')}), and loading it runs that code. Set model.trust_remote_code=true "
+            "(or trust_remote_code=True) if you trust its source."
+        )
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     model = fam.load(path, trust_remote_code, DTYPES[dtype]).to(device)
-    mask_id = getattr(tokenizer, "mask_token_id", None)
-    if mask_id is None:
-        mask_id = fam.default_mask_token_id
-    if mask_id is None:
-        raise ValueError(f"{path}: the tokenizer has no mask token and family {name!r} sets none")
+    mask_id = resolve_mask_token_id(tokenizer, config, fam.default_mask_token_id, mask_token_id)
+    vocab = _output_vocab_size(model)
+    if vocab is not None and not 0 <= mask_id < vocab:
+        raise ValueError(f"{name_or_path}: mask token id {mask_id} is outside the model's vocabulary of {vocab}")
     return MaskedDiffusionPolicy(
         model=model,
         tokenizer=tokenizer,
-        mask_token_id=int(mask_id),
+        mask_token_id=mask_id,
         family=name,
         logits_fn=fam.logits,
         eos_token_id=tokenizer.eos_token_id,

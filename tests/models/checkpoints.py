@@ -1,0 +1,169 @@
+"""Tiny local checkpoints of every model family, built offline in temporary folders.
+
+- BERT, RoBERTa and ModernBERT ``*ForMaskedLM`` with character-level tokenizers (RoBERTa's ``<pad>``
+  is id 1, so its positions start at 2 as in the real model).
+- A LLaDA stand-in and a Dream stand-in whose model code lives next to their ``config.json`` (copied
+  from ``tests/models/remote_code``) and is loaded through ``auto_map`` + ``trust_remote_code``. As in the
+  real checkpoints, the LLaDA tokenizer declares no mask token (the id, 126336, comes from
+  ``config.json``) and the Dream tokenizer declares ``<|mask|>``, which its config repeats.
+
+:func:`isolated_remote_code` keeps ``transformers``' copies of remote code inside a temporary folder
+instead of ``~/.cache/huggingface/modules``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+REMOTE_CODE = Path(__file__).parent / "remote_code"
+ALPHABET = "0123456789=+ abc"
+LLADA_VOCAB = 126464  # LLaDA-8B's embedding size; its mask id 126336 lies inside
+LLADA_MASK = 126336
+
+
+def char_tokenizer(specials: list[str], **roles: str) -> PreTrainedTokenizerFast:
+    """Special tokens (ids 0..) then one token per character of ``ALPHABET``; left padding."""
+    vocab = {tok: i for i, tok in enumerate(specials + list(ALPHABET))}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=roles["unk_token"]))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=core, padding_side="left", clean_up_tokenization_spaces=False,
+                                   **roles)
+
+
+@contextlib.contextmanager
+def isolated_remote_code(cache_dir: Path):
+    """Point ``transformers``' dynamic-module cache at ``cache_dir`` and restore ``sys.modules`` after."""
+    from transformers import dynamic_module_utils
+
+    saved = {k: v for k, v in sys.modules.items() if k == "transformers_modules" or k.startswith("transformers_modules.")}
+    for key in saved:
+        del sys.modules[key]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dynamic_module_utils, "HF_MODULES_CACHE", str(cache_dir))
+        mp.syspath_prepend(str(cache_dir))
+        try:
+            yield
+        finally:
+            for key in [k for k in sys.modules if k == "transformers_modules" or k.startswith("transformers_modules.")]:
+                del sys.modules[key]
+            sys.modules.update(saved)
+
+
+def _save_masked_lm(path: Path, tok, config) -> Path:
+    from transformers import AutoModelForMaskedLM
+
+    torch.manual_seed(0)
+    AutoModelForMaskedLM.from_config(config).save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    return path
+
+
+def save_bert(path: Path) -> Path:
+    from transformers import BertConfig
+
+    tok = char_tokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], pad_token="[PAD]", unk_token="[UNK]",
+                         cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+    config = BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=64, pad_token_id=0)
+    return _save_masked_lm(path, tok, config)
+
+
+def save_roberta(path: Path) -> Path:
+    from transformers import RobertaConfig
+
+    tok = char_tokenizer(["<s>", "<pad>", "</s>", "<unk>", "<mask>"], bos_token="<s>", pad_token="<pad>",
+                         eos_token="</s>", unk_token="<unk>", mask_token="<mask>")
+    config = RobertaConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=32, max_position_embeddings=66, pad_token_id=1, bos_token_id=0,
+                           eos_token_id=2)
+    return _save_masked_lm(path, tok, config)
+
+
+def save_modernbert(path: Path) -> Path:
+    from transformers import ModernBertConfig
+
+    tok = char_tokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], pad_token="[PAD]", unk_token="[UNK]",
+                         cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+    config = ModernBertConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                              num_attention_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=2,
+                              eos_token_id=3, cls_token_id=2, sep_token_id=3, global_attn_every_n_layers=1,
+                              local_attention=16)
+    return _save_masked_lm(path, tok, config)
+
+
+def _save_remote(path: Path, code: str, config: dict, tok) -> Path:
+    """Write the stand-in's code, ``config.json`` and tokenizer, then random weights built from that code."""
+    from transformers import AutoConfig, AutoModel
+
+    path.mkdir(parents=True, exist_ok=True)
+    for source in (REMOTE_CODE / code).glob("*.py"):
+        shutil.copy(source, path / source.name)
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    tok.save_pretrained(path)
+    torch.manual_seed(0)
+    model = AutoModel.from_config(AutoConfig.from_pretrained(path, trust_remote_code=True), trust_remote_code=True)
+    model.save_pretrained(path, safe_serialization=True)
+    (path / "config.json").write_text(json.dumps(config, indent=2))  # exactly the fields a release has
+    return path
+
+
+def save_llada_like(path: Path) -> Path:
+    tok = char_tokenizer(["<|startoftext|>", "<|endoftext|>", "<|unk|>"], bos_token="<|startoftext|>",
+                         eos_token="<|endoftext|>", pad_token="<|endoftext|>", unk_token="<|unk|>")
+    config = {
+        "model_type": "llada",
+        "architectures": ["LLaDAModelLM"],
+        "auto_map": {
+            "AutoConfig": "configuration_llada.LLaDAConfig",
+            "AutoModel": "modeling_llada.LLaDAModelLM",
+            "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM",
+        },
+        "vocab_size": LLADA_VOCAB,
+        "d_model": 16,
+        "n_heads": 2,
+        "n_layers": 1,
+        "mask_token_id": LLADA_MASK,
+        "eos_token_id": 1,
+        "pad_token_id": 1,
+    }
+    return _save_remote(path, "llada", config, tok)
+
+
+def save_dream_like(path: Path) -> Path:
+    tok = char_tokenizer(["<|endoftext|>", "<|im_end|>", "<|mask|>", "<|unk|>"], pad_token="<|endoftext|>",
+                         eos_token="<|im_end|>", mask_token="<|mask|>", unk_token="<|unk|>")
+    config = {
+        "model_type": "Dream",
+        "architectures": ["DreamModel"],
+        "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
+        "vocab_size": len(tok),
+        "hidden_size": 16,
+        "num_attention_heads": 2,
+        "max_position_embeddings": 64,
+        "mask_token_id": 2,  # the tokenizer's <|mask|>, as Dream's config repeats its tokenizer's 151666
+        "pad_token_id": 0,
+        "eos_token_id": 1,
+    }
+    return _save_remote(path, "dream", config, tok)
+
+
+BUILDERS = {
+    "bert": save_bert,
+    "roberta": save_roberta,
+    "modernbert": save_modernbert,
+    "llada": save_llada_like,
+    "dream": save_dream_like,
+}
+#: expected detected family of each checkpoint
+FAMILY_OF = {"bert": "masked_lm", "roberta": "masked_lm", "modernbert": "masked_lm", "llada": "llada",
+             "dream": "dream"}
