@@ -27,6 +27,7 @@ from torch import nn
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList
 
 from dlmrl.models.loading import DTYPES
+from dlmrl.models.lora import attach_adapter, check_adapter_kind, find_adapter
 from dlmrl.models.policy import position_ids_from_mask
 
 #: Name that resolves to the tiny causal Sudoku model shipped in ``dlmrl/assets/tiny_sudoku_ar``.
@@ -57,9 +58,12 @@ class ARRollout(NamedTuple):
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
-    """The ``PreTrainedModel`` inside a DDP/accelerate wrapper (``generate`` lives there)."""
+    """The ``PreTrainedModel`` inside DDP/accelerate and ``peft`` wrappers (``generate`` lives there; a LoRA
+    adapter stays injected in its layers, and ``_blank_generation_config`` must reach its generation config)."""
     while hasattr(model, "module") and not hasattr(model, "generate"):
         model = model.module
+    if hasattr(model, "get_base_model") and hasattr(model, "peft_config"):
+        model = model.get_base_model()
     return model
 
 
@@ -394,19 +398,28 @@ def load_ar_policy(name_or_path: str = TINY_AR_DEFAULT, trust_remote_code: bool 
     """Load a causal LM and its tokenizer as an :class:`AutoregressivePolicy`.
 
     Args:
-        name_or_path: a local folder, a hub id, or ``"tiny-sudoku-ar"`` for the shipped default.
+        name_or_path: a local folder, a hub id, or ``"tiny-sudoku-ar"`` for the shipped default. A folder
+            holding a LoRA adapter (``adapter_config.json``, as a LoRA run's ``final_model/``) loads its base
+            (named by ``dlmrl_base_model.json`` or ``adapter_config.json``) with these arguments and puts the
+            adapter on it (a ``peft.PeftModel``, adapter frozen).
         trust_remote_code: passed to ``from_pretrained`` only as given (never forced on).
         dtype: ``float32``, ``bfloat16`` or ``float16``.
     The tokenizer is switched to left padding; a tokenizer without a pad token pads with EOS.
     Raises:
         ValueError: unknown dtype, a local folder without safetensors weights (only safetensors are
-            loaded), or a tokenizer with neither pad nor EOS token.
+            loaded), a tokenizer with neither pad nor EOS token, or an adapter trained on a diffusion policy.
         FileNotFoundError: a local-looking path that does not exist.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if dtype not in DTYPES:
         raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    adapter = find_adapter(name_or_path)
+    if adapter is not None:
+        check_adapter_kind(adapter, "ar")
+        policy = load_ar_policy(adapter.base_model_name_or_path, trust_remote_code, dtype, device)
+        policy.model = attach_adapter(policy.model, adapter).to(device)
+        return policy
     path = resolve_ar_model_path(name_or_path)
     local = Path(path)
     if (path.startswith((".", "/")) or local.suffix) and not local.exists():

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from dlmrl.models.families import FAMILIES, detect_family
+from dlmrl.models.lora import attach_adapter, check_adapter_kind, find_adapter
 from dlmrl.models.policy import MaskedDiffusionPolicy
 
 #: Name that resolves to the tiny Sudoku denoiser shipped in ``dlmrl/assets``.
@@ -96,7 +97,10 @@ def load_policy(
     """Load a masked-diffusion policy (model + tokenizer + family adapter).
 
     Args:
-        name_or_path: a local folder, a hub id, or ``"tiny-sudoku"`` for the shipped default.
+        name_or_path: a local folder, a hub id, or ``"tiny-sudoku"`` for the shipped default. A folder holding
+            a LoRA adapter (``adapter_config.json``, as a LoRA run's ``final_model/``) loads its base model
+            (named by the folder's ``dlmrl_base_model.json`` or ``adapter_config.json``) with these arguments
+            and puts the adapter on it (a ``peft.PeftModel``, adapter frozen; ``dlmrl.models.lora``).
         family: ``auto`` (detected from ``config.json``: ``model_type`` / ``architectures`` /
             ``auto_map``) or a name in ``FAMILIES`` (``llada``, ``dream``, ``masked_lm``, ``tiny``),
             which overrides detection.
@@ -110,7 +114,8 @@ def load_policy(
         position ``i`` predicting token ``i`` (Dream's shift undone).
     Raises:
         ValueError: unknown dtype, undetectable family, remote code without ``trust_remote_code``,
-            no mask token, or a mask id outside the model's vocabulary.
+            no mask token, a mask id outside the model's vocabulary, or an adapter folder trained on an AR
+            policy (load it with ``load_ar_policy``).
         KeyError: unknown family name (the message suggests close names).
         FileNotFoundError: a local-looking path that does not exist.
     """
@@ -118,6 +123,14 @@ def load_policy(
 
     if dtype not in DTYPES:
         raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    adapter = find_adapter(name_or_path)
+    if adapter is not None:
+        check_adapter_kind(adapter, "diffusion")
+        base_family = family if family != "auto" else adapter.family or "auto"
+        policy = load_policy(adapter.base_model_name_or_path, base_family, trust_remote_code, dtype, device,
+                             mask_token_id)
+        policy.model = attach_adapter(policy.model, adapter).to(device)
+        return policy
     path = resolve_model_path(name_or_path)
     if (path.startswith((".", "/")) or Path(path).suffix) and not Path(path).exists():
         raise FileNotFoundError(f"model path {path!r} does not exist")
