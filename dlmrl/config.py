@@ -49,16 +49,48 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = doc("sudoku", "Task name (see dlmrl.data.TASKS).")
+    name: str = doc("sudoku", "Task name (see dlmrl.data.TASKS): sudoku | gsm8k | math | countdown.")
     answer_mode: str = doc(
         "infill",
         "Sudoku answer format: 'infill' (given digits pre-placed on the canvas, only blanks masked and "
         "scored) or 'full' (d1's format: the whole 16-cell grid is generated).",
     )
-    train_file: str | None = doc(None, "Optional CSV/JSONL of training puzzles (d1 format); default: generated.")
-    test_file: str | None = doc(None, "Optional CSV/JSONL held-out puzzles; default: the shipped 256-puzzle split.")
+    train_file: str | None = doc(None, "Optional local training data. sudoku: d1-format CSV/JSONL (default: "
+                                       "generated puzzles); gsm8k/math/countdown: a .json/.jsonl/.csv/.parquet "
+                                       "file with the dataset's columns (replaces dataset/split).")
+    test_file: str | None = doc(None, "Optional local held-out data, same formats. sudoku default: the shipped "
+                                      "256-puzzle split; others: test_dataset/test_split. For Countdown, d1's "
+                                      "countdown_cd3_test.jsonl (input/output columns) works as is.")
     min_blanks: int = doc(6, "Fewest blank cells in generated training puzzles.")
     max_blanks: int = doc(10, "Most blank cells in generated training puzzles.")
+    dataset: str | None = doc(None, "gsm8k/math/countdown: hub name or local file/folder for "
+                                    "datasets.load_dataset; null = the task's (gsm8k: openai/gsm8k; math: "
+                                    "ankner/math-500, d1's training set; countdown: Jiayi-Pan/Countdown-Tasks-3to4).")
+    subset: str | None = doc(None, "Dataset configuration name; null = the task's ('main' for openai/gsm8k).")
+    split: str | None = doc(None, "Training split, slicing allowed ('train[:90%]'); null = the task's ('train'; "
+                                  "countdown 'train[:-500]'). A local file's only split is 'train'.")
+    test_dataset: str | None = doc(None, "Held-out dataset; null = dataset, else the task's (math: "
+                                         "HuggingFaceH4/MATH-500).")
+    test_split: str | None = doc(None, "Held-out split; null = the task's ('test'; countdown 'train[-500:]', "
+                                       "disjoint from its training split).")
+    prompt_template: str = doc("d1", "gsm8k/math/countdown training prompts: d1 (d1's RL prompts) | d1_eval (d1's "
+                                     "evaluation prompts: \\boxed{} inside <answer>, the answer starts after "
+                                     "<reasoning>) | plain | a format string over {question} (countdown also "
+                                     "{nums}, {target}).")
+    test_prompt_template: str | None = doc(None, "Held-out prompts, same choices; null = prompt_template.")
+    chat_template: str = doc("auto", "Wrap prompts in the tokenizer's chat template (with the generation prompt): "
+                                     "auto (when the tokenizer has one) | on | off (plain text).")
+    format_rewards: str = doc("none", "Format rewards added to correctness: none | d1 (d1's set: gsm8k xmlcount, "
+                                      "soft_format, strict_format, int_format; math boxed_in_answer; countdown "
+                                      "none) | a comma list of those names.")
+    num_numbers: int = doc(0, "countdown: keep only problems with this many numbers (d1 trains on 3); 0 = all.")
+    verify_timeout: float = doc(1.0, "math: seconds math-verify may spend on one answer (in a worker process, "
+                                     "killed past it; the answer then scores 0).")
+    verify_workers: int = doc(2, "math: math-verify worker processes (a thread-safe pool; 2 keeps one serving "
+                                 "while a killed one restarts).")
+    num_proc: int | None = doc(None, "Processes datasets.load_dataset uses to prepare data; null = one.")
+    cache_dir: str | None = doc(None, "datasets cache folder; null = datasets' default "
+                                      "(~/.cache/huggingface/datasets).")
 
 
 @dataclass
@@ -475,19 +507,36 @@ def _check_algorithm(cfg: Config) -> None:
            f"{tr.algorithm!r} samples with HAPO's adaptive temperature, which needs model.kind 'ar'")
 
 
-def _check_data_files(t: TaskConfig) -> int:
-    """Load the task's data files up front (bad rows fail here, naming file, line and field).
+def _check_data_files(t: TaskConfig) -> int | float:
+    """Check the task's fields and load its local data files up front (bad records fail here, naming the config
+    key, the file, the line and the field), through the task class's ``check_config``.
 
-    Returns the number of held-out examples.
+    Returns the number of held-out examples, or ``math.inf`` when they come from the hub (not downloaded
+    here; the run loads and checks them).
+
+    Raises:
+        ConfigError: naming the key (``task.test_file``, ``task.prompt_template``, ...).
     """
-    from dlmrl.data.sudoku import load_sudoku_file, load_test_split
+    from dlmrl.data import TASKS
 
+    _check(isinstance(t.num_numbers, int) and t.num_numbers >= 0, "task.num_numbers", "must be >= 0 (0 = all)")
+    _check(t.verify_timeout > 0, "task.verify_timeout", "must be > 0 seconds")
+    _check(t.verify_workers >= 1, "task.verify_workers", "must be >= 1")
+    _check(t.num_proc is None or t.num_proc >= 1, "task.num_proc", "must be >= 1 (or null)")
+    for key in ("dataset", "subset", "split", "test_dataset", "test_split", "prompt_template"):
+        value = getattr(t, key)
+        _check(value is None or value.strip() != "", f"task.{key}", "must not be empty (use null for the default)")
+    check = getattr(TASKS.get(t.name), "check_config", None)
+    if check is None:  # (a user task without one: nothing to check up front)
+        return math.inf
     try:
-        if t.train_file:
-            load_sudoku_file(t.train_file)
-        return len(load_sudoku_file(t.test_file) if t.test_file else load_test_split())
+        size = check(t)
     except (ValueError, TypeError) as e:
+        key, sep, msg = str(e).partition(": ")
+        if sep and key.startswith("task.") and " " not in key:
+            raise ConfigError(f"config key {key!r}: {msg}") from None
         raise ConfigError(str(e)) from None
+    return math.inf if size is None else size
 
 
 def validate_pretrain(cfg: PretrainConfig) -> None:

@@ -1,5 +1,13 @@
-"""Tasks: generators, loaders and the encoders that turn examples into model inputs."""
+"""Tasks: generators, loaders and the encoders that turn examples into model inputs.
 
-from dlmrl.data.tasks import TASKS, SudokuTask, TaskBatch
+``TASKS`` holds ``sudoku`` (:mod:`dlmrl.data.tasks`) and the text tasks ``gsm8k``, ``math``, ``countdown``
+(:mod:`dlmrl.data.text_tasks`); :func:`build_task` builds one from a ``TaskConfig``.
+"""
 
-__all__ = ["TASKS", "SudokuTask", "TaskBatch"]
+from dlmrl.data.loading import DataError, load_records
+from dlmrl.data.tasks import TASKS, SudokuTask, TaskBatch, build_task
+from dlmrl.data.text_examples import CountdownExample, GSM8KExample, MathExample
+from dlmrl.data.text_tasks import CountdownTask, GSM8KTask, MathTask, TextTask
+
+__all__ = ["TASKS", "CountdownExample", "CountdownTask", "DataError", "GSM8KExample", "GSM8KTask", "MathExample",
+           "MathTask", "SudokuTask", "TaskBatch", "TextTask", "build_task", "load_records"]

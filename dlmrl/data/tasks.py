@@ -78,6 +78,30 @@ class SudokuTask:
         # newline or separator can never be stripped by the reward's parser and shift later cells.
         self._id_to_char = {i: (t if t in "0123456789" else "?") for t, i in vocab.items()}
 
+    @classmethod
+    def from_config(cls, cfg, tokenizer, mask_token_id: int, gen_length: int | None = None) -> SudokuTask:
+        """The task ``cfg`` (a :class:`~dlmrl.config.TaskConfig`) describes; the canvas is always 16 cells
+        (``gen_length`` is not used)."""
+        return cls(tokenizer, mask_token_id, answer_mode=cfg.answer_mode, min_blanks=cfg.min_blanks,
+                   max_blanks=cfg.max_blanks, train_file=cfg.train_file, test_file=cfg.test_file)
+
+    @classmethod
+    def check_config(cls, cfg) -> int:
+        """Load ``cfg.train_file``/``cfg.test_file`` up front; the number of held-out puzzles.
+
+        Raises:
+            ValueError: ``"task.<field>: <file> line N, field '<column>': ..."`` for the first bad row.
+        """
+        for key, path in (("train_file", cfg.train_file), ("test_file", cfg.test_file)):
+            if path:
+                try:
+                    examples = load_sudoku_file(path)
+                except (ValueError, TypeError) as e:
+                    raise ValueError(f"task.{key}: {e}") from None
+                if key == "test_file":
+                    return len(examples)
+        return len(load_test_split())
+
     # -- data ---------------------------------------------------------------------------------
     def train_batch(self, n: int, seed: int, step: int) -> list[SudokuExample]:
         """``n`` training examples for ``step``: generated from training grids, or drawn from ``train_file``."""
@@ -129,3 +153,32 @@ class SudokuTask:
     def sft_answer(self, example: SudokuExample) -> str:
         """The target canvas text for supervised pretraining."""
         return example.solution
+
+    def metrics(self, examples: Sequence[SudokuExample], texts: Sequence[str]) -> dict:
+        """``cell_accuracy`` (correct blanks / all blanks, d1's metric), ``solve_rate``, ``mean_reward``,
+        ``num_examples``."""
+        rewards = self.rewards(examples, texts)
+        blanks = [len(e.blanks) for e in examples]
+        correct = sum(round(r * b) for r, b in zip(rewards, blanks))
+        n = max(len(examples), 1)
+        return {"cell_accuracy": correct / max(sum(blanks), 1), "solve_rate": sum(r == 1.0 for r in rewards) / n,
+                "mean_reward": sum(rewards) / n, "num_examples": len(examples)}
+
+
+def build_task(cfg, tokenizer, mask_token_id: int | None, gen_length: int | None = None):
+    """The registered task ``cfg.name`` built from ``cfg`` (a :class:`~dlmrl.config.TaskConfig`) by its
+    ``from_config(cfg, tokenizer, mask_token_id, gen_length=...)``.
+
+    Args:
+        gen_length: canvas length for the text tasks (the trainer passes ``sampling.gen_length``); Sudoku's
+            canvas is always 16.
+
+    Raises:
+        KeyError: unknown task name (with suggestions).
+        TypeError: a registered task without ``from_config``.
+    """
+    cls = TASKS.get(cfg.name)
+    if not hasattr(cls, "from_config"):
+        raise TypeError(f"task {cfg.name!r} ({cls.__name__}) has no from_config(cfg, tokenizer, mask_token_id, "
+                        "gen_length) classmethod")
+    return cls.from_config(cfg, tokenizer, mask_token_id, gen_length=gen_length)

@@ -32,7 +32,6 @@ from transformers import get_scheduler
 
 from dlmrl.config import Config, ConfigError, build_preset, load_yaml, save_yaml, to_dict, validate
 from dlmrl.config import build_estimator as estimator_from_config
-from dlmrl.data import TASKS
 from dlmrl.models.ar import EntropyStats, HapoTemperature, hapo_entropy_stats
 from dlmrl.models.loading import load_policy
 from dlmrl.objectives.advantage_registry import AdvantageInputs
@@ -93,12 +92,12 @@ def step_generator(seed: int, step: int) -> torch.Generator:
 
 
 def build_task(cfg: Config, policy):
-    t = cfg.task
+    """The configured task (:func:`dlmrl.data.build_task`; text tasks get a canvas of ``sampling.gen_length``)."""
+    from dlmrl.data import build_task as build_data_task
+
     mask_id = getattr(policy, "mask_token_id", None)  # (an AR policy has none; its tokenizer may)
     mask_id = mask_id if mask_id is not None else getattr(policy.tokenizer, "mask_token_id", None)
-    return TASKS.get(t.name)(policy.tokenizer, mask_id, answer_mode=t.answer_mode,
-                             min_blanks=t.min_blanks, max_blanks=t.max_blanks,
-                             train_file=t.train_file, test_file=t.test_file)
+    return build_data_task(cfg.task, policy.tokenizer, mask_id, gen_length=cfg.sampling.gen_length)
 
 
 def build_estimator(cfg: Config):

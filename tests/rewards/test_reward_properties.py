@@ -1,0 +1,146 @@
+"""Property tests: for any completion string, every text reward returns a float within 100 ms, never raises
+and never evaluates code.
+
+Strings come from hypothesis (arbitrary Unicode, and sequences of the fragments the parsers look at: tags,
+braces, operators, digits) plus fixed adversarial ones: exponent towers, deep nesting, 10^6 characters, many
+unclosed tags. During each call ``builtins.eval``/``exec`` raise, and ``compile`` raises unless it only
+builds an AST (``ast.parse``), so a reward that evaluated code would fail. The MATH reward's math-verify
+runs in a worker process; ``test_math_reward.py`` checks that process separately. The MATH verifier here
+has a 50 ms timeout, so a check that hangs sympy still returns in time (its worker is killed).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import time
+from contextlib import contextmanager
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from dlmrl.rewards.countdown import countdown_reward
+from dlmrl.rewards.format import (
+    boxed_in_answer_reward,
+    int_format_reward,
+    soft_format_reward,
+    strict_format_reward,
+    xmlcount_reward,
+)
+from dlmrl.rewards.gsm8k import gsm8k_reward
+from dlmrl.rewards.math_reward import math_reward
+from dlmrl.rewards.math_verifier import MathVerifier
+
+pytest.importorskip("math_verify")
+
+BUDGET_S = 0.1
+FRAGMENTS = ["<answer>", "</answer>", "<reasoning>", "</reasoning>", "\\boxed{", "\\boxed ", "{", "}", "(", ")",
+             "**", "^", "!", "9", "30", "100", "93", "+", "-", "*", "/", "=", "####", ",", ".", "\n", " ", "$",
+             "\\frac", "x", "é", "٣", "\x00", "\\times", "_"]
+ADVERSARIAL = [
+    "9**9**9**9",
+    "<answer>9**9**9**9</answer>",
+    "<answer>\\boxed{9^{9^{9^{9}}}}</answer>",
+    "\\boxed{9^{9^{9^{9}}}}",
+    "<answer>" + "(" * 100_000 + "1" + ")" * 100_000 + "</answer>",
+    "\\boxed{" + "{" * 100_000 + "1" + "}" * 100_000 + "}",
+    "<answer>" + "-" * 1_000_000 + "1</answer>",
+    "x" * 1_000_000,
+    "<answer>" * 125_000,
+    "<reasoning>" + "</reasoning><answer>" * 50_000,  # quadratic for d1's soft-format regex
+    "<reasoning>\n" + "a" * 999_000 + "\n</reasoning>\n<answer>\n72\n</answer>\n",
+    "\\boxed{" * 100_000,
+    "<answer>\\boxed{" + "1+" * 400_000 + "1}</answer>",
+    "<answer>__import__('os').system('echo pwned')</answer>",
+    "<answer>30 - (100 - 93)</answer>",
+    "\\boxed{(10^{10})!}",
+    "\\boxed{" + "\\frac{1}{" * 200 + "2" + "}" * 200 + "}",
+    "<answer>٣٠-(١٠٠-٩٣)</answer>",
+    "\ud800\udfff\U0010ffff",
+]
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    v = MathVerifier(timeout=0.05, num_workers=2).start()
+    time.sleep(0.5)  # (both workers ready)
+    yield v
+    v.close()
+
+
+@contextmanager
+def no_code_evaluation():
+    real_compile = builtins.compile
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a reward evaluated code")
+
+    def ast_only(source, filename, mode, flags=0, *args, **kwargs):
+        if not flags & ast.PyCF_ONLY_AST:
+            raise AssertionError("a reward compiled code")
+        return real_compile(source, filename, mode, flags, *args, **kwargs)
+
+    saved = builtins.eval, builtins.exec
+    builtins.eval, builtins.exec, builtins.compile = refuse, refuse, ast_only
+    try:
+        yield
+    finally:
+        (builtins.eval, builtins.exec), builtins.compile = saved, real_compile
+
+
+def check_all(text: str, verifier: MathVerifier) -> None:
+    calls = {
+        "gsm8k": lambda: gsm8k_reward(None, [text], answer=["#### 72"]),
+        "countdown": lambda: countdown_reward(None, [text], nums=[[30, 100, 93]], target=[23]),
+        "math": lambda: math_reward(None, [text], answer=["\\frac{1}{2}"], verifier=verifier),
+        "xmlcount": lambda: xmlcount_reward(None, [text]),
+        "soft_format": lambda: soft_format_reward(None, [text]),
+        "strict_format": lambda: strict_format_reward(None, [text]),
+        "int_format": lambda: int_format_reward(None, [text]),
+        "boxed_in_answer": lambda: boxed_in_answer_reward(None, [text]),
+    }
+    for name, call in calls.items():
+        t0 = time.perf_counter()
+        with no_code_evaluation():
+            out = call()
+        elapsed = time.perf_counter() - t0
+        assert elapsed < BUDGET_S, f"{name} took {elapsed * 1000:.0f} ms on {text[:60]!r}"
+        assert len(out) == 1 and type(out[0]) is float, (name, out)
+
+
+PROPERTY = settings(max_examples=150, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+@PROPERTY
+@given(st.text(max_size=300))
+def test_any_unicode_string(verifier, text):
+    check_all(text, verifier)
+
+
+@PROPERTY
+@given(st.lists(st.sampled_from(FRAGMENTS), max_size=60).map("".join))
+def test_any_sequence_of_parser_fragments(verifier, text):
+    check_all(text, verifier)
+
+
+@PROPERTY
+@given(st.lists(st.sampled_from(FRAGMENTS), max_size=40).map(lambda xs: "<answer>\\boxed{" + "".join(xs) + "}</answer>"))
+def test_any_boxed_answer(verifier, text):
+    check_all(text, verifier)
+
+
+@pytest.mark.parametrize("text", ADVERSARIAL, ids=range(len(ADVERSARIAL)))
+def test_adversarial_strings(verifier, text):
+    check_all(text, verifier)
+
+
+@example("<answer>30-(100-93)</answer>")
+@PROPERTY
+@given(st.text(alphabet="0123456789+-*/() ", max_size=40))
+def test_countdown_expressions_are_judged_without_eval(text):
+    """Random arithmetic: the score is 1.0, 0.1 (never 0: an answer pair is there) and never raises."""
+    with no_code_evaluation():
+        (score,) = countdown_reward(None, [f"<answer>{text}</answer>"], nums=[[30, 100, 93]], target=[23])
+    assert score in (1.0, 0.1)
