@@ -143,7 +143,6 @@ def load_records(source: str, split: str = "train", subset: str | None = None, c
     """
     import datasets
 
-    datasets.disable_progress_bars()
     kwargs: dict[str, Any] = {"cache_dir": cache_dir, "num_proc": num_proc}
     if is_local_file(source):
         path = Path(source)
@@ -166,11 +165,17 @@ def load_records(source: str, split: str = "train", subset: str | None = None, c
         else:
             lines = None
             label = lambda i: f"{source} record {i + 1}"
+        quiet = not datasets.utils.are_progress_bars_disabled()  # (no bars for a small local file)
+        if quiet:
+            datasets.utils.disable_progress_bars()
         try:
             ds = datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
         except Exception as e:  # noqa: BLE001 (datasets wraps any parser error in DatasetGenerationError)
             cause = e.__cause__ or e
             raise DataError(f"{source}: cannot be read as {builder}: {type(cause).__name__}: {cause}") from None
+        finally:
+            if quiet:
+                datasets.utils.enable_progress_bars()
         if lines is not None and len(lines) != len(ds):  # (our line count disagrees with the parser's)
             label = lambda i: f"{source} record {i + 1}"
         rows = _slice(split, len(ds)) if split != "train" else range(len(ds))

@@ -195,11 +195,17 @@ class MathVerifier:
     Args:
         timeout: seconds one (gold, prediction) check may take once sent to a worker; past it the worker is
             killed and the pair is not equivalent. math-verify's own default is 5 s; typical MATH answers take
-            1-50 ms warm, a few symbolic ones ~200 ms.
-        num_workers: worker processes (each ~150 MB); concurrent calls beyond it wait for a free worker.
+            1-50 ms, a few symbolic ones ~250 ms.
+        num_workers: worker processes (forked from the template, so they share its memory until they write);
+            concurrent calls beyond it wait for a free worker.
         max_chars: longer inputs are not equivalent without a check.
-        startup_timeout: seconds to wait for a worker to start before :class:`MathVerifierError`.
+        startup_timeout: seconds to wait for the template to import math-verify before
+            :class:`MathVerifierError`.
         cache_size: (gold, prediction) results kept.
+
+    Attributes:
+        timeouts: checks that hit ``timeout`` (their worker was killed).
+        lost: workers that died by themselves during a check (the check counted as not equivalent).
     """
 
     def __init__(self, timeout: float = 1.0, num_workers: int = 2, max_chars: int = 1000,
@@ -324,10 +330,11 @@ class MathVerifier:
             self._wait_idle()
             worker = self._idle.pop()
             self._busy += 1
-        line = None
+        line, answered = None, False
         try:
             line = worker.read_line(time.monotonic() + self.timeout) if worker.send(gold, pred) else ""
-        finally:
+            answered = True
+        finally:  # (an exception here, e.g. KeyboardInterrupt, kills the worker and caches nothing)
             healthy, result = line in ("0", "1"), line == "1"
             with self._cond:
                 self._busy -= 1
@@ -335,7 +342,7 @@ class MathVerifier:
                 if keep:
                     self._idle.append(worker)
                 if not healthy:
-                    self.timeouts += line is None
+                    self.timeouts += answered and line is None
                     self.lost += line is not None
                     self._fill()
             if line is None or (healthy and not keep):  # (timed out, or closed meanwhile: kill by pid)
@@ -343,9 +350,10 @@ class MathVerifier:
             elif not keep:  # (the worker is gone: its pid may already be reaped, so no kill)
                 worker.close()
             with self._cond:
-                self._cache[key] = result
-                if len(self._cache) > self._cache_size:
-                    self._cache.popitem(last=False)
+                if answered:
+                    self._cache[key] = result
+                    if len(self._cache) > self._cache_size:
+                        self._cache.popitem(last=False)
                 self._cond.notify_all()
         return result
 

@@ -64,7 +64,7 @@ ADVERSARIAL = [
 @pytest.fixture(scope="module")
 def verifier():
     v = MathVerifier(timeout=0.05, num_workers=2).start()
-    time.sleep(0.5)  # (both workers ready)
+    time.sleep(0.1)  # (the second worker forked too)
     yield v
     v.close()
 
