@@ -105,7 +105,9 @@ class SamplingConfig:
 
 @dataclass
 class EstimatorConfig:
-    name: str = doc("sdmc", "Likelihood estimator for training: sdmc | coupled_sdmc | double_mc | coupled | one_step.")
+    name: str | None = doc(None, "Likelihood estimator for training: sdmc | coupled_sdmc | double_mc | coupled | "
+                                 "one_step; null = the algorithm preset's recipe estimator (diffu_grpo: one_step, "
+                                 "gdpo: sdmc), else sdmc. An explicit name always wins.")
     num_nodes: int = doc(3, "sdmc/coupled_sdmc: Gauss-Legendre nodes N on [0,1] (double_mc: N*K random times).")
     samples_per_node: int = doc(1, "K: masks per node (sdmc, coupled_sdmc; NFE = N*K), mask/complement pairs "
                                    "(coupled; NFE = 2K) or prompt masks (one_step; NFE = K).")
@@ -150,6 +152,14 @@ class TrainConfig:
                                           "(/ batch std); null = the preset's advantage (gdpo: none).")
     advantage: str | None = doc(None, "Advantage estimator by name (rloo, gtpo, ...; see objectives."
                                       "advantage_registry); null = the preset's. Exclusive with scale_rewards.")
+    dynamic_sampling_max_rounds: int | None = doc(
+        None, "Dynamic sampling (dapo): most extra rollout rounds of new prompts per step to fill the batch with "
+              "groups whose rewards differ; null = the preset's (dapo: 3).")
+    max_completions: int = doc(0, "Rollout budget: stop at the end of the step where the cumulative number of "
+                                  "sampled completions (every round, every turn) reaches this (0 = off).")
+    env: str | None = doc(None, "Environment of multi-turn presets (flow_grpo): sudoku_feedback | sudoku_retry "
+                                "(dlmrl.envs.ENVS); null = the task's default (sudoku: sudoku_feedback).")
+    max_turns: int = doc(3, "Multi-turn presets: most turns (policy responses) per episode.")
     seed: int = doc(0, "Seed for rollouts, masks and data.")
     save_steps: int = doc(25, "Checkpoint every this many steps (and at the end).")
     logging_steps: int = doc(1, "Write metrics every this many steps.")
@@ -364,12 +374,28 @@ def _check(cond: bool, key: str, msg: str) -> None:
         raise ConfigError(f"config key {key!r}: {msg}")
 
 
-def build_estimator(e: EstimatorConfig):
-    """The estimator the ``estimator`` section describes (``factory.make_estimator``; raises its ValueError)."""
+def estimator_name(cfg: Config) -> str:
+    """The training estimator's name: ``estimator.name``, else the algorithm preset's recipe estimator
+    (``AlgorithmPreset.estimator``; diffu_grpo: one_step), else ``sdmc``. An invalid algorithm setting counts
+    as having none (validation reports it)."""
+    if cfg.estimator.name is not None:
+        return cfg.estimator.name
+    try:
+        preset = build_preset(cfg)
+    except ConfigError:
+        return "sdmc"
+    return preset.estimator or "sdmc"
+
+
+def build_estimator(e: EstimatorConfig, name: str | None = None):
+    """The estimator the ``estimator`` section describes (``factory.make_estimator``; raises its ValueError).
+
+    ``name`` (e.g. :func:`estimator_name`) replaces ``e.name``; with both ``None`` it is ``sdmc``.
+    """
     from dlmrl.estimators.factory import make_estimator
 
-    return make_estimator(e.name, e.num_nodes, e.samples_per_node, e.masking, e.stratified, e.p_mask_prompt,
-                          e.t_min, e.t_max)
+    return make_estimator(name or e.name or "sdmc", e.num_nodes, e.samples_per_node, e.masking, e.stratified,
+                          e.p_mask_prompt, e.t_min, e.t_max)
 
 
 def validate(cfg: Config) -> None:
@@ -410,21 +436,22 @@ def validate(cfg: Config) -> None:
     _check(ev.temperature >= 0, "eval.temperature", "must be >= 0")
     _check(s.remasking in ("low_confidence", "random"), "sampling.remasking", "must be low_confidence or random")
     _check(s.cfg_scale >= 0, "sampling.cfg_scale", "must be >= 0")
-    _check(e.name in ESTIMATORS, "estimator.name", f"unknown estimator {e.name!r}; known: {ESTIMATORS.names()}")
-    _check(e.name != "exact", "estimator.name",
+    name = estimator_name(cfg)
+    _check(name in ESTIMATORS, "estimator.name", f"unknown estimator {name!r}; known: {ESTIMATORS.names()}")
+    _check(name != "exact", "estimator.name",
            "'exact' enumerates 2^L - 1 masks; it is for analysis (dlmrl estimators), train with 'sdmc'")
-    _check(not (e.name == "double_mc" and e.masking == "reference"), "estimator.masking",
+    _check(not (name == "double_mc" and e.masking == "reference"), "estimator.masking",
            "double_mc with 'reference' masking has infinite expectation (weight 1/t near t = 0); "
            "use exact_count or bernoulli")
-    if e.name in ESTIMATORS:
+    if name in ESTIMATORS:
         try:
-            build_estimator(e)
+            build_estimator(e, name)
         except (ValueError, TypeError) as err:
             # the estimators name their own argument first; map it to the config field
             arg = str(err).split()[0]
             fields = {"num_samples": "samples_per_node", "num_pairs": "samples_per_node", "coupled": "t_min"}
             field_name = fields.get(arg, arg if arg in {f.name for f in dataclasses.fields(e)} else "name")
-            _check(False, f"estimator.{field_name}", f"{err} (estimator {e.name!r})")
+            _check(False, f"estimator.{field_name}", f"{err} (estimator {name!r})")
     _check(isinstance(e.micro_batch, int) and not isinstance(e.micro_batch, bool) and e.micro_batch >= 0,
            "estimator.micro_batch", f"must be an integer >= 0 (0 = all canvases at once), got {e.micro_batch!r}")
     _check_algorithm(cfg)
@@ -455,6 +482,8 @@ def preset_overrides(tr: TrainConfig) -> dict:
         out["advantage"] = SCALE_REWARDS.get(tr.scale_rewards, tr.scale_rewards)
     if tr.advantage is not None:
         out["advantage"] = tr.advantage
+    if tr.dynamic_sampling_max_rounds is not None:
+        out["dynamic_sampling_max_rounds"] = tr.dynamic_sampling_max_rounds
     return out
 
 
@@ -480,11 +509,10 @@ def build_preset(cfg: Config):
             raise ConfigError(f"config key 'train.{key}': {msg}") from None
 
 
-#: why a preset's rollout-side switch cannot run yet (see dlmrl.training.trainer)
-UNSUPPORTED = {
-    "anchor_threshold": "DaGRPO's off-policy anchors (reference solutions added to failed groups)",
-    "multi_turn": "multi-turn episodes (Flow-GRPO needs an environment)",
-}
+#: why a preset's rollout-side switch cannot run yet (see dlmrl.training.trainer): part -> what it needs.
+#: Empty: the trainer runs every part (dynamic sampling, overlong punishment, adaptive temperature,
+#: DaGRPO's anchors, Flow-GRPO's multi-turn episodes).
+UNSUPPORTED: dict[str, str] = {}
 
 
 def _check_algorithm(cfg: Config) -> None:
@@ -505,6 +533,34 @@ def _check_algorithm(cfg: Config) -> None:
                f"{tr.algorithm!r} needs {what}: not yet supported by the trainer")
     _check(preset.adaptive_temperature_tau is None or kind == "ar", "train.algorithm",
            f"{tr.algorithm!r} samples with HAPO's adaptive temperature, which needs model.kind 'ar'")
+    _check(isinstance(tr.max_completions, int) and tr.max_completions >= 0, "train.max_completions",
+           "must be an integer >= 0 (0 = no rollout budget)")
+    _check_rollout_parts(cfg, preset)
+
+
+def _check_rollout_parts(cfg: Config, preset) -> None:
+    """Dynamic sampling, anchors and episodes: combinations the trainer runs, the environment, the advantage."""
+    from dlmrl.envs import ENVS, default_env
+    from dlmrl.objectives.presets import GROUP_ID_ADVANTAGES
+
+    tr, algo = cfg.train, cfg.train.algorithm
+    if preset.multi_turn:
+        _check(cfg.model.kind == "ar", "train.algorithm", f"{algo!r} plays multi-turn episodes: model.kind 'ar' only")
+        _check(not preset.dynamic_sampling and preset.anchor_threshold is None, "train.algorithm",
+               f"{algo!r}: multi-turn episodes cannot be combined with dynamic sampling or anchors")
+        env = tr.env or default_env(cfg.task.name)
+        _check(env is not None, "train.env", f"task {cfg.task.name!r} has no default environment; set train.env "
+                                             f"(known: {', '.join(ENVS.names())})")
+        _check(env in ENVS, "train.env", f"unknown environment {env!r}; known: {', '.join(ENVS.names())}")
+        tasks = getattr(ENVS.get(env), "tasks", ())
+        _check(cfg.task.name in tasks, "train.env", f"environment {env!r} serves tasks {tasks}, not {cfg.task.name!r}")
+        _check(isinstance(tr.max_turns, int) and tr.max_turns >= 1, "train.max_turns", "must be an integer >= 1")
+    else:
+        _check(tr.env is None, "train.env", f"only multi-turn presets (flow_grpo) play episodes; {algo!r} is not one")
+    if preset.multi_turn or preset.anchor_threshold is not None:
+        _check(preset.advantage in GROUP_ID_ADVANTAGES, "train.advantage",
+               f"{algo!r} makes groups that are not G consecutive rows ({'episodes' if preset.multi_turn else 'anchors'});"
+               f" its advantage must read group ids: {', '.join(GROUP_ID_ADVANTAGES)}, got {preset.advantage!r}")
 
 
 def _check_data_files(t: TaskConfig) -> int | float:

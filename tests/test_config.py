@@ -9,7 +9,9 @@ def test_default_recipe_loads_and_validates():
     load_yaml(cfg, default_config_path())
     validate(cfg)
     assert cfg.model.name_or_path == "tiny-sudoku"
-    assert cfg.estimator.name == "sdmc"
+    from dlmrl.config import estimator_name
+
+    assert cfg.estimator.name is None and estimator_name(cfg) == "sdmc"  # null: gdpo's recipe estimator
 
 
 def test_recipe_in_configs_is_the_packaged_one():

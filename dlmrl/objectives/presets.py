@@ -24,6 +24,9 @@ from dlmrl.objectives.objective import GroupObjective
 from dlmrl.registry import Registry
 
 POLICIES = ("ar", "diffusion")
+#: advantage estimators that read groups by id (any sizes, any order), as DaGRPO's anchors (groups of G + 1)
+#: and Flow-GRPO's episodes (one row per turn) need; the others take consecutive groups of G rows
+GROUP_ID_ADVANTAGES = ("dagrpo", "flow_grpo")
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,11 @@ class AlgorithmPreset:
         policies: the policy kinds it runs on: ``"ar"`` and/or ``"diffusion"`` (token-level parts run
             on a diffusion policy through the estimators' per-token ELBO contributions).
         estimator: the diffusion likelihood estimator of the paper's recipe (``None``: any).
-        dynamic_sampling: drop groups whose rewards are all equal and sample more (DAPO).
+        dynamic_sampling: drop groups whose rewards are all equal and sample new prompts until the batch
+            has ``prompts_per_step`` informative groups (DAPO).
+        dynamic_sampling_max_rounds: most *extra* rollout rounds of dynamic sampling per step (each
+            round samples ``prompts_per_step`` new prompts; verl's ``max_num_gen_batches`` minus one);
+            still short after them, the step trains on what it collected. 0 = drop only.
         overlong_cache_fraction: soft overlong punishment with ``L_cache = fraction · L_max``
             (``None`` = off; DAPO: 4096 / 20480 = 0.2).
         adaptive_temperature_tau: HAPO's ``τ`` for the AR sampler's adaptive temperature (``None`` = off).
@@ -55,6 +62,7 @@ class AlgorithmPreset:
     policies: tuple[str, ...] = POLICIES
     estimator: str | None = None
     dynamic_sampling: bool = False
+    dynamic_sampling_max_rounds: int = 3
     overlong_cache_fraction: float | None = None
     adaptive_temperature_tau: float | None = None
     anchor_threshold: float | None = None
@@ -68,6 +76,9 @@ class AlgorithmPreset:
         frac = self.overlong_cache_fraction
         if frac is not None and not 0 < frac <= 1:
             raise ValueError(f"overlong_cache_fraction must be in (0, 1], got {frac}")
+        rounds = self.dynamic_sampling_max_rounds
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
+            raise ValueError(f"dynamic_sampling_max_rounds must be an integer >= 0, got {rounds!r}")
         tau = self.adaptive_temperature_tau
         if tau is not None and not 0 <= tau < 1:
             raise ValueError(f"adaptive_temperature_tau must be in [0, 1), got {tau}")
@@ -158,10 +169,12 @@ def dr_grpo() -> AlgorithmPreset:
 @ALGORITHMS.register("dapo")
 def dapo() -> AlgorithmPreset:
     """DAPO (arXiv 2503.14476): clip-higher ε 0.2/0.28, token-level ``dapo`` loss, no KL, group
-    advantages, dynamic sampling, soft overlong punishment.
+    advantages, dynamic sampling (resampling new prompts, at most 3 extra rounds per step), soft overlong
+    punishment.
 
     **(dlmrl interpretation)**: ``L_cache`` is expressed as a fraction of ``L_max`` (0.2, the paper's
-    4096 of 20480) so the preset fits any generation budget. Runs on AR and diffusion policies (on a
+    4096 of 20480) so the preset fits any generation budget; the bound of 3 extra rounds is ours (the
+    paper gives none; verl's recipe bounds them by ``max_num_gen_batches``). Runs on AR and diffusion policies (on a
     fixed diffusion canvas the overlong length is the answer's length up to EOS).
     """
     return AlgorithmPreset("dapo", GroupObjective(epsilon=0.2, epsilon_high=0.28, loss_type="dapo"), "group",
@@ -304,7 +317,9 @@ def dagrpo() -> AlgorithmPreset:
     anchors (ratio ``π/sg[π]``, loss weight 0.1) for groups with no reward above 0.
 
     **(dlmrl interpretation)** throughout (abstract only), including GRPO's other parts: token ratio,
-    ε 0.2, ``grpo`` loss, no KL, and the anchor threshold 0. AR and diffusion.
+    ε 0.2, ``grpo`` loss, no KL, and the anchor threshold 0. AR and diffusion: the trainer adds the example's
+    reference solution (:func:`dlmrl.training.rollout.add_anchors`; Sudoku: the solution grid) to each group
+    whose task rewards are all ``<= 0``, and passes the token 3-gram Jaccard similarities to the advantage.
     """
     return AlgorithmPreset("dagrpo", GroupObjective(epsilon=0.2, anchor_weight=0.1), "dagrpo",
                            {"tau": 0.1, "lam": 0.5}, anchor_threshold=0.0, reference="2512.06337")
@@ -314,7 +329,9 @@ def dagrpo() -> AlgorithmPreset:
 def flow_grpo() -> AlgorithmPreset:
     """Flow-GRPO (AgentFlow, arXiv 2510.05592): every turn of a multi-turn episode is a sample carrying
     the trajectory's z-scored final reward (``turn_weighted`` pools turns, as the authors' code); token
-    ratio, ε 0.2/0.3, k3 KL β 0.001, ``dapo`` loss. AR only (needs the multi-turn environment)."""
+    ratio, ε 0.2/0.3, k3 KL β 0.001, ``dapo`` loss. AR only: the trainer plays ``num_generations`` episodes
+    per prompt in ``train.env`` (:mod:`dlmrl.envs`; Sudoku: ``sudoku_feedback``) of at most ``train.max_turns``
+    turns (:func:`dlmrl.training.episodes.rollout_episodes`)."""
     objective = GroupObjective(epsilon=0.2, epsilon_high=0.3, beta=0.001, loss_type="dapo")
     return AlgorithmPreset("flow_grpo", objective, "flow_grpo", policies=("ar",), multi_turn=True,
                            reference="2510.05592")

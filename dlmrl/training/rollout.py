@@ -11,7 +11,8 @@ Both return per-token tensors ``(B, L)`` over the completion, so one :class:`Gro
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -23,13 +24,23 @@ from dlmrl.models.sampler import generate
 
 @dataclass
 class Rollout:
-    """A rollout batch of ``B = prompts · G`` rows (groups of G consecutive rows).
+    """A rollout batch of ``B`` rows: by default ``prompts · G`` rows in groups of G consecutive rows.
 
     Attributes:
         examples: the task examples, one per row.
         prompt_ids, prompt_mask: ``(B, P)`` long / bool, left-padded.
         completion, completion_mask: ``(B, L)`` long / bool, the scored completion tokens.
-        nfe: forward passes per sequence spent sampling.
+        nfe: forward passes per sequence spent sampling (summed over every sampling call that made
+            the batch: DAPO's extra rounds, the turns of an episode).
+        group_ids: ``(B,)`` long prompt-group id of each row; ``None`` = consecutive groups of G
+            (:meth:`groups`). Set when groups are not consecutive G rows (DaGRPO anchors, episodes).
+        trajectory_ids: ``(B,)`` long trajectory id of each row (Flow-GRPO: the turns of one episode
+            share it); ``None`` = every row its own trajectory.
+        anchor: ``(B,)`` bool, off-policy anchor rows (DaGRPO); ``None`` = none.
+        rewards: ``(B,)`` float32 task rewards (episodes: the trajectory's final reward on each turn).
+        train_rewards: ``(B,)`` float32 rewards the advantages see (task reward plus shaping).
+        passes: sequence forward passes spent sampling (each sampling call's rows × its NFE, summed);
+            ``None`` = ``B · nfe`` (one call that sampled every row). See :meth:`sampling_passes`.
     """
 
     examples: list
@@ -38,11 +49,95 @@ class Rollout:
     completion: torch.Tensor
     completion_mask: torch.Tensor
     nfe: int
+    group_ids: torch.Tensor | None = None
+    trajectory_ids: torch.Tensor | None = None
+    anchor: torch.Tensor | None = None
+    rewards: torch.Tensor | None = None
+    train_rewards: torch.Tensor | None = None
+    passes: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.completion)
 
     def rows(self, index: torch.Tensor) -> Rollout:
-        """The rows ``index`` (tensors only; ``examples`` keeps every row)."""
-        return Rollout(self.examples, self.prompt_ids[index], self.prompt_mask[index], self.completion[index],
-                       self.completion_mask[index], self.nfe)
+        """The rows ``index`` (a ``(K,)`` long tensor), every per-row field included."""
+        idx = index.tolist()
+
+        def pick(t):
+            return None if t is None else t[index]
+
+        return Rollout([self.examples[i] for i in idx], self.prompt_ids[index], self.prompt_mask[index],
+                       self.completion[index], self.completion_mask[index], self.nfe, pick(self.group_ids),
+                       pick(self.trajectory_ids), pick(self.anchor), pick(self.rewards), pick(self.train_rewards))
+
+    def sampling_passes(self) -> int:
+        """Sequence forward passes spent sampling: ``passes``, else ``B · nfe``."""
+        return self.passes if self.passes is not None else len(self) * self.nfe
+
+    def groups(self, num_generations: int) -> torch.Tensor:
+        """``(B,)`` long group ids: ``group_ids``, else ``arange(B) // G``."""
+        if self.group_ids is not None:
+            return self.group_ids
+        return torch.arange(len(self), device=self.completion.device) // num_generations
+
+    def trajectories(self) -> torch.Tensor:
+        """``(B,)`` long trajectory ids: ``trajectory_ids``, else ``arange(B)`` (one row, one trajectory)."""
+        if self.trajectory_ids is not None:
+            return self.trajectory_ids
+        return torch.arange(len(self), device=self.completion.device)
+
+    def anchors(self) -> torch.Tensor:
+        """``(B,)`` bool anchor flags (all False when ``anchor`` is ``None``)."""
+        if self.anchor is not None:
+            return self.anchor
+        return torch.zeros(len(self), dtype=torch.bool, device=self.completion.device)
+
+    @staticmethod
+    def cat(parts: Sequence[Rollout], num_generations: int, pad_id: int) -> Rollout:
+        """The rows of ``parts`` one after another.
+
+        Prompts are left-padded (``pad_id``, mask False) to the longest; completions must have the same
+        width. Group and trajectory ids are renumbered so rows of different parts never share one; NFE
+        and sampling passes add up; ``anchor`` / ``rewards`` / ``train_rewards`` must be set on every part or on none
+        (``anchor``: a missing one means no anchors).
+
+        Raises:
+            ValueError: on no parts, different completion widths, or rewards set on some parts only.
+        """
+        if not parts:
+            raise ValueError("Rollout.cat needs at least one part")
+        if len({p.completion.shape[1] for p in parts}) > 1:
+            raise ValueError(f"completion widths differ: {[p.completion.shape[1] for p in parts]}")
+        width = max(p.prompt_ids.shape[1] for p in parts)
+
+        def left_pad(t, value):
+            return torch.cat([t.new_full((len(t), width - t.shape[1]), value), t], dim=1)
+
+        def ids(get):
+            out, offset = [], 0
+            for p in parts:
+                i = get(p)
+                out.append(i + offset)
+                offset += int(i.max()) + 1 if len(i) else 0
+            return torch.cat(out)
+
+        def optional(name):
+            have = [getattr(p, name) is not None for p in parts]
+            if any(have) and not all(have):
+                raise ValueError(f"Rollout.cat: {name} is set on some parts only")
+            return torch.cat([getattr(p, name) for p in parts]) if all(have) else None
+
+        return Rollout(
+            [e for p in parts for e in p.examples],
+            torch.cat([left_pad(p.prompt_ids, pad_id) for p in parts]),
+            torch.cat([left_pad(p.prompt_mask, False) for p in parts]),
+            torch.cat([p.completion for p in parts]), torch.cat([p.completion_mask for p in parts]),
+            sum(p.nfe for p in parts),
+            ids(lambda p: p.groups(num_generations)),
+            ids(lambda p: p.trajectories()) if any(p.trajectory_ids is not None for p in parts) else None,
+            torch.cat([p.anchors() for p in parts]) if any(p.anchor is not None for p in parts) else None,
+            optional("rewards"), optional("train_rewards"), sum(p.sampling_passes() for p in parts),
+        )
 
 
 def rollout_diffusion(policy, task, cfg, examples: list, generator: torch.Generator) -> Rollout:
@@ -137,3 +232,204 @@ class ARScorer:
         loss, metrics = loss_fn(logp)
         backward(loss)
         return loss.detach(), metrics
+
+
+# -- DAPO dynamic sampling ---------------------------------------------------------------------
+
+#: seed stride of DAPO's extra rounds: round r of a step draws ``task.train_batch(n, seed + r·stride, step)``
+ROUND_SEED_STRIDE = 1_000_003
+
+
+def example_key(example) -> str:
+    """A key that tells examples apart (their ``repr``; dataclass examples print every field)."""
+    return repr(example)
+
+
+def fresh_prompts(task, n: int, seed: int, step: int, round_index: int, seen: set[str]) -> list:
+    """Up to ``n`` training examples for extra round ``round_index`` (>= 1) of ``step``, none drawn before.
+
+    The batch is ``task.train_batch(n, seed + round_index · ROUND_SEED_STRIDE, step)`` (a stream no main
+    batch of the run uses, so the draw is a deterministic function of (seed, step, round)); examples whose
+    key is in ``seen`` are left out, and the kept ones are added to ``seen`` (so a round may bring fewer
+    than ``n``, possibly none).
+    """
+    out = []
+    for e in task.train_batch(n, seed + round_index * ROUND_SEED_STRIDE, step):
+        key = example_key(e)
+        if key not in seen:
+            seen.add(key)
+            out.append(e)
+    return out
+
+
+@dataclass
+class SamplingStats:
+    """What sampling one step's batch cost and found.
+
+    Attributes:
+        rounds: rollout rounds (1 + DAPO's extra rounds).
+        completions: sequences sampled over every round (episodes: every turn's response).
+        groups_dropped: groups left out because their rewards were all equal (DAPO).
+        nfe: forward passes per sequence spent sampling, summed over the rounds.
+        passes: sequence forward passes spent sampling (rows × NFE of every sampling call, summed; what
+            the sampling cost in forward passes over one sequence, unlike ``completions · nfe``).
+        rewards: ``(N,)`` float32 task rewards of every sampled completion of every round (episodes:
+            one final reward per trajectory), for logging.
+    """
+
+    rounds: int
+    completions: int
+    groups_dropped: int
+    nfe: int
+    passes: int
+    rewards: torch.Tensor
+
+
+def fill_informative_groups(first: Rollout, sample_more: Callable[[int], Rollout | None], num_groups: int,
+                            num_generations: int, max_extra_rounds: int, pad_id: int) -> tuple[Rollout, SamplingStats]:
+    """DAPO's dynamic sampling: keep only groups whose rewards differ, sampling new prompts until there are
+    ``num_groups`` of them or ``max_extra_rounds`` extra rounds are spent.
+
+    Each round's groups are kept in order while fewer than ``num_groups`` are kept (informative groups past
+    that are surplus and left out, as verl's DAPO recipe truncates); a short batch after the last round is
+    returned as it is (the caller logs it). The filter reads ``train_rewards`` (what the advantages see:
+    a group of equal rewards has zero advantage; :func:`dlmrl.objectives.shaping.dynamic_sampling_keep`).
+
+    Args:
+        first: round 0, ``prompts · G`` rows in consecutive groups of G with ``rewards`` and
+            ``train_rewards`` set.
+        sample_more: ``round -> Rollout`` like ``first`` for new prompts (rounds 1, 2, ...), or ``None``
+            when no new prompt could be drawn (the round still counts).
+        num_groups: informative groups wanted (``prompts_per_step``). num_generations: G.
+        max_extra_rounds: most extra rounds (0 = drop only).
+        pad_id: prompt padding id when rounds' prompts differ in length.
+    Returns:
+        The kept rows (at most ``num_groups · G``, consecutive groups of G, ``nfe`` summed over the
+        rounds) and the :class:`SamplingStats`.
+
+    Reference: DAPO arXiv 2503.14476 §3.2 (dynamic sampling; verl's ``max_num_gen_batches`` bound).
+    """
+    from dlmrl.objectives.shaping import dynamic_sampling_keep
+
+    G = num_generations
+    parts, rewards = [], []
+    kept = dropped = completions = nfe = passes = 0
+    ro, rounds = first, 1
+    while True:
+        if ro is not None and len(ro):
+            completions, nfe, passes = completions + len(ro), nfe + ro.nfe, passes + ro.sampling_passes()
+            rewards.append(ro.rewards)
+            keep = dynamic_sampling_keep(ro.train_rewards, G)  # (prompts,)
+            dropped += int((~keep).sum())
+            take = torch.nonzero(keep).squeeze(-1)[: num_groups - kept]
+            if len(take):
+                parts.append(ro.rows((take[:, None] * G + torch.arange(G)).flatten()))
+                kept += len(take)
+        if kept >= num_groups or rounds > max_extra_rounds:
+            break
+        ro, rounds = sample_more(rounds), rounds + 1
+    out = Rollout.cat(parts, G, pad_id) if parts else first.rows(torch.zeros(0, dtype=torch.long))
+    out.nfe, out.passes = nfe, passes
+    stats = SamplingStats(rounds, completions, dropped, nfe, passes, torch.cat(rewards) if rewards else torch.zeros(0))
+    return out, stats
+
+
+# -- DaGRPO off-policy anchors -----------------------------------------------------------------
+
+
+def reference_solution(task, example) -> str | None:
+    """The example's reference answer text: ``task.reference_solution(example)`` when the task has it,
+    else ``task.sft_answer(example)`` (Sudoku: the solution grid), else ``None``."""
+    for name in ("reference_solution", "sft_answer"):
+        fn = getattr(task, name, None)
+        if fn is not None:
+            return fn(example)
+    return None
+
+
+def add_anchors(ro: Rollout, task, anchor_threshold: float, num_generations: int, kind: str,
+                eos_token_id: int | None, pad_id: int,
+                shape: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> tuple[Rollout, int]:
+    """DaGRPO's off-policy anchors: each group with no task reward above ``anchor_threshold`` gets the
+    example's reference solution as one extra row (``anchor`` True, same group id, same prompt).
+
+    The anchor completion is the reference text tokenized as the policy writes it: ``ar``: its tokens then
+    EOS, padded with ``pad_id`` to the rollout's width (mask up to and including EOS); ``diffusion``: the
+    solution laid on the canvas from its first position (a shorter text followed by EOS, as the sampler
+    fills a canvas after the answer), taken at the row's completion positions and the rollout's canvas kept
+    elsewhere (Sudoku infill: the 16 cells, givens unchanged), mask = the row's completion mask. Its reward is the task's reward of that
+    completion (``shape(rewards, lengths)`` gives its ``train_rewards``). Groups whose example has no
+    reference (:func:`reference_solution` ``None``) get none; a reference longer than the completion
+    (AR: with EOS) is left out with a warning.
+
+    Args:
+        ro: the rollout with ``rewards`` and ``train_rewards``. anchor_threshold: the cut (DaGRPO: 0).
+        num_generations: G (groups when ``ro.group_ids`` is None). kind: ``"ar"`` | ``"diffusion"``.
+        eos_token_id: appended to AR anchors, fills a diffusion canvas after a short reference (``None``:
+            nothing appended; ``pad_id`` fills). pad_id: AR padding.
+        shape: ``(rewards (K,), lengths (K,)) -> (K,)`` training rewards of the anchors.
+    Returns:
+        The rollout with the anchor rows appended (``group_ids``, ``trajectory_ids`` and ``anchor`` set)
+        and the number of anchors added.
+    Warns:
+        UserWarning: references too long for the completion (left out).
+
+    Reference: DaGRPO arXiv 2512.06337 (off-policy data augmentation), **(dlmrl interpretation)**.
+    """
+    from dlmrl.objectives.pairwise import groups_needing_anchor
+
+    groups = ro.groups(num_generations)
+    need = groups_needing_anchor(ro.rewards, groups, anchor_threshold)  # (B,)
+    firsts, seen = [], set()
+    for i, (g, n) in enumerate(zip(groups.tolist(), need.tolist())):
+        if n and g not in seen:
+            seen.add(g)
+            firsts.append(i)
+    L = ro.completion.shape[1]
+    rows, comps, masks, too_long = [], [], [], 0
+    fill = eos_token_id if eos_token_id is not None else pad_id
+    for i in firsts:
+        text = reference_solution(task, ro.examples[i])
+        if text is None:
+            continue
+        ids = task.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if kind == "ar":
+            ids = ids + ([eos_token_id] if eos_token_id is not None else [])
+            if len(ids) > L:
+                too_long += 1
+                continue
+            comp = torch.full((L,), pad_id, dtype=ro.completion.dtype)
+            comp[: len(ids)] = torch.tensor(ids)
+            mask = torch.arange(L) < len(ids)
+        else:
+            if len(ids) > L:
+                too_long += 1
+                continue
+            mask = ro.completion_mask[i].cpu()
+            canvas = torch.tensor(ids + [fill] * (L - len(ids)), dtype=ro.completion.dtype)  # (L,)
+            comp = torch.where(mask, canvas, ro.completion[i].cpu())
+        rows.append(i)
+        comps.append(comp)
+        masks.append(mask)
+    if too_long:
+        warnings.warn(f"DaGRPO anchors: {too_long} reference solution(s) longer than the {L}-token completion "
+                      "left out", UserWarning, stacklevel=2)
+    if not rows:
+        return ro, 0
+    dev = ro.completion.device
+    index = torch.tensor(rows, device=dev)
+    comp, mask = torch.stack(comps).to(dev), torch.stack(masks).to(dev)  # (K, L)
+    examples = [ro.examples[i] for i in rows]
+    rewards = torch.tensor(task.rewards(examples, task.decode(comp)), dtype=torch.float32)
+    train = shape(rewards, mask.sum(-1).cpu()).float()
+    trajs = ro.trajectories()
+    K = len(rows)
+    out = Rollout(
+        ro.examples + examples, torch.cat([ro.prompt_ids, ro.prompt_ids[index]]),
+        torch.cat([ro.prompt_mask, ro.prompt_mask[index]]), torch.cat([ro.completion, comp]),
+        torch.cat([ro.completion_mask, mask]), ro.nfe, torch.cat([groups, groups[index]]),
+        torch.cat([trajs, int(trajs.max()) + 1 + torch.arange(K, device=trajs.device)]),
+        torch.cat([ro.anchors(), torch.ones(K, dtype=torch.bool, device=dev)]),
+        torch.cat([ro.rewards, rewards.to(ro.rewards)]), torch.cat([ro.train_rewards, train.to(ro.train_rewards)]),
+        ro.sampling_passes())
+    return out, K

@@ -7,6 +7,13 @@ estimator turns rewards into advantages. ``model.kind`` picks the policy: ``diff
 sampler, per-token ELBO contributions on MaskPlans) or ``ar`` (``generate``, exact token log-probs); see
 :mod:`dlmrl.training.rollout`. The default (``gdpo`` on the tiny diffusion model) is GDPO.
 
+The presets' rollout-side parts run here too: DAPO's dynamic sampling resamples new prompts until the batch
+holds ``prompts_per_step`` groups whose rewards differ (bounded extra rounds), DaGRPO adds the reference
+solution as an off-policy anchor row to each failed group, Flow-GRPO plays multi-turn episodes in an
+environment (:mod:`dlmrl.envs`, :mod:`dlmrl.training.episodes`) with one training row per turn. Rows therefore
+carry their own group (and trajectory) ids. ``train.max_completions`` ends a run once that many completions
+have been sampled (an equal rollout budget across algorithms).
+
 Every random draw of step ``s`` comes from a generator seeded with ``(seed, s)``, so a run resumed
 from a checkpoint takes exactly the same steps as an uninterrupted one.
 Reference: GDPO, arXiv 2510.08554 (Algorithm 1).
@@ -30,37 +37,66 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from dlmrl.config import Config, ConfigError, build_preset, load_yaml, save_yaml, to_dict, validate
+from dlmrl.config import (
+    Config,
+    ConfigError,
+    build_preset,
+    estimator_name,
+    load_yaml,
+    save_yaml,
+    to_dict,
+    validate,
+)
 from dlmrl.config import build_estimator as estimator_from_config
+from dlmrl.envs import default_env, make_env
 from dlmrl.models.ar import EntropyStats, HapoTemperature, hapo_entropy_stats
 from dlmrl.models.loading import load_policy
 from dlmrl.objectives.advantage_registry import AdvantageInputs
 from dlmrl.objectives.objective import GroupObjective
+from dlmrl.objectives.pairwise import ngram_jaccard
 from dlmrl.objectives.segments import delimiter_token_ids, sentence_segments
-from dlmrl.objectives.shaping import dynamic_sampling_keep, soft_overlong_punishment
+from dlmrl.objectives.shaping import soft_overlong_punishment
 from dlmrl.training.checkpoint import atomic_dir, latest_checkpoint, write_json_atomic
+from dlmrl.training.episodes import rollout_episodes, trajectory_rewards
 from dlmrl.training.evaluation import evaluate
 from dlmrl.training.logging import MetricsWriter, plot_curves
-from dlmrl.training.rollout import ARScorer, DiffusionScorer, rollout_ar, rollout_diffusion
+from dlmrl.training.rollout import (
+    ARScorer,
+    DiffusionScorer,
+    Rollout,
+    SamplingStats,
+    add_anchors,
+    example_key,
+    fill_informative_groups,
+    fresh_prompts,
+    rollout_ar,
+    rollout_diffusion,
+)
 
 
 @dataclass
 class RunState:
-    """What a checkpoint needs beyond model/optimizer/scheduler: the next step and eval-before."""
+    """What a checkpoint needs beyond model/optimizer/scheduler: the next step, eval-before, the cumulative
+    rollout counts (``completions_total``, ``nfe_sampling_total``) and HAPO's previous-step statistics."""
 
     step: int = 0
     eval_before: dict | None = None
     train_seconds: float = 0.0
     hapo_stats: dict | None = None  # HAPO: the previous step's entropy statistics (adaptive temperature)
+    completions_total: int = 0  # sampled completions so far (every round, every turn; not anchors)
+    nfe_sampling_total: int = 0  # the steps' nfe_sampling summed
 
     def state_dict(self) -> dict:
         return {"step": self.step, "eval_before": self.eval_before, "train_seconds": self.train_seconds,
-                "hapo_stats": self.hapo_stats}
+                "hapo_stats": self.hapo_stats, "completions_total": self.completions_total,
+                "nfe_sampling_total": self.nfe_sampling_total}
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.eval_before = state["step"], state["eval_before"]
         self.train_seconds = state.get("train_seconds", 0.0)
         self.hapo_stats = state.get("hapo_stats")
+        self.completions_total = state.get("completions_total", 0)
+        self.nfe_sampling_total = state.get("nfe_sampling_total", 0)
 
 
 def check_same_config(cfg: Config, saved_path: Path) -> None:
@@ -101,8 +137,9 @@ def build_task(cfg: Config, policy):
 
 
 def build_estimator(cfg: Config):
-    """The training estimator of the config's ``estimator`` section."""
-    return estimator_from_config(cfg.estimator)
+    """The training estimator of the config's ``estimator`` section (``estimator.name`` null: the algorithm
+    preset's recipe estimator, else sdmc; see :func:`dlmrl.config.estimator_name`)."""
+    return estimator_from_config(cfg.estimator, estimator_name(cfg))
 
 
 def group_loss_fn(objective: GroupObjective, old: torch.Tensor | None, advantages: torch.Tensor,
@@ -139,6 +176,53 @@ def shaped_rewards(preset, rewards: torch.Tensor, lengths: torch.Tensor, max_len
         return rewards
     cache = max(1, round(preset.overlong_cache_fraction * max_length))
     return rewards + soft_overlong_punishment(lengths, max_length, cache)
+
+
+def sample_groups(policy, task, cfg: Config, preset, examples: list, generator: torch.Generator, max_length: int,
+                  temperature_fn=None, env: str | None = None) -> Rollout:
+    """Step 1 for one batch of prompts: G completions per prompt (``env``: G episodes per prompt, one row per
+    turn, :func:`dlmrl.training.episodes.rollout_episodes`) with ``rewards`` (task) and ``train_rewards``
+    (plus DAPO's soft overlong punishment when the preset has it; episodes: the trajectory's final reward)."""
+    G = cfg.train.num_generations
+    if env is not None:
+        return rollout_episodes(policy, task, lambda: make_env(env, task, cfg.train.max_turns), examples, G,
+                                generator, max_length, cfg.sampling.temperature, temperature_fn)
+    if cfg.model.kind == "ar":
+        ro = rollout_ar(policy, task, cfg, examples, generator, max_new_tokens=max_length,
+                        temperature_fn=temperature_fn)
+    else:
+        ro = rollout_diffusion(policy, task, cfg, examples, generator)
+    ro.rewards = torch.tensor(task.rewards(ro.examples, task.decode(ro.completion)), dtype=torch.float32)  # (B,)
+    ro.train_rewards = shaped_rewards(preset, ro.rewards, ro.completion_mask.sum(-1).cpu(), max_length)
+    return ro
+
+
+def sample_step(policy, task, cfg: Config, preset, step: int, generator: torch.Generator, max_length: int,
+                temperature_fn=None, env: str | None = None, pad_id: int = 0) -> tuple[Rollout, SamplingStats]:
+    """Step 1 of the loop: the step's prompts (``task.train_batch(prompts_per_step, seed, step)``) sampled with
+    :func:`sample_groups`; with the preset's dynamic sampling (DAPO), groups of equal rewards are dropped and
+    new prompts (:func:`~dlmrl.training.rollout.fresh_prompts`, none drawn before in the step) sampled, at
+    most ``dynamic_sampling_max_rounds`` extra rounds (:func:`~dlmrl.training.rollout.fill_informative_groups`).
+
+    Returns:
+        The batch to train on and what sampling it cost (:class:`~dlmrl.training.rollout.SamplingStats`).
+    """
+    tr = cfg.train
+    examples = task.train_batch(tr.prompts_per_step, tr.seed, step)
+
+    def sample(batch: list) -> Rollout | None:
+        if not batch:
+            return None
+        return sample_groups(policy, task, cfg, preset, batch, generator, max_length, temperature_fn, env)
+
+    ro = sample(examples)
+    if not preset.dynamic_sampling:
+        return ro, SamplingStats(1, len(ro), 0, ro.nfe, ro.sampling_passes(),
+                                 trajectory_rewards(ro) if env else ro.rewards)
+    seen = {example_key(e) for e in examples}
+    return fill_informative_groups(
+        ro, lambda r: sample(fresh_prompts(task, tr.prompts_per_step, tr.seed, step, r, seen)),
+        tr.prompts_per_step, tr.num_generations, preset.dynamic_sampling_max_rounds, pad_id)
 
 
 def load_configured_policy(cfg: Config):
@@ -243,52 +327,63 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
         # (dlmrl interpretation) DAPO's cache sits past the answer: L_max = (L + 1) / (1 − fraction), so a
         # complete answer is never punished and only tokens beyond it are
         max_length = math.ceil(max_length / (1 - preset.overlong_cache_fraction))
+    pad_id = policy.tokenizer.pad_token_id if policy.tokenizer.pad_token_id is not None else 0
+    env = (tr.env or default_env(cfg.task.name)) if preset.multi_turn else None
+
+    def budget_spent() -> bool:
+        return bool(tr.max_completions) and state.completions_total >= tr.max_completions
+
     try:
-        while state.step < tr.max_steps and not stop["now"]:
+        while state.step < tr.max_steps and not stop["now"] and not budget_spent():
             t0 = time.time()
             gen = step_generator(tr.seed, state.step)
-            # 1. rollout: G completions per prompt
-            examples = task.train_batch(tr.prompts_per_step, tr.seed, state.step)
+            # 1. rollout and rewards: G completions per prompt (flow_grpo: G episodes, one row per turn; DAPO:
+            #    only groups whose rewards differ, with new prompts sampled until there are enough)
             policy.model.eval()
-            if is_ar:  # (HAPO: temperature T·(1 + τ·ĥ_t), ĥ normalised by the previous step's statistics)
-                tau = preset.adaptive_temperature_tau
+            temperature_fn = None
+            if is_ar and preset.adaptive_temperature_tau is not None:
+                # HAPO: temperature T·(1 + τ·ĥ_t), ĥ normalised by the previous step's statistics
                 stats = EntropyStats(**state.hapo_stats) if state.hapo_stats else None
-                ro = rollout_ar(policy, task, cfg, examples, gen, max_new_tokens=max_length,
-                                temperature_fn=HapoTemperature(stats, tau) if tau is not None else None)
-            else:
-                ro = rollout_diffusion(policy, task, cfg, examples, gen)
+                temperature_fn = HapoTemperature(stats, preset.adaptive_temperature_tau)
+
+            ro, sampled = sample_step(policy, task, cfg, preset, state.step, gen, max_length, temperature_fn, env,
+                                      pad_id)
             t1 = time.time()
-            # 2. rewards (plus DAPO's soft overlong punishment when the preset has it)
-            rewards = torch.tensor(task.rewards(ro.examples, task.decode(ro.completion)), dtype=torch.float32)
-            lengths = ro.completion_mask.sum(-1)  # (B,)
-            train_rewards = shaped_rewards(preset, rewards, lengths, max_length)
-            # 3. advantages; the rows to score (DAPO: only groups whose rewards differ; A = 0 rows when that
-            #    cannot change the loss). Entropy-based advantages wait for the old scores (step 4).
-            keep = torch.ones(len(rewards), dtype=torch.bool)
-            if preset.dynamic_sampling:  # (drop and log; no resampling of new prompts yet)
-                keep = dynamic_sampling_keep(train_rewards, G).repeat_interleave(G)
-            groups_dropped = int((~keep).sum()) // G
+            # 2. DaGRPO: each group with no reward above the threshold gets its reference solution as an anchor
+            anchors = 0
+            if preset.anchor_threshold is not None and len(ro):
+                ro, anchors = add_anchors(ro, task, preset.anchor_threshold, G, cfg.model.kind,
+                                          getattr(policy, "eos_token_id", None), pad_id,
+                                          lambda r, n: shaped_rewards(preset, r, n, max_length))
+            group_ids = ro.groups(G)  # (B,) groups need not be G consecutive rows (anchors, episodes)
+            # 3. advantages; the rows to score (A = 0 rows when that cannot change the loss). Entropy-based
+            #    advantages wait for the old scores (step 4).
+            adv_inputs = {"mask": ro.completion_mask, "group_ids": group_ids, "trajectory_ids": ro.trajectories()}
+            if preset.advantage == "dagrpo":  # distinctiveness: token 3-gram Jaccard within each group
+                adv_inputs["similarity"] = ngram_jaccard(ro.completion, ro.completion_mask, group_ids)
+            keep = torch.ones(len(ro), dtype=torch.bool)
             adv = None
-            if "entropy" not in needs:
-                adv = preset.advantages(AdvantageInputs(train_rewards, G, mask=ro.completion_mask))
+            if "entropy" not in needs and len(ro):
+                adv = preset.advantages(AdvantageInputs(ro.train_rewards, G, **adv_inputs))
                 if can_skip_zero_rows(objective, adv):
-                    keep = keep & (adv != 0)
+                    keep = adv != 0
             rows = torch.nonzero(keep).squeeze(-1)
-            row_weight = len(rows) / len(rewards) if objective.loss_type != "dapo" else 1.0
+            row_weight = len(rows) / max(len(ro), 1) if objective.loss_type != "dapo" else 1.0
             sub = ro.rows(rows)
             # 4. old (and reference) scores, once per rollout batch (diffusion: on the μ MaskPlans)
             old = (scorer.prepare(sub, tr.num_iterations, gen, entropy="entropy" in needs) if len(rows)
                    else None)  # (no row to score: this batch carries no signal)
             if preset.adaptive_temperature_tau is not None and old is not None:
                 state.hapo_stats = dataclasses.asdict(hapo_entropy_stats(old.entropy, sub.completion_mask))
-            if adv is None:
-                adv = preset.advantages(AdvantageInputs(train_rewards[rows], G, mask=sub.completion_mask,
-                                                        entropy=old.entropy if old is not None else None))
-                adv_rows = adv
+            if adv is None:  # (here every row is kept: sub is ro)
+                adv_rows = (preset.advantages(AdvantageInputs(ro.train_rewards, G, entropy=old.entropy, **adv_inputs))
+                            if old is not None else None)
             else:
                 adv_rows = adv[rows]
-            inputs = {"entropy": old.entropy if old is not None else None, "group_ids": rows // G,
+            inputs = {"entropy": old.entropy if old is not None else None, "group_ids": group_ids[rows],
                       "num_tokens": sub.completion_mask.sum().clamp(min=1).float()}
+            if sub.anchor is not None:
+                inputs["anchor"] = sub.anchor  # ratio π/sg[π], loss weight anchor_weight
             if delimiters is not None:
                 inputs["segment_ids"] = sentence_segments(torch.isin(sub.completion, delimiters), sub.completion_mask)
             t2 = time.time()
@@ -315,14 +410,24 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
                 logs.append({**m, "loss": loss.item()})
             # 6. log
             state.step += 1
+            state.completions_total += sampled.completions
+            state.nfe_sampling_total += sampled.nfe
             elapsed = time.time() - t0
             state.train_seconds += elapsed
+            rewards = sampled.rewards  # the policy's own samples: every round (episodes: per trajectory)
             record = {"step": state.step, "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
                       "solve_rate": (rewards == 1).float().mean().item(), "rows_scored": len(rows),
-                      "groups_dropped": groups_dropped,
-                      "lr": lr_used, "nfe_sampling": ro.nfe, "nfe_scoring": scorer.nfe,
+                      "groups_dropped": sampled.groups_dropped, "rollout_rounds": sampled.rounds,
+                      "completions_sampled": sampled.completions, "completions_total": state.completions_total,
+                      "lr": lr_used, "nfe_sampling": sampled.nfe, "nfe_sampling_total": state.nfe_sampling_total,
+                      "sampling_passes": sampled.passes,
+                      "nfe_scoring": scorer.nfe,
                       "seconds_rollout": t1 - t0, "seconds_scoring_old": t2 - t1, "seconds_update": time.time() - t2,
                       "seconds_step": elapsed}
+            if preset.anchor_threshold is not None:
+                record["anchors"] = anchors
+            if env is not None:
+                record["turns_mean"] = len(ro) / max(len(sampled.rewards), 1)
             for key in ("loss", "ratio_mean", "ratio_min", "ratio_max", "clip_frac_low", "clip_frac_high", "kl",
                         "grad_norm"):
                 vals = [lg[key] for lg in logs if key in lg]
@@ -335,9 +440,13 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
                     accelerator.log(record, step=state.step)
             bar.update(1)
             bar.set_postfix(reward=f"{record['reward_mean']:.3f}", rows=len(rows))
-            # 7. checkpoint
-            if state.step % tr.save_steps == 0 or state.step == tr.max_steps or stop["now"]:
+            # 7. checkpoint (also when the rollout budget train.max_completions is spent: the run ends here)
+            if (state.step % tr.save_steps == 0 or state.step == tr.max_steps or stop["now"]
+                    or budget_spent()):
                 save_checkpoint()
+            if budget_spent():
+                accelerator.print(f"rollout budget spent: {state.completions_total} completions sampled "
+                                  f"(train.max_completions {tr.max_completions}) at step {state.step}")
     finally:
         bar.close()
         for sig, handler in previous_handlers.items():
@@ -348,6 +457,8 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
 
     eval_after = evaluate_config(cfg, policy, task) if cfg.eval.after else None
     summary = {"eval_before": state.eval_before, "eval_after": eval_after, "steps": state.step,
+               "stop_reason": "max_completions" if budget_spent() else "max_steps",
+               "completions_total": state.completions_total, "nfe_sampling_total": state.nfe_sampling_total,
                "train_seconds": round(state.train_seconds, 1)}
     if eval_after and state.eval_before:
         summary["cell_accuracy_gain"] = eval_after["cell_accuracy"] - state.eval_before["cell_accuracy"]

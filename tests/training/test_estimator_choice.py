@@ -88,3 +88,37 @@ def test_two_steps_with_each_new_estimator_change_parameters(base, tmp_path, nam
     assert plans, "the trainer drew no MaskPlan"
     if name == "one_step":  # the prompt was masked (the trainer passed the prompt mask)
         assert all(p.prompt_masks is not None and p.prompt_masks.any() for p in plans)
+
+
+@pytest.mark.parametrize(("algorithm", "name", "expected"), [
+    ("gdpo", None, SDMC(3, 1, "exact_count")),  # the preset's recipe estimator
+    ("diffu_grpo", None, OneStep(0.15, 1)),
+    ("grpo", None, SDMC(3, 1, "exact_count")),  # no recipe estimator: sdmc
+    ("diffu_grpo", "sdmc", SDMC(3, 1, "exact_count")),  # an explicit choice wins
+    ("gdpo", "one_step", OneStep(0.15, 1)),
+])
+def test_a_null_estimator_name_is_the_presets_recipe_estimator(algorithm, name, expected):
+    from dlmrl.config import estimator_name
+
+    cfg = Config()
+    apply_overrides(cfg, [f"algorithm={algorithm}"] + ([f"estimator.name={name}"] if name else []))
+    assert cfg.estimator.name == name
+    validate(cfg)
+    assert trainer.build_estimator(cfg) == expected and estimator_name(cfg) == expected.name
+
+
+def test_the_presets_estimator_is_validated_and_resume_compares_the_setting_not_its_resolution(tmp_path):
+    from dlmrl.config import save_yaml
+
+    cfg = Config()
+    apply_overrides(cfg, ["algorithm=diffu_grpo", "estimator.samples_per_node=0"])
+    with pytest.raises(ConfigError, match=r"estimator\.samples_per_node.*one_step"):
+        validate(cfg)
+    cfg = Config()
+    apply_overrides(cfg, ["algorithm=diffu_grpo"])
+    save_yaml(cfg, tmp_path / "config.yaml")
+    assert "name: null" in (tmp_path / "config.yaml").read_text()
+    trainer.check_same_config(cfg, tmp_path / "config.yaml")  # null stays null: the same run
+    apply_overrides(cfg, ["estimator.name=one_step"])  # the same estimator, but a different setting
+    with pytest.raises(ConfigError, match="estimator.name: None -> 'one_step'"):
+        trainer.check_same_config(cfg, tmp_path / "config.yaml")

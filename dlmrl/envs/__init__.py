@@ -1,0 +1,11 @@
+"""Multi-turn environments for episode rollouts (Flow-GRPO, SPEC "Seed algorithms").
+
+An environment plays one episode: ``reset(example) -> observation`` (the prompt text of the first
+turn), then ``step(response_text) -> StepResult(observation, done, reward)`` per turn. ``ENVS`` maps
+names to factories ``(task, max_turns) -> Environment`` (one environment object per episode).
+"""
+
+from dlmrl.envs.base import ENVS, Environment, StepResult, default_env, make_env
+from dlmrl.envs.sudoku import SudokuRetryEnv
+
+__all__ = ["ENVS", "Environment", "StepResult", "SudokuRetryEnv", "default_env", "make_env"]

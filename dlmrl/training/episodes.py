@@ -1,0 +1,112 @@
+"""Multi-turn episode rollouts (Flow-GRPO): G episodes per prompt, one training row per turn.
+
+Every turn's (context, response) pair becomes one row of a :class:`~dlmrl.training.rollout.Rollout`:
+the prompt is the turn's observation, the completion the policy's response, and the reward the
+trajectory's *final* reward; ``trajectory_ids`` tie a trajectory's turns together and ``group_ids`` its
+question's G trajectories, which is what the ``flow_grpo`` advantage reads.
+Reference: Flow-GRPO / AgentFlow arXiv 2510.05592.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from dlmrl.training.rollout import Rollout
+
+
+def encode_observations(tokenizer, texts: Sequence[str], device: str | torch.device = "cpu"):
+    """Observation texts → left-padded prompt ids ``(N, P)`` long and mask ``(N, P)`` bool.
+
+    The tokenizer's BOS token (when it has one) is prepended and no other special token is added: the
+    encoding :meth:`dlmrl.data.tasks.SudokuTask.encode` gives ``"<puzzle>="``. Padding uses the
+    tokenizer's pad id (EOS when it has none) on the left.
+    """
+    bos = tokenizer.bos_token or ""
+    rows = [tokenizer(bos + t, add_special_tokens=False)["input_ids"] for t in texts]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long)  # (N, P)
+    mask = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows])  # (N, P)
+    return ids.to(device), mask.to(device)
+
+
+def rollout_episodes(policy, task, make_env: Callable[[], object], examples: Sequence, num_generations: int,
+                     generator: torch.Generator, max_new_tokens: int, temperature: float = 1.0,
+                     temperature_fn=None) -> Rollout:
+    """Play ``num_generations`` episodes per example, all active episodes' turns sampled in one batch.
+
+    Episode ``e = prompt · G + g`` starts with ``env.reset(example)``; each turn the policy samples a
+    response to the current observation (``policy.generate``, ``max_new_tokens``, ``temperature``, the
+    step's ``generator``), ``task.decode`` turns it into text and ``env.step(text)`` gives the next
+    observation, whether the episode ended, and the turn's reward. An episode's final reward is its last
+    turn's reward.
+
+    Args:
+        policy: an AR policy (``generate``, ``tokenizer``, ``device``). task: decodes responses
+            (``task.decode``). make_env: a fresh environment per episode (e.g. ``lambda: make_env(name,
+            task, max_turns)``). examples: the prompts' examples. num_generations: G.
+        generator: the step's generator. max_new_tokens: response budget per turn.
+    Returns:
+        A :class:`Rollout` of one row per turn, rows of a trajectory consecutive (episode order, then turn
+        order): ``prompt_ids`` the turn's observation, ``completion`` the response (mask up to and
+        including EOS), ``rewards`` = ``train_rewards`` = the trajectory's final reward ``(B,)`` float32,
+        ``trajectory_ids`` = e, ``group_ids`` = e // G, ``nfe`` = the sum over turns of the longest
+        response (forward passes per episode), ``passes`` = the sum over turns of active episodes × that.
+    Raises:
+        RuntimeError: an environment that has not ended its episode after its ``max_turns``.
+    """
+    G = num_generations
+    envs, owners = [], []
+    obs: list[str] = []
+    for i, ex in enumerate(examples):
+        for _ in range(G):
+            env = make_env()
+            envs.append(env)
+            owners.append(i)
+            obs.append(env.reset(ex))
+    E = len(envs)
+    turns: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(E)]
+    prompts: list[list[str]] = [[] for _ in range(E)]
+    final = [0.0] * E
+    active, nfe, passes, turn = list(range(E)), 0, 0, 0
+    while active:
+        if turn >= max(env.max_turns for env in envs):
+            raise RuntimeError(f"episodes still running after {turn} turns: an environment must end its "
+                               "episodes within its max_turns")
+        ids, mask = encode_observations(policy.tokenizer, [obs[e] for e in active], policy.device)
+        comp, cmask = policy.generate(ids, mask, max_new_tokens, temperature=temperature, generator=generator,
+                                      temperature_fn=temperature_fn)
+        nfe += int(cmask.sum(-1).max())
+        passes += len(active) * int(cmask.sum(-1).max())
+        texts = task.decode(comp)
+        still = []
+        for k, e in enumerate(active):
+            prompts[e].append(obs[e])
+            turns[e].append((comp[k], cmask[k]))
+            obs[e], done, reward = envs[e].step(texts[k])
+            final[e] = float(reward)
+            if not done:
+                still.append(e)
+        active, turn = still, turn + 1
+    texts_all = [p for e in range(E) for p in prompts[e]]
+    ids, mask = encode_observations(policy.tokenizer, texts_all, policy.device)
+    traj = torch.tensor([e for e in range(E) for _ in turns[e]], dtype=torch.long)  # (B,)
+    rewards = torch.tensor([final[e] for e in traj.tolist()], dtype=torch.float32)  # (B,)
+    return Rollout([examples[owners[e]] for e in traj.tolist()], ids, mask,
+                   torch.stack([c for e in range(E) for c, _ in turns[e]]),
+                   torch.stack([m for e in range(E) for _, m in turns[e]]), nfe,
+                   group_ids=traj // G, trajectory_ids=traj, rewards=rewards, train_rewards=rewards.clone(),
+                   passes=passes)
+
+
+def trajectory_rewards(ro: Rollout) -> torch.Tensor:
+    """``(T,)`` one reward per trajectory (its first row's), in order of first appearance."""
+    traj = ro.trajectories().tolist()
+    seen, first = set(), []
+    for i, t in enumerate(traj):
+        if t not in seen:
+            seen.add(t)
+            first.append(i)
+    return ro.rewards[first]
