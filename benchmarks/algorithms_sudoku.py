@@ -52,7 +52,8 @@ def forward_passes(record: dict, mu: int, with_ref: bool) -> tuple[float, float]
     when β > 0)``; rows left unscored (A = 0, dropped groups) cost nothing.
     """
     completions = record.get("completions_sampled") or record["rows_scored"]
-    sampling = completions * record["nfe_sampling"]
+    # (sampling_passes = rows x NFE of every sampling call, DAPO's extra rounds included; older runs lack it)
+    sampling = record.get("sampling_passes") or completions * record["nfe_sampling"]
     scoring = record["rows_scored"] * record["nfe_scoring"] * (mu + (mu - 1) + (mu if with_ref else 0))
     return sampling, scoring
 
