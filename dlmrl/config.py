@@ -44,7 +44,18 @@ class ModelConfig:
     family: str = doc("auto", "Family adapter (diffusion): auto | llada | dream | masked_lm | tiny; auto reads "
                               "config.json (model_type / architectures / auto_map), a name overrides it.")
     trust_remote_code: bool = doc(False, "Allow the checkpoint's own modeling code (only if you trust it).")
-    dtype: str = doc("float32", "Weights dtype: float32 | bfloat16 | float16.")
+    dtype: str = doc("float32", "Weights dtype: float32 | bfloat16 | float16. Log-probs are computed in float32 "
+                                "whatever the weights; a LoRA adapter stays float32 on a bfloat16 base.")
+    use_peft: bool = doc(False, "Train a LoRA adapter (peft) instead of the whole model; the KL reference is the "
+                                "base with the adapter disabled (no second copy), final_model/ holds the adapter.")
+    lora_r: int = doc(16, "LoRA rank r (trainable parameters: r * (in + out) per targeted linear layer).")
+    lora_alpha: int = doc(32, "LoRA alpha: the adapter's update B A is scaled by alpha / r.")
+    lora_dropout: float = doc(0.05, "Dropout on the LoRA branch's input (train mode only).")
+    lora_target_modules: str = doc("all-linear", "Layers that get an adapter: all-linear (every linear layer but "
+                                                 "the output head) | a comma list of module names matched as name "
+                                                 "suffixes, e.g. q_proj,k_proj,v_proj.")
+    gradient_checkpointing: bool = doc(False, "Recompute each layer's activations in the backward pass (less "
+                                              "memory, more time; same gradients).")
 
 
 @dataclass
@@ -417,6 +428,7 @@ def validate(cfg: Config) -> None:
     _check(m.kind != "ar" or t.answer_mode == "full", "task.answer_mode",
            "model.kind 'ar' generates the whole grid left to right: use answer_mode full")
     _check(m.dtype in ("float32", "bfloat16", "float16"), "model.dtype", f"unknown dtype {m.dtype!r}")
+    _check_lora(m)
     _check(t.name in TASKS, "task.name", f"unknown task {t.name!r}; known: {TASKS.names()}")
     _check(t.answer_mode in ("infill", "full"), "task.answer_mode", "must be 'infill' or 'full'")
     _check(1 <= t.min_blanks <= t.max_blanks <= 12, "task.min_blanks", "need 1 <= min_blanks <= max_blanks <= 12")
@@ -513,6 +525,19 @@ def build_preset(cfg: Config):
 #: Empty: the trainer runs every part (dynamic sampling, overlong punishment, adaptive temperature,
 #: DaGRPO's anchors, Flow-GRPO's multi-turn episodes).
 UNSUPPORTED: dict[str, str] = {}
+
+
+def _check_lora(m: ModelConfig) -> None:
+    """The LoRA fields' ranges (checked whether or not ``use_peft`` is on)."""
+    from dlmrl.models.lora import parse_target_modules
+
+    _check(m.lora_r >= 1, "model.lora_r", f"must be >= 1, got {m.lora_r}")
+    _check(m.lora_alpha > 0, "model.lora_alpha", f"must be > 0, got {m.lora_alpha}")
+    _check(0 <= m.lora_dropout < 1, "model.lora_dropout", f"must be in [0, 1), got {m.lora_dropout}")
+    try:
+        parse_target_modules(m.lora_target_modules)
+    except ValueError as e:
+        _check(False, "model.lora_target_modules", str(e))
 
 
 def _check_algorithm(cfg: Config) -> None:

@@ -51,6 +51,13 @@ from dlmrl.config import build_estimator as estimator_from_config
 from dlmrl.envs import default_env, make_env
 from dlmrl.models.ar import EntropyStats, HapoTemperature, hapo_entropy_stats
 from dlmrl.models.loading import load_policy
+from dlmrl.models.lora import (
+    AdapterDisabledPolicy,
+    is_peft_model,
+    prepare_for_training,
+    register_adapter_checkpointing,
+    save_final_model,
+)
 from dlmrl.objectives.advantage_registry import AdvantageInputs
 from dlmrl.objectives.objective import GroupObjective
 from dlmrl.objectives.pairwise import ngram_jaccard
@@ -273,12 +280,15 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
     torch.manual_seed(tr.seed)
 
     preset, is_ar = build_preset(cfg), cfg.model.kind == "ar"
-    policy = load_configured_policy(cfg)
+    policy = prepare_for_training(load_configured_policy(cfg), cfg.model)  # LoRA adapter, gradient checkpointing
     if preset.objective.clip_rule == "espo" and preset.objective.vocab_size is None:
         preset = preset.with_overrides(vocab_size=len(policy.tokenizer))
     objective = preset.objective
-    ref = load_configured_policy(cfg) if objective.beta > 0 else None  # frozen initial model for the KL term
-    if ref is not None:
+    ref = None  # the frozen initial model for the KL term
+    if objective.beta > 0 and is_peft_model(policy.model):
+        ref = AdapterDisabledPolicy(policy)  # LoRA: the base itself, adapter disabled (no second copy)
+    elif objective.beta > 0:
+        ref = load_configured_policy(cfg)
         ref.model.requires_grad_(False).eval().to(accelerator.device)
     task = build_task(cfg, policy)
     scorer = (ARScorer(policy, ref) if is_ar
@@ -293,6 +303,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
     policy.model, optimizer, scheduler = accelerator.prepare(policy.model, optimizer, scheduler)
     state = RunState()
     accelerator.register_for_checkpointing(state)
+    register_adapter_checkpointing(accelerator)  # LoRA: checkpoints hold the adapter, not the frozen base
     if ckpt is not None:
         accelerator.load_state(str(ckpt))
         accelerator.print(f"resumed from {ckpt} at step {state.step}")
@@ -471,7 +482,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
         write_json_atomic(out / "summary.json", summary)
         plot_curves(out / "metrics.jsonl", out / "reward_curve.png", summary)
         with atomic_dir(out / "final_model") as tmp:
-            accelerator.unwrap_model(policy.model).save_pretrained(tmp, safe_serialization=True)
-            policy.tokenizer.save_pretrained(tmp)
+            # (LoRA: the adapter, the tokenizer and a note of the base model)
+            save_final_model(accelerator.unwrap_model(policy.model), policy.tokenizer, tmp, cfg.model)
     accelerator.end_training()
     return summary

@@ -1,9 +1,11 @@
 """LoRA via peft on both policy kinds: trainable parameter counts, the adapter-disabled reference view (the
-original base, no second copy), adapter save/load, gradient checkpointing."""
+original base, no second copy), adapter save/load, gradient checkpointing, and LoRA/bf16 ``dlmrl train`` runs
+(KL against the base, exact resume)."""
 
 from __future__ import annotations
 
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -11,6 +13,9 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from dlmrl import cli
+from dlmrl.config import Config, ConfigError, apply_overrides, validate
+from dlmrl.data.tasks import SudokuTask
 from dlmrl.models.ar import load_ar_policy
 from dlmrl.models.loading import load_policy
 from dlmrl.models.lora import (
@@ -22,6 +27,7 @@ from dlmrl.models.lora import (
     is_peft_model,
     save_final_model,
 )
+from dlmrl.training import trainer
 
 KINDS = ("diffusion", "ar")
 SHIPPED = {"diffusion": "tiny-sudoku", "ar": "tiny-sudoku-ar"}
@@ -179,3 +185,86 @@ def test_gradient_checkpointing_gives_the_same_gradients(kind, lora):
     assert grads[0].keys() == grads[1].keys() and grads[0]
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+# -- dlmrl train with LoRA ----------------------------------------------------------------------------------
+
+LORA = ["model.use_peft=true", "model.lora_r=4", "model.lora_alpha=8", "model.lora_dropout=0",
+        "model.lora_target_modules=q_proj,k_proj,v_proj,o_proj"]
+SMALL = ["max_steps=2", "prompts_per_step=2", "num_generations=3", "num_iterations=2", "sampling.steps=4",
+         "save_steps=1", "learning_rate=1e-2", "warmup_steps=0", "eval.before=false", "eval.after=false"]
+AR = ["model.kind=ar", "model.name_or_path=tiny-sudoku-ar", "task.answer_mode=full"]
+
+
+def run_train(out, *overrides, resume: bool = False) -> int:
+    return cli.main(["train", "--output-dir", str(out), "--no-progress", *(["--resume"] if resume else []),
+                     *SMALL, *overrides])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dlmrl_train_with_lora_keeps_the_base_and_scores_kl_against_it(kind, tmp_path, monkeypatch):
+    loads = []
+    real_load = trainer.load_configured_policy
+    monkeypatch.setattr(trainer, "load_configured_policy", lambda cfg: loads.append(1) or real_load(cfg))
+    assert run_train(tmp_path, "algorithm=grpo", *LORA, *(AR if kind == "ar" else [])) == 0
+    assert len(loads) == 1  # the KL reference (grpo: beta 0.04) is the base in the same model, not a second load
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["kl"] is not None and math.isfinite(r["kl"]) and math.isfinite(r["loss"]) for r in rows)
+    assert rows[1]["kl"] > 0  # after one update the adapted policy has left the base
+    final = tmp_path / "final_model"
+    assert (final / ADAPTER_CONFIG).exists() and (final / "tokenizer.json").exists()
+    assert json.loads((final / BASE_NOTE).read_text())["base_model_name_or_path"] == SHIPPED[kind]
+    adapter = load_file(str(final / "adapter_model.safetensors"))
+    assert any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in adapter.items())
+    assert all(k.split(".")[-3] in ("q_proj", "k_proj", "v_proj", "o_proj") for k in adapter)
+    checkpoint = load_file(str(tmp_path / "checkpoints" / "step-2" / "model.safetensors"))
+    assert checkpoint and all("lora_" in k for k in checkpoint)  # checkpoints hold the adapter only
+
+    overrides = ["--model", str(final), "eval.num_puzzles=4", *(["algorithm=grpo", *AR[:1], AR[2]]
+                                                               if kind == "ar" else [])]
+    assert cli.main(["eval", *overrides]) == 0  # dlmrl eval loads the adapter onto its base
+
+
+def test_lora_run_resumes_exactly(tmp_path, monkeypatch):
+    full, crashed = tmp_path / "full", tmp_path / "crashed"
+    args = ("algorithm=grpo", *LORA)
+    assert run_train(full, *args) == 0
+    original = SudokuTask.train_batch
+
+    def crash_at_step_1(self, n, seed, step):
+        if step == 1:
+            raise RuntimeError("simulated crash")
+        return original(self, n, seed, step)
+
+    monkeypatch.setattr(SudokuTask, "train_batch", crash_at_step_1)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run_train(crashed, *args)
+    monkeypatch.setattr(SudokuTask, "train_batch", original)
+    assert run_train(crashed, *args, resume=True) == 0
+    a = load_file(str(full / "final_model" / "adapter_model.safetensors"))
+    b = load_file(str(crashed / "final_model" / "adapter_model.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6)
+    losses = [[json.loads(x)["loss"] for x in (p / "metrics.jsonl").read_text().splitlines()] for p in (full, crashed)]
+    assert losses[0] == losses[1]
+
+
+@pytest.mark.parametrize(("kind", "extra"), [("diffusion", [*LORA, "model.gradient_checkpointing=true"]),
+                                             ("ar", [])], ids=["diffusion-lora-checkpointing", "ar-full"])
+def test_bfloat16_runs_two_steps_with_finite_loss(kind, extra, tmp_path):
+    assert run_train(tmp_path, "algorithm=grpo", "model.dtype=bfloat16", *extra, *(AR if kind == "ar" else [])) == 0
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(math.isfinite(r["loss"]) and math.isfinite(r["kl"]) for r in rows)
+
+
+@pytest.mark.parametrize(("override", "key"), [("model.lora_r=0", "model.lora_r"),
+                                               ("model.lora_alpha=0", "model.lora_alpha"),
+                                               ("model.lora_dropout=1.0", "model.lora_dropout"),
+                                               ("model.lora_target_modules=q_proj,,v_proj", "model.lora_target_modules")])
+def test_lora_fields_are_validated(override, key):
+    cfg = Config()
+    apply_overrides(cfg, ["model.use_peft=true", override])
+    with pytest.raises(ConfigError, match=key):
+        validate(cfg)
