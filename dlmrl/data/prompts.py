@@ -16,6 +16,10 @@ Built-in templates, per task (the wording is d1's, arXiv 2504.12216, repository 
   with ``<reasoning>`` (d1's ``add_reasoning=True``).
 - ``plain``: the question alone.
 
+Sudoku in text form (``task.answer_mode: text``, for instruction-tuned models) has ``d1`` (the system prompt of
+``diffu-grpo/data_utils.py``'s ``get_sudoku_questions`` and ``Solve the following Sudoku puzzle: <puzzle>``)
+and ``plain`` (the 16-character puzzle alone); custom templates use ``{puzzle}``.
+
 A custom template is any other string: a ``str.format`` template over the task's fields (``{question}``
 for every task; ``{nums}`` and ``{target}`` for Countdown).
 """
@@ -59,6 +63,18 @@ D1_EVAL_COUNTDOWN = (
     "format:\n<reasoning>\nYour reasoning here\n</reasoning>\n<answer>\n\\boxed{...}\n</answer>"
 )
 
+# d1 diffu-grpo/data_utils.py (get_sudoku_questions): the system prompt, then "Solve the following Sudoku
+# puzzle: <puzzle>"
+D1_SUDOKU_SYSTEM_PROMPT = (
+    "\nPlease solve the following 4x4 Sudoku puzzle. The puzzle is provided as a 16-character string reading "
+    "left-to-right, top-to-bottom, where '0' represents empty cells.\n\nRules:\n- Fill empty cells with digits "
+    "1-4\n- Each row must contain digits 1-4 exactly once\n- Each column must contain digits 1-4 exactly once\n"
+    "- Each 2x2 box must contain digits 1-4 exactly once\n\nImportant: Your solution must be a COMPLETE "
+    "16-character string with only the digits 1-4, representing your final solved grid.\n\nRespond in this "
+    "exact format:\n<reasoning>\nYour step-by-step solving process\n</reasoning>\n<answer>\n[16-character "
+    "solution string with no spaces or separators]\n</answer>\n"
+)
+
 
 @dataclass(frozen=True)
 class PromptTemplate:
@@ -92,10 +108,15 @@ TEMPLATES: dict[str, dict[str, PromptTemplate]] = {
         "d1_eval": PromptTemplate(_lit(D1_EVAL_COUNTDOWN) + "\n\n{question}", "<reasoning>"),
         "plain": PromptTemplate("{question}"),
     },
+    "sudoku": {  # task.answer_mode text (dlmrl.data.sudoku_text)
+        "d1": PromptTemplate(_lit(D1_SUDOKU_SYSTEM_PROMPT) + "\n\nSolve the following Sudoku puzzle: {puzzle}\n"),
+        "plain": PromptTemplate("{puzzle}"),
+    },
 }
 
 #: fields a custom template may use, per task
-FIELDS = {"gsm8k": ("question",), "math": ("question",), "countdown": ("question", "nums", "target")}
+FIELDS = {"gsm8k": ("question",), "math": ("question",), "countdown": ("question", "nums", "target"),
+          "sudoku": ("puzzle",)}
 
 
 def check_template(task: str, template: str) -> str | None:

@@ -60,11 +60,14 @@ class SudokuTask:
     """
 
     gen_length = 16
+    primary_metric = "cell_accuracy"  # the held-out headline metric (dlmrl.training.evaluation)
+    D1_FORMAT_REWARDS: tuple[str, ...] = ()  # (task.format_rewards 'd1' on the text form: none)
 
     def __init__(self, tokenizer, mask_token_id: int, answer_mode: str = "infill", min_blanks: int = 6,
                  max_blanks: int = 10, train_file: str | None = None, test_file: str | None = None):
         if answer_mode not in ("infill", "full"):
-            raise ValueError(f"answer_mode must be 'infill' or 'full', got {answer_mode!r}")
+            raise ValueError(f"answer_mode must be 'infill' or 'full' (the text form is SudokuTextTask), got "
+                             f"{answer_mode!r}")
         self.tokenizer = tokenizer
         self.mask_token_id = mask_token_id
         self.answer_mode = answer_mode
@@ -79,9 +82,14 @@ class SudokuTask:
         self._id_to_char = {i: (t if t in "0123456789" else "?") for t, i in vocab.items()}
 
     @classmethod
-    def from_config(cls, cfg, tokenizer, mask_token_id: int, gen_length: int | None = None) -> SudokuTask:
-        """The task ``cfg`` (a :class:`~dlmrl.config.TaskConfig`) describes; the canvas is always 16 cells
-        (``gen_length`` is not used)."""
+    def from_config(cls, cfg, tokenizer, mask_token_id: int, gen_length: int | None = None):
+        """The task ``cfg`` (a :class:`~dlmrl.config.TaskConfig`) describes: for ``answer_mode`` ``infill`` or
+        ``full`` this class, whose canvas is always 16 cells (``gen_length`` is not used); for ``text`` the
+        reasoning form :class:`~dlmrl.data.sudoku_text.SudokuTextTask` with a canvas of ``gen_length`` tokens."""
+        if cfg.answer_mode == "text":
+            from dlmrl.data.sudoku_text import SudokuTextTask
+
+            return SudokuTextTask.from_config(cfg, tokenizer, mask_token_id, gen_length=gen_length)
         return cls(tokenizer, mask_token_id, answer_mode=cfg.answer_mode, min_blanks=cfg.min_blanks,
                    max_blanks=cfg.max_blanks, train_file=cfg.train_file, test_file=cfg.test_file)
 
@@ -92,6 +100,10 @@ class SudokuTask:
         Raises:
             ValueError: ``"task.<field>: <file> line N, field '<column>': ..."`` for the first bad row.
         """
+        if cfg.answer_mode == "text":
+            from dlmrl.data.sudoku_text import SudokuTextTask
+
+            SudokuTextTask.check_text_config(cfg)
         for key, path in (("train_file", cfg.train_file), ("test_file", cfg.test_file)):
             if path:
                 try:

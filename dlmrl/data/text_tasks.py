@@ -80,6 +80,7 @@ class TextTask:
     """
 
     name = ""
+    primary_metric = "accuracy"  # the held-out headline metric (dlmrl.training.evaluation)
     CORRECT = 1.0  # the correctness reward of a right answer
     D1_FORMAT_REWARDS: tuple[str, ...] = ()
     #: hub defaults: dataset, subset, split, test_dataset, test_split

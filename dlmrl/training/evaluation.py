@@ -1,4 +1,10 @@
-"""Held-out evaluation: decode the test split and score it with the task's metric."""
+"""Held-out evaluation: decode the test split and score it with the task's own metrics (``task.metrics``).
+
+Every task reports a dict of metrics over the whole split; its **primary metric** (:func:`primary_metric`) is
+the headline number the trainer logs as ``eval_<name>`` and compares before/after training: Sudoku's
+``cell_accuracy`` (correct blank cells / all blank cells, d1's metric), the text tasks' ``accuracy`` (fraction
+of completions whose answer is right: GSM8K, MATH, Countdown).
+"""
 
 from __future__ import annotations
 
@@ -7,26 +13,60 @@ import torch
 from dlmrl.models.sampler import generate
 
 
+def primary_metric(task) -> str:
+    """The name of ``task``'s headline metric: ``task.primary_metric`` (Sudoku ``cell_accuracy``, text tasks
+    ``accuracy``); a task without one: ``accuracy`` when it has ``metrics``, else ``mean_reward``."""
+    name = getattr(task, "primary_metric", None)
+    if name:
+        return name
+    return "accuracy" if hasattr(task, "metrics") else "mean_reward"
+
+
+def task_metrics(task, examples: list, texts: list[str]) -> dict:
+    """``task.metrics(examples, texts)``; a task without ``metrics`` gets ``mean_reward`` and ``num_examples``."""
+    if hasattr(task, "metrics"):
+        return dict(task.metrics(examples, texts))
+    rewards = task.rewards(examples, texts)
+    return {"mean_reward": sum(rewards) / max(len(rewards), 1), "num_examples": len(texts)}
+
+
+def held_out_examples(task, num: int) -> list:
+    """The first ``num`` held-out examples (``num`` 0: the whole split)."""
+    return task.test_batch(num if num > 0 else len(task.test_examples))
+
+
+def _summary(task, examples: list, texts: list[str], nfe: int, **extra) -> dict:
+    metrics = task_metrics(task, examples, texts)
+    name = primary_metric(task)
+    if name not in metrics:
+        raise KeyError(f"task {type(task).__name__}: primary metric {name!r} is not among its metrics "
+                       f"{sorted(metrics)}")
+    return {**metrics, "primary_metric": name, "num_puzzles": len(examples), "nfe": nfe, **extra}
+
+
 @torch.no_grad()
 def evaluate(policy, task, num_puzzles: int = 256, steps: int = 8, block_length: int | None = None,
              temperature: float = 0.0, batch_size: int = 256, seed: int = 0) -> dict:
-    """Decode ``num_puzzles`` held-out puzzles and measure Sudoku cell accuracy.
+    """Decode ``num_puzzles`` held-out examples with the diffusion sampler and score them with the task's metrics.
 
     Args:
         policy: a masked-diffusion policy.
-        task: a task with ``test_batch``, ``encode``, ``decode`` (e.g. ``SudokuTask``).
-        steps: denoising steps per canvas; ``block_length`` defaults to the task's canvas length.
+        task: a task with ``test_batch``, ``encode``, ``decode``, ``rewards`` and (usually) ``metrics``.
+        num_puzzles: held-out examples to decode (0 = the whole split).
+        steps: denoising steps per canvas; ``block_length`` defaults to the task's canvas length
+            (``task.gen_length``: 16 for Sudoku, ``sampling.gen_length`` for the text tasks).
         temperature: 0 = greedy (the reported metric).
     Returns:
-        ``cell_accuracy`` (correct blank cells / all blank cells over the split, in [0, 1]; d1's metric),
-        ``solve_rate`` (fraction of puzzles with every blank right), ``mean_reward``, ``num_puzzles``, ``nfe``.
+        ``task.metrics`` over the split (Sudoku: ``cell_accuracy`` over blanks, ``solve_rate``, ``mean_reward``;
+        text tasks: ``accuracy``, ``mean_reward``; fractions in [0, 1]) plus ``primary_metric`` (the headline
+        metric's name), ``num_puzzles`` (examples decoded), ``nfe`` (forward passes per canvas),
+        ``gen_length`` and ``steps``.
     """
     was_training = policy.model.training
     policy.model.eval()
-    examples = task.test_batch(num_puzzles)
+    examples = held_out_examples(task, num_puzzles)
     gen = torch.Generator().manual_seed(seed)
-    correct = blanks = solved = 0
-    rewards: list[float] = []
+    texts: list[str] = []
     nfe = 0
     for start in range(0, len(examples), batch_size):
         chunk = examples[start : start + batch_size]
@@ -35,20 +75,33 @@ def evaluate(policy, task, num_puzzles: int = 256, steps: int = 8, block_length:
                        block_length=block_length or task.gen_length, steps=steps, temperature=temperature,
                        canvas=batch.canvas, generator=gen)
         nfe = out.nfe
-        texts = task.decode(out.canvas)
-        r = task.rewards(chunk, texts)
-        rewards += r
-        for ex, ri in zip(chunk, r):
-            n = len(ex.blanks)
-            correct += round(ri * n)
-            blanks += n
-            solved += ri == 1.0
+        texts += task.decode(out.canvas)
     if was_training:
         policy.model.train()
-    return {
-        "cell_accuracy": correct / max(blanks, 1),
-        "solve_rate": solved / len(examples),
-        "mean_reward": sum(rewards) / len(rewards),
-        "num_puzzles": len(examples),
-        "nfe": nfe,
-    }
+    return _summary(task, examples, texts, nfe, gen_length=task.gen_length, steps=steps)
+
+
+@torch.no_grad()
+def evaluate_ar(policy, task, num_puzzles: int = 256, batch_size: int = 256, temperature: float = 0.0,
+                seed: int = 0) -> dict:
+    """Decode ``num_puzzles`` held-out examples left to right with an AR policy and score them with the task's
+    metrics (as :func:`evaluate`; ``nfe`` = decoding steps, forward passes per sequence).
+
+    The budget is ``task.gen_length + 1`` new tokens (Sudoku: the 16 cells then EOS; a 17th cell before EOS
+    makes the answer malformed), as in training.
+    """
+    was_training = policy.model.training
+    policy.model.eval()
+    examples = held_out_examples(task, num_puzzles)
+    texts: list[str] = []
+    nfe = 0
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start : start + batch_size]
+        batch = task.encode(chunk, device=policy.device)
+        completion, mask = policy.generate(batch.prompt_ids, batch.prompt_mask, task.gen_length + 1,
+                                           temperature=temperature, generator=seed + start)
+        nfe = max(nfe, int(mask.sum(-1).max()))
+        texts += task.decode(completion)
+    if was_training:
+        policy.model.train()
+    return _summary(task, examples, texts, nfe, max_new_tokens=task.gen_length + 1)

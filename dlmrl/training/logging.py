@@ -27,6 +27,19 @@ def read_metrics(path: str | Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+def eval_metric_name(rows: list[dict], summary: dict | None = None) -> str:
+    """The held-out metric a run reports: the summary's ``primary_metric``, else the first ``eval_<name>`` key of
+    the metrics rows, else ``cell_accuracy`` (runs written before tasks named their metric)."""
+    for key in ("eval_before", "eval_after"):
+        if summary and summary.get(key) and summary[key].get("primary_metric"):
+            return summary[key]["primary_metric"]
+    for row in rows:
+        for key in row:
+            if key.startswith("eval_") and row[key] is not None:
+                return key[len("eval_"):]
+    return "cell_accuracy"
+
+
 def plot_curves(metrics_path: str | Path, png_path: str | Path, summary: dict | None = None) -> None:
     """Plot rollout reward (with a moving average) and held-out accuracy, and the gradient norm, against step."""
     import matplotlib
@@ -45,14 +58,16 @@ def plot_curves(metrics_path: str | Path, png_path: str | Path, summary: dict | 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
     axes[0].plot(steps, reward, alpha=0.35, label="rollout reward (mean)")
     axes[0].plot(steps, smooth, label=f"moving average ({window})")
-    evals = [(r["step"], r["eval_cell_accuracy"]) for r in rows if r.get("eval_cell_accuracy") is not None]
+    metric = eval_metric_name(rows, summary)
+    label = metric.replace("_", " ")
+    evals = [(r["step"], r[f"eval_{metric}"]) for r in rows if r.get(f"eval_{metric}") is not None]
     if evals:
-        axes[0].plot(*zip(*evals), "o-", color="k", ms=3, label="held-out cell accuracy")
+        axes[0].plot(*zip(*evals), "o-", color="k", ms=3, label=f"held-out {label}")
     if summary:
         for key, style in (("eval_before", "--"), ("eval_after", "-")):
-            if summary.get(key):
-                axes[0].axhline(summary[key]["cell_accuracy"], ls=style, color="k", lw=0.8,
-                                label=f"held-out cell acc. {key[5:]}")
+            if summary.get(key) and summary[key].get(metric) is not None:
+                axes[0].axhline(summary[key][metric], ls=style, color="k", lw=0.8,
+                                label=f"held-out {label} {key[5:]}")
     axes[0].set_xlabel("step")
     axes[0].set_ylabel("reward / accuracy")
     axes[0].legend(fontsize=7)

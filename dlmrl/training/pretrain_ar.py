@@ -32,6 +32,7 @@ from dlmrl.config import (
 from dlmrl.data.tasks import SudokuTask
 from dlmrl.models.ar import AutoregressivePolicy, build_tiny_causal_model
 from dlmrl.models.tokenizer import build_char_tokenizer
+from dlmrl.training.evaluation import evaluate_ar  # (re-exported: it lived here first)
 from dlmrl.training.pretrain import pretrain_output_dir, save_pretrain_run, sft_loop
 
 
@@ -63,41 +64,6 @@ def sft_targets(task: SudokuTask, examples, eos_token_id: int) -> torch.Tensor:
     """``(B, 17)`` long: each example's 16 solution cells then EOS."""
     tok = task.tokenizer
     return torch.tensor([tok.convert_tokens_to_ids(list(task.sft_answer(e))) + [eos_token_id] for e in examples])
-
-
-@torch.no_grad()
-def evaluate_ar(policy: AutoregressivePolicy, task, num_puzzles: int = 256, batch_size: int = 256,
-                temperature: float = 0.0, seed: int = 0) -> dict:
-    """Decode ``num_puzzles`` held-out puzzles left to right and measure Sudoku cell accuracy.
-
-    The completion is the whole grid (16 cells, then EOS; ``max_new_tokens = gen_length + 1``); the
-    reward parses it with the task's rule (a 17th cell before EOS makes the answer malformed).
-
-    Returns:
-        ``cell_accuracy`` (correct blank cells / all blank cells; d1's metric), ``solve_rate``,
-        ``mean_reward``, ``num_puzzles``, ``nfe`` (decoding steps: forward passes per sequence).
-    """
-    was_training = policy.model.training
-    policy.model.eval()
-    examples = task.test_batch(num_puzzles)
-    correct = blanks = solved = nfe = 0
-    rewards: list[float] = []
-    for start in range(0, len(examples), batch_size):
-        chunk = examples[start : start + batch_size]
-        batch = task.encode(chunk, device=policy.device)
-        completion, mask = policy.generate(batch.prompt_ids, batch.prompt_mask, task.gen_length + 1,
-                                           temperature=temperature, generator=seed + start)
-        nfe = max(nfe, int(mask.sum(-1).max()))
-        r = task.rewards(chunk, task.decode(completion))
-        rewards += r
-        for ex, ri in zip(chunk, r):
-            correct += round(ri * len(ex.blanks))
-            blanks += len(ex.blanks)
-            solved += ri == 1.0
-    if was_training:
-        policy.model.train()
-    return {"cell_accuracy": correct / max(blanks, 1), "solve_rate": solved / len(examples),
-            "mean_reward": sum(rewards) / len(rewards), "num_puzzles": len(examples), "nfe": nfe}
 
 
 def pretrain_ar(cfg: PretrainConfig, progress: bool = True) -> dict:
