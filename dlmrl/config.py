@@ -64,7 +64,8 @@ class TaskConfig:
     answer_mode: str = doc(
         "infill",
         "Sudoku answer format: 'infill' (given digits pre-placed on the canvas, only blanks masked and "
-        "scored) or 'full' (d1's format: the whole 16-cell grid is generated).",
+        "scored), 'full' (the whole 16-cell grid is generated) or 'text' (d1's reasoning prompt and a canvas of "
+        "sampling.gen_length tokens with the answer inside <answer>: for instruction-tuned models such as LLaDA).",
     )
     train_file: str | None = doc(None, "Optional local training data. sudoku: d1-format CSV/JSONL (default: "
                                        "generated puzzles); gsm8k/math/countdown: a .json/.jsonl/.csv/.parquet "
@@ -174,12 +175,13 @@ class TrainConfig:
     seed: int = doc(0, "Seed for rollouts, masks and data.")
     save_steps: int = doc(25, "Checkpoint every this many steps (and at the end).")
     logging_steps: int = doc(1, "Write metrics every this many steps.")
-    report_to: str = doc("none", "accelerate tracker: none | tensorboard | wandb | trackio.")
+    report_to: str = doc("none", "accelerate tracker: none | tensorboard | wandb | trackio (its package must be "
+                                 "installed); metrics.jsonl is written either way.")
 
 
 @dataclass
 class EvalConfig:
-    num_puzzles: int = doc(256, "Held-out puzzles to evaluate (from the test split).")
+    num_puzzles: int = doc(256, "Held-out examples to evaluate, the first of the test split (0 = all of it).")
     steps: int = doc(8, "Denoising steps for evaluation decoding.")
     temperature: float = doc(0.0, "Evaluation temperature (0 = greedy).")
     batch_size: int = doc(256, "Puzzles per evaluation batch.")
@@ -409,6 +411,17 @@ def build_estimator(e: EstimatorConfig, name: str | None = None):
                           e.p_mask_prompt, e.t_min, e.t_max)
 
 
+#: trackers ``train.report_to`` accepts (accelerate's ``log_with`` names) and the package each needs
+TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
+
+
+def tracker_available(name: str) -> bool:
+    """Whether the package of tracker ``name`` (:data:`TRACKERS`) is installed (accelerate's own check)."""
+    from accelerate import utils
+
+    return bool(getattr(utils, f"is_{name}_available")())
+
+
 def validate(cfg: Config) -> None:
     """Check every value of a train/eval config against its allowed range and the registries.
 
@@ -420,24 +433,30 @@ def validate(cfg: Config) -> None:
 
     m, t, s, e, tr, ev = cfg.model, cfg.task, cfg.sampling, cfg.estimator, cfg.train, cfg.eval
     _check(m.kind in ("diffusion", "ar"), "model.kind", f"unknown policy kind {m.kind!r}; use diffusion or ar")
-    _check(m.family in ("auto", "tiny", "masked_lm"), "model.family", f"unknown family {m.family!r}")
+    from dlmrl.models.families import FAMILIES
+
+    _check(m.family == "auto" or m.family in FAMILIES, "model.family",
+           f"unknown family {m.family!r}; known: auto, {', '.join(FAMILIES.names())}")
     shipped = {"diffusion": "tiny-sudoku", "ar": "tiny-sudoku-ar"}
     _check(m.name_or_path != shipped["ar" if m.kind == "diffusion" else "diffusion"], "model.name_or_path",
            f"{m.name_or_path!r} is the shipped {'AR' if m.kind == 'diffusion' else 'diffusion'} model; "
            f"model.kind is {m.kind!r} (use {shipped[m.kind]!r} or set model.kind)")
-    _check(m.kind != "ar" or t.answer_mode == "full", "task.answer_mode",
-           "model.kind 'ar' generates the whole grid left to right: use answer_mode full")
+    sudoku_grid = t.name == "sudoku" and t.answer_mode != "text"  # (the tiny model's 16-cell canvas)
+    _check(m.kind != "ar" or not sudoku_grid or t.answer_mode == "full", "task.answer_mode",
+           "model.kind 'ar' generates the whole grid left to right: use answer_mode full (or text)")
     _check(m.dtype in ("float32", "bfloat16", "float16"), "model.dtype", f"unknown dtype {m.dtype!r}")
     _check_lora(m)
     _check(t.name in TASKS, "task.name", f"unknown task {t.name!r}; known: {TASKS.names()}")
-    _check(t.answer_mode in ("infill", "full"), "task.answer_mode", "must be 'infill' or 'full'")
+    _check(t.answer_mode in ("infill", "full", "text"), "task.answer_mode", "must be 'infill', 'full' or 'text'")
     _check(1 <= t.min_blanks <= t.max_blanks <= 12, "task.min_blanks", "need 1 <= min_blanks <= max_blanks <= 12")
     for key, path in (("task.train_file", t.train_file), ("task.test_file", t.test_file)):
         _check(path is None or Path(path).exists(), key, f"file {path} does not exist")
     test_size = _check_data_files(t)
     _check(ev.num_puzzles <= test_size, "eval.num_puzzles",
            f"{ev.num_puzzles} puzzles asked, the held-out split has {test_size}")
-    _check(s.gen_length == 16, "sampling.gen_length", "the sudoku task's canvas is 16 cells; set 16")
+    _check(not sudoku_grid or s.gen_length == 16, "sampling.gen_length",
+           f"the sudoku task's canvas is 16 cells with answer_mode {t.answer_mode!r}; set 16 (answer_mode text "
+           "takes any length)")
     _check(s.gen_length >= 1 and s.block_length >= 1, "sampling.gen_length", "lengths must be >= 1")
     _check(s.gen_length % s.block_length == 0, "sampling.block_length",
            f"gen_length {s.gen_length} is not divisible by block_length {s.block_length}")
@@ -476,9 +495,13 @@ def validate(cfg: Config) -> None:
     _check(tr.max_grad_norm >= 0, "train.max_grad_norm", "must be >= 0")
     _check(tr.save_steps >= 1, "train.save_steps", "must be >= 1")
     _check(tr.logging_steps >= 1, "train.logging_steps", "must be >= 1")
-    _check(tr.report_to in ("none", "tensorboard", "wandb", "trackio"), "train.report_to", "unknown tracker")
+    _check(tr.report_to in ("none", *TRACKERS), "train.report_to",
+           f"unknown tracker {tr.report_to!r}; use none, {', '.join(TRACKERS)}")
+    _check(tr.report_to == "none" or tracker_available(tr.report_to), "train.report_to",
+           f"{tr.report_to!r} needs the {TRACKERS.get(tr.report_to)} package, which is not installed: pip install "
+           f"{TRACKERS.get(tr.report_to)} (or use none; metrics.jsonl is always written)")
     _check(ev.eval_steps >= 0, "eval.eval_steps", "must be >= 0")
-    _check(ev.num_puzzles >= 1, "eval.num_puzzles", "must be >= 1")
+    _check(ev.num_puzzles >= 0, "eval.num_puzzles", "must be >= 0 (0 = the whole held-out split)")
     _check(ev.batch_size >= 1, "eval.batch_size", "must be >= 1")
 
 

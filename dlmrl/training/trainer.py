@@ -65,7 +65,7 @@ from dlmrl.objectives.segments import delimiter_token_ids, sentence_segments
 from dlmrl.objectives.shaping import soft_overlong_punishment
 from dlmrl.training.checkpoint import atomic_dir, latest_checkpoint, write_json_atomic
 from dlmrl.training.episodes import rollout_episodes, trajectory_rewards
-from dlmrl.training.evaluation import evaluate
+from dlmrl.training.evaluation import evaluate, evaluate_ar, primary_metric
 from dlmrl.training.logging import MetricsWriter, plot_curves
 from dlmrl.training.rollout import (
     ARScorer,
@@ -249,13 +249,47 @@ def load_configured_policy(cfg: Config):
 def evaluate_config(cfg: Config, policy, task) -> dict:
     """Held-out evaluation with the ``eval`` section's settings (AR: left-to-right decoding, ``eval.steps`` unused)."""
     if cfg.model.kind == "ar":
-        from dlmrl.training.pretrain_ar import evaluate_ar
-
         return evaluate_ar(policy, task, num_puzzles=cfg.eval.num_puzzles, batch_size=cfg.eval.batch_size,
                            temperature=cfg.eval.temperature, seed=cfg.train.seed)
     return evaluate(policy, task, num_puzzles=cfg.eval.num_puzzles, steps=cfg.eval.steps,
                     block_length=cfg.sampling.block_length, temperature=cfg.eval.temperature,
                     batch_size=cfg.eval.batch_size, seed=cfg.train.seed)
+
+
+def solved_reward(task) -> float | None:
+    """The reward that means "fully right" for the rollout ``solve_rate``: the task's correctness reward (Sudoku 1,
+    GSM8K/MATH 2, Countdown 1); ``None`` when format rewards are added (the sum then does not say which answers
+    were right)."""
+    if getattr(task, "format_rewards", ()):
+        return None
+    return float(getattr(task, "CORRECT", 1.0))
+
+
+def tracker_config(cfg: Config) -> dict:
+    """The config flattened to dotted keys with scalar values, as trackers store hyperparameters (TensorBoard's
+    ``add_hparams`` takes no ``None`` or lists)."""
+    def flat(d: dict, prefix: str = ""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from flat(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}", v if isinstance(v, (bool, int, float, str)) else str(v)
+
+    return dict(flat(to_dict(cfg)))
+
+
+def configure_deepspeed(accelerator: Accelerator, max_grad_norm: float) -> None:
+    """DeepSpeed (``accelerate launch`` with a DeepSpeed config) sizes its batch from a dataloader, which this loop
+    has none of: one rollout batch per process per update (``train_micro_batch_size_per_gpu`` 1), and it clips
+    gradients itself: with ``train.max_grad_norm`` (0 = off), unless the DeepSpeed config sets a value."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None:
+        return
+    ds = plugin.deepspeed_config
+    if ds.get("train_micro_batch_size_per_gpu", "auto") == "auto":
+        ds["train_micro_batch_size_per_gpu"] = 1
+    if ds.get("gradient_clipping", "auto") == "auto":
+        ds["gradient_clipping"] = max_grad_norm
 
 
 def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
@@ -277,6 +311,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
         check_same_config(cfg, out / "config.yaml")
     out.mkdir(parents=True, exist_ok=True)
     accelerator = Accelerator(log_with=None if tr.report_to == "none" else tr.report_to, project_dir=str(out))
+    configure_deepspeed(accelerator, tr.max_grad_norm)
     torch.manual_seed(tr.seed)
 
     preset, is_ar = build_preset(cfg), cfg.model.kind == "ar"
@@ -309,13 +344,15 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
         accelerator.print(f"resumed from {ckpt} at step {state.step}")
     if accelerator.is_main_process:
         save_yaml(cfg, out / "config.yaml")
-    if tr.report_to != "none":
-        accelerator.init_trackers("dlmrl", config=None)
+    if tr.report_to != "none":  # (TensorBoard: <output_dir>/dlmrl/; wandb/trackio: project "dlmrl", run = folder)
+        accelerator.init_trackers("dlmrl", config=tracker_config(cfg),
+                                  init_kwargs={"wandb": {"name": out.name}, "trackio": {"name": out.name}})
     metrics_writer = MetricsWriter(out / "metrics.jsonl", resume_step=state.step if ckpt else None)
+    metric, solved = primary_metric(task), solved_reward(task)  # held-out headline metric; rollout "right" reward
 
     if cfg.eval.before and state.eval_before is None:
         state.eval_before = evaluate_config(cfg, policy, task)
-        accelerator.print(f"held-out cell accuracy before: {state.eval_before['cell_accuracy']:.4f}")
+        accelerator.print(f"held-out {metric} before: {state.eval_before[metric]:.4f}")
 
     def save_checkpoint() -> None:
         # (accelerate warns that the tied lm_head is stored once; that is expected for the tiny model)
@@ -427,7 +464,8 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
             state.train_seconds += elapsed
             rewards = sampled.rewards  # the policy's own samples: every round (episodes: per trajectory)
             record = {"step": state.step, "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
-                      "solve_rate": (rewards == 1).float().mean().item(), "rows_scored": len(rows),
+                      "solve_rate": (rewards == solved).float().mean().item() if solved is not None else None,
+                      "rows_scored": len(rows),
                       "groups_dropped": sampled.groups_dropped, "rollout_rounds": sampled.rounds,
                       "completions_sampled": sampled.completions, "completions_total": state.completions_total,
                       "lr": lr_used, "nfe_sampling": sampled.nfe, "nfe_sampling_total": state.nfe_sampling_total,
@@ -444,11 +482,11 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
                 vals = [lg[key] for lg in logs if key in lg]
                 record[key] = sum(vals) / len(vals) if vals else None
             if cfg.eval.eval_steps and state.step % cfg.eval.eval_steps == 0:
-                record["eval_cell_accuracy"] = evaluate_config(cfg, policy, task)["cell_accuracy"]
+                record[f"eval_{metric}"] = evaluate_config(cfg, policy, task)[metric]
             if accelerator.is_main_process and state.step % tr.logging_steps == 0:
                 metrics_writer.write(record)
                 if tr.report_to != "none":
-                    accelerator.log(record, step=state.step)
+                    accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=state.step)
             bar.update(1)
             bar.set_postfix(reward=f"{record['reward_mean']:.3f}", rows=len(rows))
             # 7. checkpoint (also when the rollout budget train.max_completions is spent: the run ends here)
@@ -472,9 +510,8 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
                "completions_total": state.completions_total, "nfe_sampling_total": state.nfe_sampling_total,
                "train_seconds": round(state.train_seconds, 1)}
     if eval_after and state.eval_before:
-        summary["cell_accuracy_gain"] = eval_after["cell_accuracy"] - state.eval_before["cell_accuracy"]
-        accelerator.print(f"held-out cell accuracy: before {state.eval_before['cell_accuracy']:.4f} "
-                          f"after {eval_after['cell_accuracy']:.4f}")
+        summary[f"{metric}_gain"] = eval_after[metric] - state.eval_before[metric]
+        accelerator.print(f"held-out {metric}: before {state.eval_before[metric]:.4f} after {eval_after[metric]:.4f}")
     if accelerator.is_main_process:
         rows_logged = (out / "metrics.jsonl").read_text().splitlines()
         if rows_logged:
