@@ -54,8 +54,15 @@ def _parser() -> argparse.ArgumentParser:
         if name == "train":
             sp.add_argument("--resume", action="store_true", help="continue from the last checkpoint in the output folder")
             sp.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+            sp.add_argument("--dry-run", action="store_true",
+                            help="validate the config, build everything that needs no weights (preset, estimator "
+                                 "and NFE, task and data sources, sampler, batch sizes, tracker, accelerate state) "
+                                 "and print the plan; loads no model, downloads nothing")
         if name == "eval":
             sp.add_argument("--model", help="checkpoint to evaluate (same as model.name_or_path=...)")
+            sp.add_argument("--gen-lengths", type=_int_list, default=None, metavar="L1,L2,...",
+                            help="evaluate at each generation length (e.g. 128,256,512: d1's), one JSON line per "
+                                 "length; eval.steps scales with the length (steps per token kept)")
     _estimators_parser(sub)
     sp = sub.add_parser("list", help="List a registry (algorithms, estimators, rewards, tasks, advantages).")
     sp.add_argument("registry", choices=sorted(_REGISTRIES))
@@ -209,6 +216,77 @@ def _build(args, cls):
     return cfg
 
 
+def _dry_run(cfg: Config, config_file: str | None) -> int:
+    """``dlmrl train --dry-run``: print the plan of a validated config (:mod:`dlmrl.training.plan`)."""
+    from dlmrl.training.plan import build_plan, format_plan
+
+    try:
+        plan = build_plan(cfg)
+    except (ConfigError, ValueError, OSError) as e:
+        print(f"dlmrl train --dry-run: {e}", file=sys.stderr)
+        return 2
+    source = config_file or default_config_path()
+    print(f"# dlmrl train --dry-run: {source} is valid; no model was loaded and nothing was downloaded.")
+    print(format_plan(plan), end="")
+    if "error" in plan["accelerate"]:
+        print(f"dlmrl train --dry-run: accelerate cannot set up the processes: {plan['accelerate']['error']}",
+              file=sys.stderr)
+        return 2
+    return 0
+
+
+def eval_length_configs(cfg: Config, lengths: tuple[int, ...]) -> list[Config]:
+    """One validated config per generation length: ``sampling.gen_length = L`` and ``eval.steps`` scaled by
+    ``L / sampling.gen_length`` (the recipe's steps per token, e.g. d1's L/2).
+
+    Raises:
+        ConfigError: a task whose canvas length is fixed (Sudoku infill/full), a length whose steps are not an
+            integer, or a length the sampler settings do not fit (e.g. not a multiple of ``block_length``).
+    """
+    import copy
+
+    if cfg.task.name == "sudoku" and cfg.task.answer_mode != "text":
+        raise ConfigError(f"--gen-lengths: sudoku with answer_mode {cfg.task.answer_mode!r} has a fixed 16-cell "
+                          "canvas; generation lengths apply to the text tasks and answer_mode text")
+    out = []
+    for length in lengths:
+        c = copy.deepcopy(cfg)
+        c.sampling.gen_length = length
+        steps = cfg.eval.steps * length / cfg.sampling.gen_length
+        if cfg.model.kind == "diffusion" and steps != int(steps):
+            raise ConfigError(f"--gen-lengths {length}: eval.steps {cfg.eval.steps} at gen_length "
+                              f"{cfg.sampling.gen_length} gives {steps:g} steps at {length}; choose lengths or "
+                              "eval.steps that scale to whole steps")
+        c.eval.steps = max(1, int(steps))
+        try:
+            validate(c)
+        except ConfigError as e:
+            raise ConfigError(f"--gen-lengths {length}: {e}") from None
+        out.append(c)
+    return out
+
+
+def _run_eval(cfg: Config, lengths: tuple[int, ...] | None) -> int:
+    """``dlmrl eval``: the task's metrics as JSON (with ``--gen-lengths``: one JSON line per length)."""
+    from dlmrl.training.trainer import build_task, evaluate_config, load_configured_policy
+
+    try:
+        configs = eval_length_configs(cfg, lengths) if lengths else [cfg]
+        policy = load_configured_policy(cfg)
+        task = build_task(cfg, policy)
+    except ConfigError as e:
+        print(f"dlmrl eval: {e}", file=sys.stderr)
+        return 2
+    for c in configs:
+        task.gen_length = c.sampling.gen_length if lengths else task.gen_length  # (one task, its data loaded once)
+        result = evaluate_config(c, policy, task)
+        if lengths:
+            print(json.dumps({"gen_length": c.sampling.gen_length, "steps": c.eval.steps, **result}), flush=True)
+        else:
+            print(json.dumps(result, indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     # key=value overrides may come after flags too (argparse's subparsers stop at the first flag).
@@ -231,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         e = locate_error(e, args.config)
         print(f"dlmrl {args.command}: config error: {e}", file=sys.stderr)
         return 2
+    if args.command == "train" and args.dry_run:
+        return _dry_run(cfg, args.config)
     if args.command == "train":
         from dlmrl.training.trainer import train
 
@@ -243,18 +323,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         before, after = summary.get("eval_before"), summary.get("eval_after")
         if before and after:
-            print(f"eval_before.cell_accuracy = {before['cell_accuracy']:.4f}")
-            print(f"eval_after.cell_accuracy  = {after['cell_accuracy']:.4f}")
+            metric = after.get("primary_metric", "cell_accuracy")
+            print(f"eval_before.{metric} = {before[metric]:.4f}")
+            print(f"eval_after.{metric}  = {after[metric]:.4f}")
         print(f"wrote {Path(cfg.output_dir) / 'summary.json'}")
     elif args.command == "eval":
-        from dlmrl.training.trainer import build_task, evaluate_config, load_configured_policy
-
-        try:
-            policy = load_configured_policy(cfg)
-        except ConfigError as e:
-            print(f"dlmrl eval: {e}", file=sys.stderr)
-            return 2
-        print(json.dumps(evaluate_config(cfg, policy, build_task(cfg, policy)), indent=2))
+        return _run_eval(cfg, args.gen_lengths)
     else:
         from dlmrl.training.pretrain import pretrain
         from dlmrl.training.pretrain_ar import pretrain_ar

@@ -1,0 +1,227 @@
+"""``dlmrl train --dry-run``: everything a run builds that does not need the weights, as a plan to read.
+
+:func:`build_plan` takes a validated :class:`~dlmrl.config.Config` and builds the algorithm preset (its
+objective's parts), the training estimator (and its NFE), the task's data sources, prompt templates and
+rewards, the sampler's schedule, the batch and scoring sizes that decide memory, the tracker and the
+``accelerate`` process state. It reads a local checkpoint's ``config.json`` (never its code) to name the
+family; it loads no weights, downloads nothing and contacts no hub (a hub id or hub dataset is only named).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dlmrl.config import Config, build_estimator, build_preset, estimator_name
+
+#: mask token ids the families fix when neither tokenizer nor config names one (dlmrl.models.families)
+_FAMILY_MASK_IDS = {"llada": 126336, "dream": 151666}
+
+
+def _model_section(cfg: Config) -> dict:
+    from dlmrl.models.loading import resolve_model_path
+
+    m = cfg.model
+    out: dict = {"name_or_path": m.name_or_path, "kind": m.kind, "dtype": m.dtype,
+                 "trust_remote_code": m.trust_remote_code}
+    path = Path(resolve_model_path(m.name_or_path))
+    family = m.family
+    if path.is_dir():
+        out["source"] = f"local folder {path}"
+        if (path / "adapter_config.json").is_file():
+            out["source"] += " (a LoRA adapter: its base model is loaded with it)"
+        elif (path / "config.json").is_file() and m.kind == "diffusion":
+            from dlmrl.models.families import detect_family
+            from dlmrl.models.loading import needs_remote_code, read_checkpoint_config
+
+            config = read_checkpoint_config(str(path))  # (a json file: no model code runs)
+            out["model_type"] = config.get("model_type")
+            if family == "auto":
+                try:
+                    family = f"{detect_family(config)} (detected)"
+                except ValueError as e:
+                    family = f"auto: {e}"
+            out["remote_code"] = needs_remote_code(config)
+    else:
+        out["source"] = "hub id (not contacted by --dry-run; downloaded by the run)"
+    if m.kind == "diffusion":
+        out["family"] = family
+        fam = family.split()[0]
+        if fam in _FAMILY_MASK_IDS:
+            out["mask_token_id"] = f"{_FAMILY_MASK_IDS[fam]} unless the tokenizer or config.json names another"
+    if getattr(m, "use_peft", False):
+        out["lora"] = {"r": m.lora_r, "alpha": m.lora_alpha, "dropout": m.lora_dropout,
+                       "target_modules": m.lora_target_modules}
+    elif hasattr(m, "use_peft"):
+        out["lora"] = "off (every weight is trained)"
+    if hasattr(m, "gradient_checkpointing"):
+        out["gradient_checkpointing"] = m.gradient_checkpointing
+    return out
+
+
+def _algorithm_section(cfg: Config, preset) -> dict:
+    o = preset.objective
+    out = {"name": preset.name, "reference": preset.reference, "policies": list(preset.policies),
+           "advantage": preset.advantage, "ratio_level": o.ratio_level,
+           "epsilon": o.epsilon, "epsilon_high": o.epsilon_high if o.epsilon_high is not None else o.epsilon,
+           "clip_rule": o.clip_rule, "loss_type": o.loss_type, "beta": o.beta,
+           "num_iterations": cfg.train.num_iterations}
+    if o.beta > 0:
+        out["kl"] = f"{o.kl_kind} at {o.kl_level} level"
+        out["reference_model"] = ("the base under the disabled adapter (no second copy)"
+                                  if getattr(cfg.model, "use_peft", False) else "a frozen second copy of the model")
+    else:
+        out["reference_model"] = "none (beta = 0)"
+    for part in ("dynamic_sampling", "overlong_cache_fraction", "adaptive_temperature_tau", "anchor_threshold",
+                 "multi_turn"):
+        value = getattr(preset, part)
+        if value not in (None, False):
+            out[part] = value
+    return out
+
+
+def _estimator_section(cfg: Config) -> dict:
+    if cfg.model.kind == "ar":
+        return {"name": "exact token log-probs (AR)", "nfe": 1}
+    e = cfg.estimator
+    name = estimator_name(cfg)  # (estimator.name, else the preset's recipe estimator)
+    est = build_estimator(e, name)
+    out: dict = {"name": name, "nfe": est.nfe, "chosen_by": "estimator.name" if e.name else "the preset's recipe"}
+    if name in ("sdmc", "coupled_sdmc"):
+        out.update(num_nodes=e.num_nodes, samples_per_node=e.samples_per_node, masking=e.masking)
+    elif name == "double_mc":
+        out.update(samples=e.num_nodes * e.samples_per_node, masking=e.masking, stratified=e.stratified)
+    elif name == "coupled":
+        out.update(pairs=e.samples_per_node, masking=e.masking, t_range=[e.t_min, e.t_max])
+    elif name == "one_step":
+        out.update(prompt_masks=e.samples_per_node, p_mask_prompt=e.p_mask_prompt)
+    return out
+
+
+def _task_section(cfg: Config) -> dict:
+    from dlmrl.data import TASKS
+
+    t = cfg.task
+    cls = TASKS.get(t.name)
+    out: dict = {"name": t.name}
+    text_form = t.name != "sudoku" or t.answer_mode == "text"
+    if t.name == "sudoku":
+        out["answer_mode"] = t.answer_mode
+        out["train_data"] = t.train_file or f"generated puzzles ({t.min_blanks}-{t.max_blanks} blanks)"
+        out["test_data"] = t.test_file or "the shipped 256-puzzle held-out split"
+        out["primary_metric"] = "cell_accuracy"
+        out["reward"] = "fraction of blank cells right (SPEC §7)"
+    else:
+        sources = cls.sources(t)
+        for which, (source, split, subset, _) in sources.items():
+            local = Path(source).exists()
+            where = "local file, checked" if local else "hub dataset, loaded by the run"
+            out[f"{which}_data"] = f"{source}{f' [{subset}]' if subset else ''} split {split!r} ({where})"
+        out["primary_metric"] = getattr(cls, "primary_metric", "accuracy")
+        out["reward"] = f"correctness {cls.CORRECT:g} for a right answer (SPEC §7)"
+    if text_form:
+        from dlmrl.data.text_tasks import parse_format_rewards
+
+        extra = parse_format_rewards(t.name, t.format_rewards)
+        out["reward"] += f" + format rewards {', '.join(extra)}" if extra else ""
+    if text_form:
+        out["prompt_template"] = t.prompt_template
+        out["test_prompt_template"] = t.test_prompt_template or t.prompt_template
+        out["chat_template"] = t.chat_template
+        out["format_rewards"] = t.format_rewards
+    return out
+
+
+def _sampler_section(cfg: Config) -> dict:
+    s, ev = cfg.sampling, cfg.eval
+    length = 16 if cfg.task.name == "sudoku" and cfg.task.answer_mode != "text" else s.gen_length
+    if cfg.model.kind == "ar":
+        return {"kind": "left to right (generate)", "max_new_tokens": length + 1, "temperature": s.temperature,
+                "nfe_per_completion": length + 1}
+    blocks = length // s.block_length
+    cfg_factor = 2 if s.cfg_scale > 0 else 1
+    return {"gen_length": length, "block_length": s.block_length, "blocks": blocks, "steps": s.steps,
+            "steps_per_block": s.steps // blocks, "tokens_per_step": round(length / s.steps, 3),
+            "temperature": s.temperature, "remasking": s.remasking, "cfg_scale": s.cfg_scale,
+            "nfe_per_completion": s.steps * cfg_factor,
+            "eval": {"steps": ev.steps, "temperature": ev.temperature, "batch_size": ev.batch_size,
+                     "examples": ev.num_puzzles or "the whole held-out split"}}
+
+
+def _accelerate_section() -> dict:
+    """The process state ``accelerate`` sets up (``PartialState``; no model, no optimizer)."""
+    try:
+        from accelerate import PartialState
+
+        state = PartialState()
+    except Exception as e:  # noqa: BLE001 (a broken launch setup is reported in the plan)
+        return {"error": f"{type(e).__name__}: {e}"}
+    out = {"num_processes": state.num_processes, "process_index": state.process_index, "device": str(state.device),
+           "distributed_type": str(state.distributed_type).split(".")[-1],
+           "mixed_precision": os.environ.get("ACCELERATE_MIXED_PRECISION", "no")}
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+        out["deepspeed_zero_stage"] = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+        out["fsdp_sharding_strategy"] = (os.environ.get("FSDP_SHARDING_STRATEGY")
+                                         or os.environ.get("FSDP_RESHARD_AFTER_FORWARD"))
+    return out
+
+
+def _sizes_section(cfg: Config, nfe_scoring: int, processes: int) -> dict:
+    tr, e = cfg.train, cfg.estimator
+    rows = tr.prompts_per_step * tr.num_generations
+    out: dict = {"prompts_per_step": tr.prompts_per_step, "num_generations": tr.num_generations,
+                 "completions_per_step": rows}
+    if processes > 1:
+        out["completions_per_process"] = (rows // processes if rows % processes == 0
+                                          else f"{rows} do not split over {processes} processes")
+    length = 16 if cfg.task.name == "sudoku" and cfg.task.answer_mode != "text" else cfg.sampling.gen_length
+    out["completion_tokens_per_step"] = rows * length
+    if cfg.model.kind == "diffusion":
+        canvases = rows * nfe_scoring
+        out["scoring_canvases_per_update"] = canvases
+        out["canvases_per_forward"] = min(e.micro_batch, canvases) if e.micro_batch else canvases
+        out["scoring"] = ("two-pass chunks of estimator.micro_batch (memory of one chunk)"
+                          if e.micro_batch and e.micro_batch < canvases else "one call with grad")
+    out["updates_per_step"] = tr.num_iterations
+    out["max_steps"] = tr.max_steps
+    return out
+
+
+def _tracker_section(cfg: Config) -> dict:
+    name = cfg.train.report_to
+    out = {"report_to": name, "metrics_jsonl": "always"}
+    if name != "none":
+        out["project_dir"] = str(Path(cfg.output_dir))
+    return out
+
+
+def build_plan(cfg: Config) -> dict:
+    """The run's plan: sections ``model``, ``algorithm``, ``estimator``, ``task``, ``sampler``, ``sizes``,
+    ``tracker``, ``accelerate``, ``output`` (plain values, YAML-printable). ``cfg`` must be validated
+    (:func:`dlmrl.config.validate`); nothing is loaded but local ``config.json`` files and local data files.
+    """
+    preset = build_preset(cfg)
+    estimator = _estimator_section(cfg)
+    accel = _accelerate_section()
+    out_dir = Path(cfg.output_dir)
+    holds_run = (out_dir / "config.yaml").exists() or (out_dir / "checkpoints").is_dir()
+    return {
+        "model": _model_section(cfg),
+        "algorithm": _algorithm_section(cfg, preset),
+        "estimator": estimator,
+        "task": _task_section(cfg),
+        "sampler": _sampler_section(cfg),
+        "sizes": _sizes_section(cfg, estimator["nfe"], accel.get("num_processes", 1)),
+        "tracker": _tracker_section(cfg),
+        "accelerate": accel,
+        "output": {"output_dir": str(out_dir),
+                   "state": "holds a run (use --resume or a new --output-dir)" if holds_run else "new"},
+    }
+
+
+def format_plan(plan: dict) -> str:
+    """The plan as YAML, sections in build order."""
+    import yaml
+
+    return yaml.safe_dump(plan, sort_keys=False, width=110, allow_unicode=True)

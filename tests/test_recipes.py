@@ -1,0 +1,121 @@
+"""Every config in configs/ loads and validates, and ``dlmrl train --dry-run`` prints its plan (preset, estimator
+and NFE, task, sampler, sizes, tracker, accelerate state) without loading a model, downloading a dataset or
+contacting the hub; the LLaDA recipes carry SPEC §5's values; the accelerate configs are valid launch files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dlmrl import cli
+from dlmrl.config import Config, PretrainConfig, load_yaml, validate, validate_pretrain
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+TRAIN_CONFIGS = sorted(p for p in CONFIGS.glob("*.yaml") if not p.name.startswith("pretrain_"))
+LLADA = sorted(CONFIGS.glob("llada_*.yaml"))
+TASKS = ("gsm8k", "math", "countdown", "sudoku")
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """Fail the test if anything reaches for the hub or a dataset."""
+    import datasets
+    import transformers
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"--dry-run tried to load {args[:1]}")
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets, "load_dataset", refuse)
+    for cls in (transformers.AutoModel, transformers.AutoModelForCausalLM, transformers.AutoModelForMaskedLM,
+                transformers.AutoTokenizer):
+        monkeypatch.setattr(cls, "from_pretrained", refuse)
+
+
+def dry_run(path: Path, tmp_path, capsys, *extra: str) -> dict:
+    assert cli.main(["train", "--config", str(path), "--dry-run", "--output-dir", str(tmp_path / "run"), *extra]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"# dlmrl train --dry-run: {path} is valid")
+    assert not (tmp_path / "run").exists()  # nothing written
+    return yaml.safe_load(out)
+
+
+def test_the_llada_recipes_exist():
+    assert [p.stem for p in LLADA] == sorted(f"llada_{a}_{t}" for a in ("gdpo", "diffu_grpo") for t in TASKS)
+
+
+@pytest.mark.parametrize("path", TRAIN_CONFIGS, ids=lambda p: p.stem)
+def test_every_config_dry_runs_and_names_preset_estimator_and_nfe(path, tmp_path, capsys, offline):
+    cfg = Config()
+    load_yaml(cfg, path)
+    validate(cfg)
+    plan = dry_run(path, tmp_path, capsys)
+    assert plan["algorithm"]["name"] == cfg.train.algorithm
+    assert plan["estimator"]["nfe"] >= 1 and plan["estimator"]["name"]
+    assert plan["sizes"]["completions_per_step"] == cfg.train.prompts_per_step * cfg.train.num_generations
+    assert plan["accelerate"]["num_processes"] == 1 and plan["output"]["state"] == "new"
+
+
+@pytest.mark.parametrize("path", LLADA, ids=lambda p: p.stem)
+def test_llada_recipes_carry_spec_values(path, tmp_path, capsys, offline):
+    algo, task = path.stem.removeprefix("llada_").rsplit("_", 1)
+    plan = dry_run(path, tmp_path, capsys)
+    model = plan["model"]
+    assert model["name_or_path"] == "GSAI-ML/LLaDA-8B-Instruct" and model["family"] == "llada"
+    assert model["trust_remote_code"] is True and model["dtype"] == "bfloat16" and model["source"].startswith("hub id")
+    assert model["lora"] == {"r": 128, "alpha": 64, "dropout": 0.05, "target_modules": "q_proj,k_proj,v_proj"}
+    s = plan["sampler"]
+    assert (s["gen_length"], s["block_length"], s["steps"], s["temperature"]) == (256, 32, 128, 0.9)
+    a, e, sizes = plan["algorithm"], plan["estimator"], plan["sizes"]
+    assert (sizes["num_generations"], a["epsilon"], a["advantage"]) == (6, 0.5, "none")
+    if algo == "gdpo":
+        assert (e["name"], e["nfe"], e["num_nodes"], e["samples_per_node"]) == ("sdmc", 3, 3, 1)
+        assert (a["ratio_level"], a["beta"], a["num_iterations"]) == ("sequence", 0.0, 12)
+    else:
+        assert (e["name"], e["nfe"], e["p_mask_prompt"]) == ("one_step", 1, 0.15)
+        assert (a["ratio_level"], a["beta"]) == ("token", 0.04)
+        assert a["num_iterations"] == (12 if task in ("gsm8k", "math") else 8)
+    assert plan["task"]["name"] == task
+    assert plan["task"]["primary_metric"] == ("cell_accuracy" if task == "sudoku" else "accuracy")
+    cfg = Config()
+    load_yaml(cfg, path)
+    assert cfg.train.learning_rate == (3e-7 if algo == "gdpo" else 3e-6)
+
+
+def test_dry_run_reports_the_tracker_and_refuses_a_bad_config(tmp_path, capsys, offline):
+    path = CONFIGS / "llada_gdpo_gsm8k.yaml"
+    plan = dry_run(path, tmp_path, capsys, "report_to=tensorboard")
+    assert plan["tracker"]["report_to"] == "tensorboard"
+    assert cli.main(["train", "--config", str(path), "--dry-run", "sampling.block_length=48"]) == 2
+    assert "sampling.block_length" in capsys.readouterr().err
+
+
+def test_pretrain_configs_validate():
+    for path in sorted(CONFIGS.glob("pretrain_*.yaml")):
+        cfg = PretrainConfig()
+        load_yaml(cfg, path)
+        validate_pretrain(cfg)
+
+
+@pytest.mark.parametrize("name", ["zero2", "fsdp"])
+def test_accelerate_configs_are_valid_launch_files(name):
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    path = CONFIGS / "accelerate" / f"{name}.yaml"
+    config = load_config_from_file(str(path))
+    assert str(config.distributed_type).endswith("DEEPSPEED" if name == "zero2" else "FSDP")
+    assert config.mixed_precision == "bf16" and config.num_processes == 8
+    args = launch_command_parser().parse_args(["--config_file", str(path), "-m", "dlmrl.cli", "train", "--dry-run"])
+    args, _, _ = _validate_launch_command(args)
+    if name == "zero2":
+        assert args.use_deepspeed and args.zero_stage == 2
+    else:
+        from accelerate.utils.launch import prepare_multi_gpu_env
+
+        assert args.use_fsdp
+        env = prepare_multi_gpu_env(args)
+        assert env["FSDP_SHARDING_STRATEGY"] == "FULL_SHARD" and env["FSDP_USE_ORIG_PARAMS"] == "true"
+        assert env["FSDP_TRANSFORMER_CLS_TO_WRAP"] == "LLaDALlamaBlock"
