@@ -225,6 +225,8 @@ def _dry_run(cfg: Config, config_file: str | None) -> int:
     except (ConfigError, ValueError, OSError) as e:
         print(f"dlmrl train --dry-run: {e}", file=sys.stderr)
         return 2
+    if plan["accelerate"].get("process_index", 0) != 0:  # (under accelerate launch: the main process prints)
+        return 0
     source = config_file or default_config_path()
     print(f"# dlmrl train --dry-run: {source} is valid; no model was loaded and nothing was downloaded.")
     print(format_plan(plan), end="")

@@ -9,7 +9,12 @@ import json
 import pytest
 
 from dlmrl import cli
-from tests.training.text_fixtures import save_tiny_text_checkpoint, write_countdown, write_gsm8k
+from tests.training.text_fixtures import (
+    save_tiny_causal_text_checkpoint,
+    save_tiny_text_checkpoint,
+    write_countdown,
+    write_gsm8k,
+)
 
 SMALL = ["max_steps=2", "prompts_per_step=2", "num_generations=2", "sampling.gen_length=8", "sampling.block_length=8",
          "sampling.steps=4", "eval.steps=4", "eval.num_puzzles=0", "eval.batch_size=4", "eval.eval_steps=1",
@@ -22,8 +27,11 @@ def checkpoint(tmp_path_factory):
     return str(save_tiny_text_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny_text"))
 
 
-@pytest.mark.parametrize("task", ["gsm8k", "countdown", "sudoku"])
+@pytest.mark.parametrize("task", ["gsm8k", "countdown", "sudoku", "gsm8k-ar"])
 def test_two_step_run_on_a_text_task(task, checkpoint, tmp_path):
+    kind = ["model.kind=ar", "algorithm=grpo"] if task.endswith("-ar") else []
+    if kind:  # an AR policy on a text task (any answer_mode: the grid check is Sudoku's)
+        task, checkpoint = "gsm8k", str(save_tiny_causal_text_checkpoint(tmp_path / "ar"))
     if task == "sudoku":  # the text form: generated puzzles, the shipped held-out split
         data, metric = ["task.answer_mode=text", "eval.num_puzzles=3"], "cell_accuracy"
     else:
@@ -32,7 +40,7 @@ def test_two_step_run_on_a_text_task(task, checkpoint, tmp_path):
         metric = "accuracy"
     out = tmp_path / "run"
     args = ["train", "--output-dir", str(out), "--no-progress", f"model.name_or_path={checkpoint}",
-            f"task.name={task}", *SMALL, *data]
+            f"task.name={task}", *SMALL, *data, *kind]
     assert cli.main(args) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dlmrl.models.ar import build_tiny_causal_model
 from dlmrl.models.tiny import build_tiny_model
 from tests.data.text_helpers import text_tokenizer
 
@@ -17,6 +18,17 @@ def save_tiny_text_checkpoint(path: Path, seed: int = 0) -> Path:
     tok = text_tokenizer()
     model = build_tiny_model(len(tok), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
                              max_positions=512, seed=seed)
+    model.save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    return path
+
+
+def save_tiny_causal_text_checkpoint(path: Path, seed: int = 0) -> Path:
+    """The AR counterpart: a random causal Llama (width 32, 2 layers) with the same tokenizer."""
+    tok = text_tokenizer()
+    model = build_tiny_causal_model(len(tok), hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                                    max_positions=512, seed=seed, bos_token_id=tok.bos_token_id,
+                                    eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     model.save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
     return path
