@@ -16,3 +16,27 @@ def save_tiny_checkpoint(path: Path, hidden_size: int = 32, num_layers: int = 2,
     model.save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
     return path
+
+
+def crash_then_resume(monkeypatch, run, crash_step: int, after_crash=None) -> None:
+    """Run ``run(resume=False)`` with the data loader failing at ``crash_step`` (a simulated crash after the
+    checkpoints of the earlier steps), call ``after_crash()`` if given, then ``run(resume=True)`` with the
+    loader restored."""
+    import pytest
+
+    from dlmrl.data.tasks import SudokuTask
+
+    original = SudokuTask.train_batch
+
+    def crash(self, n, seed, step):
+        if step == crash_step:
+            raise RuntimeError("simulated crash")
+        return original(self, n, seed, step)
+
+    monkeypatch.setattr(SudokuTask, "train_batch", crash)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run(resume=False)
+    if after_crash is not None:
+        after_crash()
+    monkeypatch.setattr(SudokuTask, "train_batch", original)
+    run(resume=True)

@@ -15,7 +15,6 @@ from torch import nn
 
 from dlmrl import cli
 from dlmrl.config import Config, ConfigError, apply_overrides, validate
-from dlmrl.data.tasks import SudokuTask
 from dlmrl.models.ar import load_ar_policy
 from dlmrl.models.loading import load_policy
 from dlmrl.models.lora import (
@@ -28,6 +27,7 @@ from dlmrl.models.lora import (
     save_final_model,
 )
 from dlmrl.training import trainer
+from tests.helpers import crash_then_resume
 
 KINDS = ("diffusion", "ar")
 SHIPPED = {"diffusion": "tiny-sudoku", "ar": "tiny-sudoku-ar"}
@@ -230,18 +230,7 @@ def test_lora_run_resumes_exactly(tmp_path, monkeypatch):
     full, crashed = tmp_path / "full", tmp_path / "crashed"
     args = ("algorithm=grpo", *LORA)
     assert run_train(full, *args) == 0
-    original = SudokuTask.train_batch
-
-    def crash_at_step_1(self, n, seed, step):
-        if step == 1:
-            raise RuntimeError("simulated crash")
-        return original(self, n, seed, step)
-
-    monkeypatch.setattr(SudokuTask, "train_batch", crash_at_step_1)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        run_train(crashed, *args)
-    monkeypatch.setattr(SudokuTask, "train_batch", original)
-    assert run_train(crashed, *args, resume=True) == 0
+    crash_then_resume(monkeypatch, lambda resume: run_train(crashed, *args, resume=resume), crash_step=1)
     a = load_file(str(full / "final_model" / "adapter_model.safetensors"))
     b = load_file(str(crashed / "final_model" / "adapter_model.safetensors"))
     assert a.keys() == b.keys()

@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from dlmrl.data.tasks import SudokuTask
 from dlmrl.training.trainer import train
+from tests.helpers import crash_then_resume
 from tests.training.test_trainer import params, small_config
 
 AR = {"model.kind": "ar", "model.name_or_path": "tiny-sudoku-ar", "task.answer_mode": "full",
@@ -21,18 +21,8 @@ def test_ar_run_resumes_exactly(algorithm, mu, tmp_path, monkeypatch):
     full, crashed = tmp_path / "full", tmp_path / "crashed"
     kw = {**AR, "num_iterations": mu}
     train(small_config("tiny-sudoku-ar", full, algorithm=algorithm, **kw), progress=False)
-    original = SudokuTask.train_batch
-
-    def crash_at_step_1(self, n, seed, step):
-        if step == 1:
-            raise RuntimeError("simulated crash")
-        return original(self, n, seed, step)
-
-    monkeypatch.setattr(SudokuTask, "train_batch", crash_at_step_1)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        train(small_config("tiny-sudoku-ar", crashed, algorithm=algorithm, **kw), progress=False)
-    monkeypatch.setattr(SudokuTask, "train_batch", original)
-    train(small_config("tiny-sudoku-ar", crashed, algorithm=algorithm, **kw), resume=True, progress=False)
+    crash_then_resume(monkeypatch, lambda resume: train(
+        small_config("tiny-sudoku-ar", crashed, algorithm=algorithm, **kw), resume=resume, progress=False), 1)
     a, b = params(full), params(crashed)
     assert a.keys() == b.keys()
     for k in a:

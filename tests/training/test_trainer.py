@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from dlmrl.config import Config, apply_overrides
 from dlmrl.data.tasks import SudokuTask
 from dlmrl.training.trainer import train
-from tests.helpers import save_tiny_checkpoint
+from tests.helpers import crash_then_resume, save_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -56,20 +56,9 @@ def test_resumed_run_matches_uninterrupted_run(base, tmp_path, monkeypatch):
     train(small_config(base, full, max_steps=4, save_steps=2, **{"eval.before": False}), progress=False)
 
     crashed = tmp_path / "crashed"
-    original = SudokuTask.train_batch
-
-    def crash_at_step_3(self, n, seed, step):
-        if step == 3:
-            raise RuntimeError("simulated crash")
-        return original(self, n, seed, step)
-
-    monkeypatch.setattr(SudokuTask, "train_batch", crash_at_step_3)
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        train(small_config(base, crashed, max_steps=4, save_steps=2, **{"eval.before": False}), progress=False)
-    assert (crashed / "checkpoints" / "step-2").exists()
-    monkeypatch.setattr(SudokuTask, "train_batch", original)
-    train(small_config(base, crashed, max_steps=4, save_steps=2, **{"eval.before": False}), resume=True,
-          progress=False)
+    crash_then_resume(monkeypatch, lambda resume: train(small_config(
+        base, crashed, max_steps=4, save_steps=2, **{"eval.before": False}), resume=resume, progress=False), 3,
+        after_crash=lambda: (crashed / "checkpoints" / "step-2").exists() or pytest.fail("no step-2 checkpoint"))
 
     a, b = params(full), params(crashed)
     for k in a:
