@@ -73,6 +73,14 @@ class MaskPlan:
     def num_samples(self) -> int:
         return int(self.masks.shape[0])
 
+    def rows(self, index: torch.Tensor) -> MaskPlan:
+        """The plan of rows ``index`` (a ``(K,)`` long tensor) of the batch: each row keeps its own masks."""
+        index = torch.as_tensor(index, dtype=torch.long)
+        pm = None if self.prompt_masks is None else self.prompt_masks[:, index.to(self.prompt_masks.device)]
+        t = self.t if self.t.dim() == 1 else self.t[:, index.to(self.t.device)]
+        return MaskPlan(masks=self.masks[:, index.to(self.masks.device)],
+                        weights=self.weights[:, index.to(self.weights.device)], t=t, prompt_masks=pm)
+
     def to(self, device: torch.device | str) -> MaskPlan:
         """The same plan on ``device`` (``t`` stays where it is: it is bookkeeping only)."""
         pm = None if self.prompt_masks is None else self.prompt_masks.to(device)

@@ -24,7 +24,15 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import nn
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, LogitsProcessor, LogitsProcessorList
+from transformers import (
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LogitsProcessor,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from dlmrl.models.loading import DTYPES
 from dlmrl.models.lora import attach_adapter, check_adapter_kind, find_adapter
@@ -84,6 +92,12 @@ def _seed_from(generator: torch.Generator | int | None) -> int | None:
     raise TypeError(f"generator must be a torch.Generator, an int seed or None, got {type(generator).__name__}")
 
 
+def draw_seed(generator: torch.Generator | int | None) -> int | None:
+    """The sampling seed :meth:`AutoregressivePolicy.generate` takes from ``generator`` (one draw from a
+    ``torch.Generator``; an int or ``None`` as it is)."""
+    return _seed_from(generator)
+
+
 @contextlib.contextmanager
 def _seeded(seed: int | None, device: torch.device):
     """Seed torch's global RNG inside, restore the caller's RNG state after (``generate`` samples with it)."""
@@ -138,6 +152,42 @@ class StepTemperatureProcessor(LogitsProcessor):
             f = f[:, :length]
             f = torch.cat([f, f.new_ones(f.shape[0], length - f.shape[1])], dim=1)
         return f
+
+
+class RowSliceSampler(LogitsProcessor):
+    """transformers' multinomial draw done for rows ``[start, start + B)`` of a batch of ``total`` rows.
+
+    ``torch.multinomial(p, 1)`` is ``argmax(p / q)`` with ``q ~ Exp(1)`` drawn like ``p``; this processor draws
+    ``q`` for the whole ``(total, V)`` batch from its own generator (seeded with the seed ``generate`` seeds
+    transformers' sampler with), keeps this call's rows, picks ``argmax(softmax(scores) / q)`` and returns
+    scores that put all mass on that token, so transformers' own draw can only confirm it. Each row's token
+    then depends on its place in the whole batch, not on which rows share the call (data-parallel
+    sampling), and a call with every row (``start = 0``, ``total = B``) draws the numbers transformers would.
+    transformers runs custom processors before its temperature and top-p warpers, so this one applies those
+    warpers itself (the same classes, in transformers' order) and must come after every other custom
+    processor; the warpers then leave its one-token distribution unchanged.
+    """
+
+    def __init__(self, seed: int, start: int, total: int, temperature: float = 1.0, top_p: float = 1.0):
+        self.seed, self.start, self.total = seed, start, total
+        self.generator: torch.Generator | None = None
+        self.warpers = LogitsProcessorList()
+        if temperature != 1.0:
+            self.warpers.append(TemperatureLogitsWarper(temperature))
+        if top_p < 1.0:
+            self.warpers.append(TopPLogitsWarper(top_p))
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        B, V = scores.shape
+        if not 0 <= self.start <= self.start + B <= self.total:
+            raise ValueError(f"rows {self.start}..{self.start + B} do not lie in a batch of {self.total}")
+        if self.generator is None:
+            self.generator = torch.Generator(device=scores.device).manual_seed(self.seed)
+        probs = torch.softmax(self.warpers(input_ids, scores), dim=-1)  # (B, V), as transformers' sampling step
+        q = torch.empty((self.total, V), dtype=probs.dtype, device=scores.device).exponential_(
+            1, generator=self.generator)[self.start : self.start + B]  # (B, V)
+        token = (probs / q).argmax(dim=-1)  # (B,)
+        return torch.full_like(scores, float("-inf")).scatter_(1, token[:, None], 0.0)
 
 
 @dataclass
@@ -232,6 +282,7 @@ class AutoregressivePolicy:
         top_p: float = 1.0,
         generator: torch.Generator | int | None = None,
         temperature_fn: TemperatureFn | StepTemperatureProcessor | None = None,
+        noise_rows: tuple[int, int] | None = None,
     ) -> ARRollout:
         """Sample completions with ``model.generate``.
 
@@ -248,6 +299,11 @@ class AutoregressivePolicy:
             temperature_fn: a per-step temperature hook (see :class:`StepTemperatureProcessor`; pass the
                 processor itself to read the factors it applied afterwards); the effective temperature is
                 ``T · f_t``. Ignored when ``temperature == 0``.
+            noise_rows: ``(start, total)``: the ``B`` prompts are rows ``[start, start + B)`` of a batch of
+                ``total`` sampled together (one process's share of a data-parallel batch); each row's random
+                numbers are those it has in the whole batch (:class:`RowSliceSampler`; ``generator`` must
+                then be given), so the rows come out as in one call with the whole batch. ``None``: this
+                call's rows are the batch.
         Returns:
             :class:`ARRollout` ``(completion (B, L) long, completion_mask (B, L) bool)``: the mask covers
             the tokens up to and including the first stop token; pad id after it. The number of forward
@@ -269,14 +325,19 @@ class AutoregressivePolicy:
                               eos_token_id=list(self.stop_token_ids) or None, pad_token_id=self.pad_token_id)
         if sample:
             gc.update(temperature=float(temperature), top_p=float(top_p), top_k=0)
-        processors = None
+        processors = LogitsProcessorList()
         if sample and temperature_fn is not None:
             proc = (temperature_fn if isinstance(temperature_fn, StepTemperatureProcessor)
                     else StepTemperatureProcessor(temperature_fn))
-            processors = LogitsProcessorList([proc])
-        with _blank_generation_config(model), _seeded(_seed_from(generator), prompt_ids.device):
+            processors.append(proc)
+        seed = _seed_from(generator)
+        if sample and noise_rows is not None:
+            if seed is None:
+                raise ValueError("noise_rows needs a generator or a seed")
+            processors.append(RowSliceSampler(seed, *noise_rows, temperature=float(temperature), top_p=float(top_p)))
+        with _blank_generation_config(model), _seeded(seed, prompt_ids.device):
             out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask.long(), generation_config=gc,
-                                 logits_processor=processors)
+                                 logits_processor=processors or None)
         return self._finish(out[:, prompt_ids.shape[1] :], max_new_tokens)
 
     def _finish(self, generated: torch.Tensor, length: int) -> ARRollout:

@@ -12,6 +12,7 @@ released ``generate.py`` (``generate``, ``get_num_transfer_tokens``, ``add_gumbe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -59,14 +60,46 @@ def num_transfer_tokens(mask_index: torch.Tensor, steps: int) -> torch.Tensor:
     return base + (step < remainder).long()  # (B, steps)
 
 
-def _uniform(shape, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
-    """float64 U(0,1) drawn on the generator's own device (a CPU generator can drive a GPU model)."""
+#: most float64 numbers drawn at once when a row slice's noise skips the other rows (bounds memory)
+_SKIP_CHUNK = 1 << 24
+
+
+def _uniform(shape, generator: torch.Generator | None, device: torch.device,
+             rows: tuple[int, int] | None = None) -> torch.Tensor:
+    """float64 U(0,1) drawn on the generator's own device (a CPU generator can drive a GPU model).
+
+    ``rows = (start, total)``: ``shape[0]`` rows out of ``total``; the draw is that of a ``(total, *shape[1:])``
+    tensor, of which rows ``[start, start + shape[0])`` are returned, so a row gets the same numbers whichever
+    slice of the batch a call holds (data-parallel sampling) and the generator advances by the whole batch.
+    A CPU generator draws the other rows in chunks and drops them (the CPU stream is sequential, so chunks give
+    the same numbers as one draw); another generator draws the whole tensor.
+    """
     where = generator.device if generator is not None else device
-    return torch.rand(shape, generator=generator, device=where, dtype=torch.float64).to(device)
+    if rows is None or (rows[0] == 0 and rows[1] == shape[0]):
+        return torch.rand(shape, generator=generator, device=where, dtype=torch.float64).to(device)
+    start, total = rows
+    n, rest = shape[0], tuple(shape[1:])
+    if not 0 <= start <= start + n <= total:
+        raise ValueError(f"rows {start}..{start + n} do not lie in a batch of {total}")
+    if where.type != "cpu" or generator is None:
+        full = torch.rand((total, *rest), generator=generator, device=where, dtype=torch.float64)
+        return full[start : start + n].to(device)
+    per_row = max(1, math.prod(rest))
+    step = max(1, _SKIP_CHUNK // per_row)
+
+    def skip(count: int) -> None:
+        for i in range(0, count, step):
+            torch.rand((min(step, count - i), *rest), generator=generator, dtype=torch.float64)
+
+    skip(start)
+    out = torch.rand((n, *rest), generator=generator, dtype=torch.float64)
+    skip(total - start - n)
+    return out.to(device)
 
 
 def add_gumbel_noise(
-    logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None
+    logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None,
+    rows: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Perturb logits so that their argmax is a sample from ``softmax(logits / temperature)``.
 
@@ -78,6 +111,8 @@ def add_gumbel_noise(
         logits: ``(..., V)`` float.
         temperature: ``>= 0``; ``0`` returns ``logits`` unchanged (greedy).
         generator: source of the uniform noise.
+        rows: ``(start, total)``: ``logits`` are rows ``[start, start + B)`` of a batch of ``total``; the noise
+            is that row's noise in the whole batch (see :func:`generate`'s ``rows``).
     Returns:
         ``(..., V)`` float64 noised logits (or ``logits`` itself when ``temperature == 0``).
     Raises:
@@ -90,7 +125,7 @@ def add_gumbel_noise(
     if temperature == 0:
         return logits
     logits = logits.to(torch.float64)
-    u = _uniform(logits.shape, generator, logits.device)
+    u = _uniform(logits.shape, generator, logits.device, rows)
     u = u.clamp_min(torch.finfo(torch.float64).tiny)  # u = 0 would give log(0)
     gumbel = -torch.log(-torch.log(u))  # (..., V)
     return logits + temperature * gumbel
@@ -186,6 +221,7 @@ def generate(
     eos_token_id: int | None = None,
     fill_after_eos: bool = False,
     generator: torch.Generator | None = None,
+    rows: tuple[int, int] | None = None,
 ) -> SampleOutput:
     """Decode a canvas after each prompt by iterative unmasking, block by block.
 
@@ -222,8 +258,14 @@ def generate(
         eos_token_id: EOS id, used only by ``fill_after_eos``.
         fill_after_eos: fill everything after each row's first EOS with EOS.
         generator: the only source of randomness (Gumbel noise, random confidences).
+        rows: ``(start, stop)``: decode only rows ``[start, stop)`` of the batch (one process's share of a
+            data-parallel batch; the model runs on those rows only). Every row's random numbers, the steps
+            taken (a step runs when any row of the whole batch reveals a token) and the generator's state
+            afterwards are those of decoding the whole batch, so the rows come out as in a whole-batch call
+            (up to the model's floating-point batch effects). ``None``: every row. Never empty: the noise
+            needs the vocabulary size from the model's logits.
     Returns:
-        :class:`SampleOutput` with ``canvas`` ``(B, L)`` long and ``nfe``.
+        :class:`SampleOutput` with ``canvas`` ``(B, L)`` long (``rows``: ``(stop - start, L)``) and ``nfe``.
     Raises:
         ValueError: if ``gen_length % block_length != 0``, ``steps % num_blocks != 0``, fewer than
             one step per block, an unknown ``remasking``, mismatched ``prompt_mask`` / ``canvas``
@@ -248,31 +290,38 @@ def generate(
         raise ValueError("policy must have a mask_token_id attribute")
     mask_id = int(policy.mask_token_id)
     prompt_mask = prompt_mask.bool()
-    B = prompt_ids.shape[0]
+    total = prompt_ids.shape[0]
+    start, stop = (0, total) if rows is None else rows
+    if rows is not None and not 0 <= start < stop <= total:
+        raise ValueError(f"rows ({start}, {stop}) must satisfy 0 <= start < stop <= batch size {total}")
     if canvas is None:
-        x = torch.full((B, gen_length), mask_id, dtype=torch.long, device=prompt_ids.device)  # (B, L)
+        x_all = torch.full((total, gen_length), mask_id, dtype=torch.long, device=prompt_ids.device)  # (B, L)
     else:
-        x = canvas.to(device=prompt_ids.device, dtype=torch.long).clone()  # (B, L)
+        x_all = canvas.to(device=prompt_ids.device, dtype=torch.long).clone()  # (B, L)
+    # the rows decoded here (all of them unless `rows`); the others' masks still decide which steps run
+    x, prompt_ids, prompt_mask = x_all[start:stop], prompt_ids[start:stop], prompt_mask[start:stop]
+    noise_rows = None if rows is None else (start, total)
     nfe = 0
     passes = 2 if cfg_scale > 0 else 1
 
     for block in range(num_blocks):
         lo, hi = block * block_length, (block + 1) * block_length
-        schedule = num_transfer_tokens(x[:, lo:hi] == mask_id, block_steps)  # (B, steps)
+        # (a block's positions are revealed only in its own steps, so x_all's undecoded rows count right)
+        schedule = num_transfer_tokens(x_all[:, lo:hi] == mask_id, block_steps)  # (B_all, steps)
         for step in range(block_steps):
-            k = schedule[:, step]  # (B,)
-            if not bool((k > 0).any()):
+            if not bool((schedule[:, step] > 0).any()):
                 continue
+            k = schedule[start:stop, step]  # (B,)
             logits = _guided_logits(policy, prompt_ids, prompt_mask, x, mask_id, cfg_scale)[:, lo:hi]
             nfe += passes
             logits = logits.clone()  # (B, Lb, V)
             logits[..., mask_id] = float("-inf")
-            x0 = add_gumbel_noise(logits, temperature, generator).argmax(dim=-1)  # (B, Lb)
+            x0 = add_gumbel_noise(logits, temperature, generator, noise_rows).argmax(dim=-1)  # (B, Lb)
             if remasking == "low_confidence":
                 probs = torch.softmax(logits.to(torch.float64), dim=-1)  # (B, Lb, V)
                 conf = probs.gather(-1, x0[..., None]).squeeze(-1)  # (B, Lb)
             else:
-                conf = _uniform(x0.shape, generator, x0.device)
+                conf = _uniform(x0.shape, generator, x0.device, noise_rows)
             masked = x[:, lo:hi] == mask_id  # (B, Lb)
             conf = conf.masked_fill(~masked, float("-inf"))
             order = conf.argsort(dim=1, descending=True, stable=True)  # (B, Lb)
