@@ -314,6 +314,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "train" and args.dry_run:
         return _dry_run(cfg, args.config)
     if args.command == "train":
+        from dlmrl.training.distributed import (
+            check_process_split,
+            cpu_relaunch_command,
+            requested_cpu_processes,
+        )
+
+        cpu_processes = requested_cpu_processes()
+        if cpu_processes:  # `accelerate launch --cpu --num_processes N` without mpirun started this process alone
+            try:
+                check_process_split(cfg, cpu_processes)
+            except ConfigError as e:
+                print(f"dlmrl train: {e}", file=sys.stderr)
+                return 2
+            import subprocess
+
+            print(f"dlmrl train: accelerate launch --cpu starts one process unless it runs mpirun; starting the "
+                  f"{cpu_processes} CPU processes with torch.distributed.run", file=sys.stderr, flush=True)
+            return subprocess.call(cpu_relaunch_command(argv if argv is not None else sys.argv[1:], cpu_processes))
         from dlmrl.training.trainer import train
 
         try:
@@ -323,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         except (FileNotFoundError, ConfigError) as e:
             print(f"dlmrl train: {e}", file=sys.stderr)
             return 2
+        if os.environ.get("RANK", "0") != "0":  # (several processes: the main one reports)
+            return 0
         before, after = summary.get("eval_before"), summary.get("eval_after")
         if before and after:
             metric = after.get("primary_metric", "cell_accuracy")

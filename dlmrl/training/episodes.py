@@ -34,7 +34,7 @@ def encode_observations(tokenizer, texts: Sequence[str], device: str | torch.dev
 
 def rollout_episodes(policy, task, make_env: Callable[[], object], examples: Sequence, num_generations: int,
                      generator: torch.Generator, max_new_tokens: int, temperature: float = 1.0,
-                     temperature_fn=None) -> Rollout:
+                     temperature_fn=None, processes=None) -> Rollout:
     """Play ``num_generations`` episodes per example, all active episodes' turns sampled in one batch.
 
     Episode ``e = prompt · G + g`` starts with ``env.reset(example)``; each turn the policy samples a
@@ -48,6 +48,12 @@ def rollout_episodes(policy, task, make_env: Callable[[], object], examples: Seq
             (``task.decode``). make_env: a fresh environment per episode (e.g. ``lambda: make_env(name,
             task, max_turns)``). examples: the prompts' examples. num_generations: G.
         generator: the step's generator. max_new_tokens: response budget per turn.
+        processes: a :class:`dlmrl.training.distributed.Processes` when the episodes are one process's
+            share of a data-parallel batch (each process holds consecutive episodes): every process then
+            plays every turn of the whole batch (drawing the turn's seed even when none of its episodes is
+            still running), samples its active episodes with the random numbers they have among all active
+            episodes, and counts ``nfe`` over the whole batch (``passes``: its own episodes' turns times the
+            turn's longest response in the whole batch). ``None``: one process.
     Returns:
         A :class:`Rollout` of one row per turn, rows of a trajectory consecutive (episode order, then turn
         order): ``prompt_ids`` the turn's observation, ``completion`` the response (mask up to and
@@ -71,25 +77,44 @@ def rollout_episodes(policy, task, make_env: Callable[[], object], examples: Seq
     prompts: list[list[str]] = [[] for _ in range(E)]
     final = [0.0] * E
     active, nfe, passes, turn = list(range(E)), 0, 0, 0
-    while active:
-        if turn >= max(env.max_turns for env in envs):
+    counts = [E] if processes is None else processes.gather(E)  # active episodes per process
+    while sum(counts):
+        if active and turn >= max(env.max_turns for env in envs):
             raise RuntimeError(f"episodes still running after {turn} turns: an environment must end its "
                                "episodes within its max_turns")
-        ids, mask = encode_observations(policy.tokenizer, [obs[e] for e in active], policy.device)
-        comp, cmask = policy.generate(ids, mask, max_new_tokens, temperature=temperature, generator=generator,
-                                      temperature_fn=temperature_fn)
-        nfe += int(cmask.sum(-1).max())
-        passes += len(active) * int(cmask.sum(-1).max())
-        texts = task.decode(comp)
-        still = []
-        for k, e in enumerate(active):
-            prompts[e].append(obs[e])
-            turns[e].append((comp[k], cmask[k]))
-            obs[e], done, reward = envs[e].step(texts[k])
-            final[e] = float(reward)
-            if not done:
-                still.append(e)
-        active, turn = still, turn + 1
+        longest, still = 0, []
+        if processes is None:
+            sample = {"generator": generator}
+        else:  # (the turn's seed is drawn on every process; rows: this share's place among all active episodes)
+            from dlmrl.models.ar import draw_seed
+
+            sample = {"generator": draw_seed(generator),
+                      "noise_rows": (sum(counts[: processes.index]), sum(counts))}
+        if active:
+            ids, mask = encode_observations(policy.tokenizer, [obs[e] for e in active], policy.device)
+            comp, cmask = policy.generate(ids, mask, max_new_tokens, temperature=temperature,
+                                          temperature_fn=temperature_fn, **sample)
+            longest = int(cmask.sum(-1).max())
+            texts = task.decode(comp)
+            for k, e in enumerate(active):
+                prompts[e].append(obs[e])
+                turns[e].append((comp[k], cmask[k]))
+                obs[e], done, reward = envs[e].step(texts[k])
+                final[e] = float(reward)
+                if not done:
+                    still.append(e)
+        turn_stats = [(len(active), longest, len(still))] if processes is None else processes.gather(
+            (len(active), longest, len(still)))
+        longest = max(n for _, n, _ in turn_stats)
+        nfe += longest
+        passes += len(active) * longest  # (this share's; the shares' counts add up to the whole batch's)
+        active, turn, counts = still, turn + 1, [s for _, _, s in turn_stats]
+    if not E:  # (an empty share of a data-parallel batch)
+        empty = torch.zeros((0, max_new_tokens), dtype=torch.long, device=policy.device)
+        no_rows = torch.zeros(0)
+        return Rollout([], empty[:, :1], empty[:, :1].bool(), empty, empty.bool(), nfe,
+                       group_ids=no_rows.long(), trajectory_ids=no_rows.long(), rewards=no_rows,
+                       train_rewards=no_rows.clone(), passes=passes)
     texts_all = [p for e in range(E) for p in prompts[e]]
     ids, mask = encode_observations(policy.tokenizer, texts_all, policy.device)
     traj = torch.tensor([e for e in range(E) for _ in turns[e]], dtype=torch.long)  # (B,)

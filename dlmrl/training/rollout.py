@@ -70,6 +70,15 @@ class Rollout:
                        self.completion[index], self.completion_mask[index], self.nfe, pick(self.group_ids),
                        pick(self.trajectory_ids), pick(self.anchor), pick(self.rewards), pick(self.train_rewards))
 
+    def to(self, device: torch.device | str) -> Rollout:
+        """The same rows with every tensor on ``device``."""
+        def move(t):
+            return None if t is None else t.to(device)
+
+        return Rollout(self.examples, move(self.prompt_ids), move(self.prompt_mask), move(self.completion),
+                       move(self.completion_mask), self.nfe, move(self.group_ids), move(self.trajectory_ids),
+                       move(self.anchor), move(self.rewards), move(self.train_rewards), self.passes)
+
     def sampling_passes(self) -> int:
         """Sequence forward passes spent sampling: ``passes``, else ``B · nfe``."""
         return self.passes if self.passes is not None else len(self) * self.nfe
@@ -140,27 +149,60 @@ class Rollout:
         )
 
 
-def rollout_diffusion(policy, task, cfg, examples: list, generator: torch.Generator) -> Rollout:
+def _prompt_rows(num_prompts: int, G: int, prompts: tuple[int, int] | None) -> slice:
+    """The completion rows of prompts ``[lo, hi)`` (all of them when ``prompts`` is None)."""
+    lo, hi = (0, num_prompts) if prompts is None else prompts
+    if not 0 <= lo <= hi <= num_prompts:
+        raise ValueError(f"prompts ({lo}, {hi}) must lie in the batch's {num_prompts} prompts")
+    return slice(lo * G, hi * G)
+
+
+def rollout_diffusion(policy, task, cfg, examples: list, generator: torch.Generator,
+                      prompts: tuple[int, int] | None = None) -> Rollout:
     """G completions per prompt from the masked-diffusion sampler (``sampling`` section); the completion
-    mask is the task's (e.g. the blank cells in infill mode)."""
+    mask is the task's (e.g. the blank cells in infill mode).
+
+    ``prompts = (lo, hi)``: sample only the completions of prompts ``[lo, hi)`` (one process's share), each
+    with the random numbers it has in the whole batch (the sampler's ``rows``); an empty share still runs the
+    sampler on one row, which it drops, so that ``generator`` advances as on the other processes.
+    """
     s = cfg.sampling
-    batch = task.encode(examples, device=policy.device).repeat(cfg.train.num_generations)
+    batch = task.encode(examples, device=policy.device).repeat(cfg.train.num_generations)  # the whole batch
+    keep = _prompt_rows(len(examples), cfg.train.num_generations, prompts)
+    rows = None if prompts is None else (keep.start, keep.stop) if keep.stop > keep.start else (0, 1)
     out = generate(policy, batch.prompt_ids, batch.prompt_mask, gen_length=task.gen_length,
                    block_length=s.block_length, steps=s.steps, temperature=s.temperature, remasking=s.remasking,
-                   cfg_scale=s.cfg_scale, canvas=batch.canvas, generator=generator)
-    return Rollout(batch.examples, batch.prompt_ids, batch.prompt_mask, out.canvas, batch.completion_mask, out.nfe)
+                   cfg_scale=s.cfg_scale, canvas=batch.canvas, generator=generator, rows=rows)
+    canvas = out.canvas if keep.stop > keep.start else out.canvas[:0]
+    return Rollout(batch.examples[keep], batch.prompt_ids[keep], batch.prompt_mask[keep], canvas,
+                   batch.completion_mask[keep], out.nfe)
 
 
 def rollout_ar(policy, task, cfg, examples: list, generator: torch.Generator, max_new_tokens: int | None = None,
-               temperature_fn=None) -> Rollout:
+               temperature_fn=None, prompts: tuple[int, int] | None = None) -> Rollout:
     """G completions per prompt, left to right: ``gen_length + 1`` tokens (the grid, then EOS) unless
     ``max_new_tokens`` says otherwise. The completion mask covers the tokens up to and including EOS;
-    NFE is the longest completion."""
-    batch = task.encode(examples, device=policy.device).repeat(cfg.train.num_generations)
-    comp, mask = policy.generate(batch.prompt_ids, batch.prompt_mask, max_new_tokens or task.gen_length + 1,
+    NFE is the longest completion.
+
+    ``prompts = (lo, hi)``: sample only the completions of prompts ``[lo, hi)`` (one process's share), each
+    with the random numbers it has in the whole batch (``noise_rows`` of ``policy.generate``); an empty share
+    draws the sampling seed only, so that ``generator`` advances as on the other processes.
+    """
+    from dlmrl.models.ar import draw_seed
+
+    length = max_new_tokens or task.gen_length + 1
+    batch = task.encode(examples, device=policy.device).repeat(cfg.train.num_generations)  # the whole batch
+    keep = _prompt_rows(len(examples), cfg.train.num_generations, prompts)
+    if keep.stop == keep.start:
+        draw_seed(generator)
+        empty = batch.prompt_ids.new_zeros((0, length))
+        return Rollout([], batch.prompt_ids[keep], batch.prompt_mask[keep], empty, empty.bool(), 0)
+    extra = {} if prompts is None else {"noise_rows": (keep.start, len(batch.examples))}
+    comp, mask = policy.generate(batch.prompt_ids[keep], batch.prompt_mask[keep], length,
                                  temperature=cfg.sampling.temperature, generator=generator,
-                                 temperature_fn=temperature_fn)
-    return Rollout(batch.examples, batch.prompt_ids, batch.prompt_mask, comp, mask, int(mask.sum(-1).max()))
+                                 temperature_fn=temperature_fn, **extra)
+    return Rollout(batch.examples[keep], batch.prompt_ids[keep], batch.prompt_mask[keep], comp, mask,
+                   int(mask.sum(-1).max()))
 
 
 LossFn = Callable[[torch.Tensor], "tuple[torch.Tensor, dict]"]
@@ -186,11 +228,18 @@ class DiffusionScorer:
         self.policy, self.ref, self.estimator, self.micro_batch = policy, ref, estimator, micro_batch
         self.nfe = estimator.nfe
 
-    def prepare(self, ro: Rollout, num_iterations: int, generator: torch.Generator, entropy: bool = False) -> OldScores:
-        """Draw the plans; score old (updates 2..μ) and reference (every update) under no grad."""
-        self.ro = ro
-        self.plans = [self.estimator.make_plan(ro.completion_mask, generator, ro.prompt_mask)
-                      for _ in range(num_iterations)]
+    def prepare(self, ro: Rollout, num_iterations: int, generator: torch.Generator, entropy: bool = False,
+                rows: torch.Tensor | None = None) -> OldScores:
+        """Draw the plans; score old (updates 2..μ) and reference (every update) under no grad.
+
+        ``rows``: ``(K,)`` long, score only these rows of ``ro`` (one process's share); the plans are drawn
+        for all of ``ro`` and cut to them, so a row's masks do not depend on which process scores it.
+        """
+        plans = [self.estimator.make_plan(ro.completion_mask, generator, ro.prompt_mask)
+                 for _ in range(num_iterations)]
+        if rows is not None:
+            ro, plans = ro.rows(rows), [plan.rows(rows) for plan in plans]
+        self.ro, self.plans = ro, plans
         args = (ro.prompt_ids, ro.prompt_mask, ro.completion, ro.completion_mask)
         ent = None
         with torch.no_grad():
@@ -217,7 +266,10 @@ class ARScorer:
         self.policy, self.ref = policy, ref
         self.nfe = 1
 
-    def prepare(self, ro: Rollout, num_iterations: int, generator: torch.Generator, entropy: bool = False) -> OldScores:
+    def prepare(self, ro: Rollout, num_iterations: int, generator: torch.Generator, entropy: bool = False,
+                rows: torch.Tensor | None = None) -> OldScores:
+        """Score old and reference log-probs under no grad (``rows``: only these rows of ``ro``)."""
+        ro = ro if rows is None else ro.rows(rows)
         self.ro = ro
         args = (ro.prompt_ids, ro.prompt_mask, ro.completion, ro.completion_mask)
         with torch.no_grad():

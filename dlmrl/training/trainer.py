@@ -29,11 +29,12 @@ import shutil
 import signal
 import time
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, DistributedDataParallelKwargs
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
@@ -64,6 +65,14 @@ from dlmrl.objectives.pairwise import ngram_jaccard
 from dlmrl.objectives.segments import delimiter_token_ids, sentence_segments
 from dlmrl.objectives.shaping import soft_overlong_punishment
 from dlmrl.training.checkpoint import atomic_dir, latest_checkpoint, write_json_atomic
+from dlmrl.training.distributed import (
+    Processes,
+    check_process_split,
+    gather_rollout,
+    group_share,
+    launched_processes,
+    loss_share,
+)
 from dlmrl.training.episodes import rollout_episodes, trajectory_rewards
 from dlmrl.training.evaluation import evaluate, evaluate_ar, primary_metric
 from dlmrl.training.logging import MetricsWriter, plot_curves
@@ -186,30 +195,42 @@ def shaped_rewards(preset, rewards: torch.Tensor, lengths: torch.Tensor, max_len
 
 
 def sample_groups(policy, task, cfg: Config, preset, examples: list, generator: torch.Generator, max_length: int,
-                  temperature_fn=None, env: str | None = None) -> Rollout:
+                  temperature_fn=None, env: str | None = None, processes: Processes | None = None,
+                  pad_id: int = 0) -> Rollout:
     """Step 1 for one batch of prompts: G completions per prompt (``env``: G episodes per prompt, one row per
     turn, :func:`dlmrl.training.episodes.rollout_episodes`) with ``rewards`` (task) and ``train_rewards``
-    (plus DAPO's soft overlong punishment when the preset has it; episodes: the trajectory's final reward)."""
+    (plus DAPO's soft overlong punishment when the preset has it; episodes: the trajectory's final reward).
+
+    With several ``processes`` each samples (and rewards) its share of the prompts, every row with the random
+    numbers it has in the whole batch, and the shares are gathered: every process returns the whole batch
+    (:mod:`dlmrl.training.distributed`)."""
     G = cfg.train.num_generations
+    share = processes.share(len(examples)) if processes is not None and processes.count > 1 else None
     if env is not None:
-        return rollout_episodes(policy, task, lambda: make_env(env, task, cfg.train.max_turns), examples, G,
-                                generator, max_length, cfg.sampling.temperature, temperature_fn)
+        ro = rollout_episodes(policy, task, lambda: make_env(env, task, cfg.train.max_turns),
+                              examples if share is None else examples[share[0] : share[1]], G, generator,
+                              max_length, cfg.sampling.temperature, temperature_fn,
+                              processes if share is not None else None)
+        return ro if share is None else gather_rollout(ro, processes, G, pad_id)
     if cfg.model.kind == "ar":
         ro = rollout_ar(policy, task, cfg, examples, generator, max_new_tokens=max_length,
-                        temperature_fn=temperature_fn)
+                        temperature_fn=temperature_fn, prompts=share)
     else:
-        ro = rollout_diffusion(policy, task, cfg, examples, generator)
+        ro = rollout_diffusion(policy, task, cfg, examples, generator, prompts=share)
     ro.rewards = torch.tensor(task.rewards(ro.examples, task.decode(ro.completion)), dtype=torch.float32)  # (B,)
     ro.train_rewards = shaped_rewards(preset, ro.rewards, ro.completion_mask.sum(-1).cpu(), max_length)
-    return ro
+    return ro if share is None else gather_rollout(ro, processes, G, pad_id)
 
 
 def sample_step(policy, task, cfg: Config, preset, step: int, generator: torch.Generator, max_length: int,
-                temperature_fn=None, env: str | None = None, pad_id: int = 0) -> tuple[Rollout, SamplingStats]:
+                temperature_fn=None, env: str | None = None, pad_id: int = 0,
+                processes: Processes | None = None) -> tuple[Rollout, SamplingStats]:
     """Step 1 of the loop: the step's prompts (``task.train_batch(prompts_per_step, seed, step)``) sampled with
     :func:`sample_groups`; with the preset's dynamic sampling (DAPO), groups of equal rewards are dropped and
     new prompts (:func:`~dlmrl.training.rollout.fresh_prompts`, none drawn before in the step) sampled, at
     most ``dynamic_sampling_max_rounds`` extra rounds (:func:`~dlmrl.training.rollout.fill_informative_groups`).
+    With several ``processes`` every round is sampled in shares and gathered, so every process sees the whole
+    batch, takes the same decisions and runs the same number of rounds.
 
     Returns:
         The batch to train on and what sampling it cost (:class:`~dlmrl.training.rollout.SamplingStats`).
@@ -220,7 +241,8 @@ def sample_step(policy, task, cfg: Config, preset, step: int, generator: torch.G
     def sample(batch: list) -> Rollout | None:
         if not batch:
             return None
-        return sample_groups(policy, task, cfg, preset, batch, generator, max_length, temperature_fn, env)
+        return sample_groups(policy, task, cfg, preset, batch, generator, max_length, temperature_fn, env,
+                             processes, pad_id)
 
     ro = sample(examples)
     if not preset.dynamic_sampling:
@@ -300,6 +322,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
         FileNotFoundError: ``resume=True`` with no checkpoint in ``output_dir``.
     """
     validate(cfg)
+    check_process_split(cfg, launched_processes())  # (accelerate launch: the batch must split over the processes)
     tr, out = cfg.train, Path(cfg.output_dir)
     ckpt = latest_checkpoint(out) if resume else None
     if resume and ckpt is None:
@@ -310,7 +333,16 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
     if resume and (out / "config.yaml").exists():
         check_same_config(cfg, out / "config.yaml")
     out.mkdir(parents=True, exist_ok=True)
-    accelerator = Accelerator(log_with=None if tr.report_to == "none" else tr.report_to, project_dir=str(out))
+    # (the schedule moves once per update whatever the process count: the global batch is the 1-process batch)
+    accelerator = Accelerator(log_with=None if tr.report_to == "none" else tr.report_to, project_dir=str(out),
+                              kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)],
+                              step_scheduler_with_optimizer=False)
+    processes = Processes.from_accelerator(accelerator)
+    if launched_processes() > processes.count:
+        raise ConfigError(f"{launched_processes()} processes were launched (WORLD_SIZE) but accelerate set up "
+                          f"{processes.count}: on a machine without GPUs launch with --cpu (or set "
+                          "ACCELERATE_USE_CPU=1), so that the processes train together instead of each alone")
+    check_process_split(cfg, processes.count)
     configure_deepspeed(accelerator, tr.max_grad_norm)
     torch.manual_seed(tr.seed)
 
@@ -335,7 +367,18 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
     total_updates = tr.max_steps * tr.num_iterations
     scheduler = get_scheduler(tr.lr_scheduler_type, optimizer, num_warmup_steps=tr.warmup_steps * tr.num_iterations,
                               num_training_steps=max(total_updates, 1))
-    policy.model, optimizer, scheduler = accelerator.prepare(policy.model, optimizer, scheduler)
+    with warnings.catch_warnings():
+        # DDP without buffer synchronisation in forward: the buffers are not trained, and processes may run
+        # different numbers of forward passes (AR sampling stops when a process's rows are done). (torch 2.13
+        # renames broadcast_buffers to forward_sync_buffers, which accelerate does not pass yet.)
+        warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
+        policy.model, optimizer, scheduler = accelerator.prepare(policy.model, optimizer, scheduler)
+    # DDP: each process back-propagates its share without DDP's per-backward all-reduce (the number of backward
+    # calls differs between shares with micro-batches) and gradients are averaged once per update
+    own_grad_sync = processes.count > 1 and isinstance(policy.model, torch.nn.parallel.DistributedDataParallel)
+    if processes.count > 1 and not own_grad_sync and cfg.estimator.micro_batch:
+        raise ConfigError("config key 'estimator.micro_batch': with DeepSpeed or FSDP every process must run one "
+                          "backward per update; set estimator.micro_batch 0")
     state = RunState()
     accelerator.register_for_checkpointing(state)
     register_adapter_checkpointing(accelerator)  # LoRA: checkpoints hold the adapter, not the frozen base
@@ -347,7 +390,8 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
     if tr.report_to != "none":  # (TensorBoard: <output_dir>/dlmrl/; wandb/trackio: project "dlmrl", run = folder)
         accelerator.init_trackers("dlmrl", config=tracker_config(cfg),
                                   init_kwargs={"wandb": {"name": out.name}, "trackio": {"name": out.name}})
-    metrics_writer = MetricsWriter(out / "metrics.jsonl", resume_step=state.step if ckpt else None)
+    metrics_writer = (MetricsWriter(out / "metrics.jsonl", resume_step=state.step if ckpt else None)
+                      if accelerator.is_main_process else None)
     metric, solved = primary_metric(task), solved_reward(task)  # held-out headline metric; rollout "right" reward
 
     if cfg.eval.before and state.eval_before is None:
@@ -358,17 +402,27 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
         # (accelerate warns that the tied lm_head is stored once; that is expected for the tiny model)
         quiet = logging.getLogger("accelerate.utils.other")
         level, _ = quiet.level, quiet.setLevel(logging.ERROR)
-        with atomic_dir(out / "checkpoints" / f"step-{state.step}") as tmp:
-            accelerator.save_state(str(tmp), safe_serialization=True)
+        final = out / "checkpoints" / f"step-{state.step}"
+        if processes.count == 1:
+            with atomic_dir(final) as tmp:
+                accelerator.save_state(str(tmp), safe_serialization=True)
+        else:  # the main process makes and renames the folder; every process saves (accelerate writes its files)
+            with atomic_dir(final) if accelerator.is_main_process else nullcontext(None):
+                accelerator.wait_for_everyone()
+                accelerator.save_state(str(final.resolve().parent / f".{final.name}.tmp"), safe_serialization=True)
+                accelerator.wait_for_everyone()
         quiet.setLevel(level)
-        for old in sorted((out / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))[:-2]:
-            shutil.rmtree(old, ignore_errors=True)
+        if accelerator.is_main_process:
+            for old in sorted((out / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))[:-2]:
+                shutil.rmtree(old, ignore_errors=True)
+        accelerator.wait_for_everyone()
 
     # Ctrl-C / SIGTERM: finish the current step, save a checkpoint, exit resumable.
     stop = {"now": False}
     previous_handlers = {sig: signal.signal(sig, lambda *_: stop.update(now=True))
                          for sig in (signal.SIGINT, signal.SIGTERM)}
-    bar = tqdm(total=tr.max_steps, initial=state.step, desc=tr.algorithm, disable=not progress)
+    bar = tqdm(total=tr.max_steps, initial=state.step, desc=tr.algorithm,
+               disable=not progress or not accelerator.is_main_process)
     G = tr.num_generations
     max_length = task.gen_length + 1 if is_ar else task.gen_length  # generation budget (AR: the grid + EOS)
     if is_ar and preset.overlong_cache_fraction is not None:
@@ -395,7 +449,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
                 temperature_fn = HapoTemperature(stats, preset.adaptive_temperature_tau)
 
             ro, sampled = sample_step(policy, task, cfg, preset, state.step, gen, max_length, temperature_fn, env,
-                                      pad_id)
+                                      pad_id, processes)  # (several processes: every one holds the whole batch)
             t1 = time.time()
             # 2. DaGRPO: each group with no reward above the threshold gets its reference solution as an anchor
             anchors = 0
@@ -418,22 +472,41 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
             rows = torch.nonzero(keep).squeeze(-1)
             row_weight = len(rows) / max(len(ro), 1) if objective.loss_type != "dapo" else 1.0
             sub = ro.rows(rows)
+            num_tokens = sub.completion_mask.sum().clamp(min=1).float()  # (dapo: the whole batch's tokens)
+            # several processes: each scores its share of the groups (a share without rows scores one row
+            # with loss weight 0, so every process runs the same updates), weighted so that the average of
+            # the processes' losses is the loss of the whole batch (distributed.loss_share)
+            local, share = None, 1.0
+            if processes.count > 1 and len(rows):
+                local = group_share(group_ids[rows], processes.index, processes.count)  # (K,) rows of sub
+                share = loss_share(objective.loss_type, sub.completion_mask[local], sub.completion_mask)
+                row_weight *= processes.count * share
+                if not len(local):
+                    local, row_weight, share = torch.zeros(1, dtype=torch.long), 0.0, 0.0
+            mine = sub if local is None else sub.rows(local)
             # 4. old (and reference) scores, once per rollout batch (diffusion: on the μ MaskPlans)
-            old = (scorer.prepare(sub, tr.num_iterations, gen, entropy="entropy" in needs) if len(rows)
+            old = (scorer.prepare(sub, tr.num_iterations, gen, entropy="entropy" in needs, rows=local) if len(rows)
                    else None)  # (no row to score: this batch carries no signal)
+            entropy = old.entropy if old is not None else None  # (K, L) this process's rows
+            if entropy is not None and local is not None:
+                entropy = processes.gather_rows(entropy, local if row_weight else local[:0], len(sub))  # whole batch
             if preset.adaptive_temperature_tau is not None and old is not None:
-                state.hapo_stats = dataclasses.asdict(hapo_entropy_stats(old.entropy, sub.completion_mask))
+                state.hapo_stats = dataclasses.asdict(hapo_entropy_stats(entropy, sub.completion_mask))
             if adv is None:  # (here every row is kept: sub is ro)
-                adv_rows = (preset.advantages(AdvantageInputs(ro.train_rewards, G, entropy=old.entropy, **adv_inputs))
+                adv_rows = (preset.advantages(AdvantageInputs(ro.train_rewards, G, entropy=entropy, **adv_inputs))
                             if old is not None else None)
             else:
                 adv_rows = adv[rows]
+            if local is not None and adv_rows is not None:
+                adv_rows = adv_rows[local]
             inputs = {"entropy": old.entropy if old is not None else None, "group_ids": group_ids[rows],
-                      "num_tokens": sub.completion_mask.sum().clamp(min=1).float()}
-            if sub.anchor is not None:
-                inputs["anchor"] = sub.anchor  # ratio π/sg[π], loss weight anchor_weight
+                      "num_tokens": num_tokens}
+            if local is not None:
+                inputs["group_ids"] = inputs["group_ids"][local]
+            if mine.anchor is not None:
+                inputs["anchor"] = mine.anchor  # ratio π/sg[π], loss weight anchor_weight
             if delimiters is not None:
-                inputs["segment_ids"] = sentence_segments(torch.isin(sub.completion, delimiters), sub.completion_mask)
+                inputs["segment_ids"] = sentence_segments(torch.isin(mine.completion, delimiters), mine.completion_mask)
             t2 = time.time()
             # 5. μ inner updates (diffusion: each on a fresh MaskPlan shared by old/new/ref)
             policy.model.train()
@@ -447,9 +520,12 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
             for j in range(updates):
                 # score with grad and back-propagate the preset's loss (diffusion: in chunks of micro_batch
                 # canvases, a two-pass surrogate with the same gradient, when they do not fit in one call)
-                loss_fn = group_loss_fn(objective, old.old[j], adv_rows, sub.completion_mask, row_weight,
+                loss_fn = group_loss_fn(objective, old.old[j], adv_rows, mine.completion_mask, row_weight,
                                         logp_ref=old.ref[j], **inputs)
-                loss, m = scorer.backward(j, loss_fn, accelerator.backward)
+                with accelerator.no_sync(policy.model) if own_grad_sync else nullcontext():
+                    loss, m = scorer.backward(j, loss_fn, accelerator.backward)
+                if own_grad_sync:
+                    processes.average_gradients(policy.model.parameters())
                 if tr.max_grad_norm > 0:
                     m["grad_norm"] = float(accelerator.clip_grad_norm_(policy.model.parameters(), tr.max_grad_norm))
                 optimizer.step()
@@ -481,8 +557,12 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
                         "grad_norm"):
                 vals = [lg[key] for lg in logs if key in lg]
                 record[key] = sum(vals) / len(vals) if vals else None
+            if updates:  # (several processes: the whole batch's values from the shares')
+                record.update(processes.combine_metrics({k: record[k] for k in ("loss", "ratio_mean", "ratio_min",
+                              "ratio_max", "clip_frac_low", "clip_frac_high", "kl")}, share))
             if cfg.eval.eval_steps and state.step % cfg.eval.eval_steps == 0:
                 record[f"eval_{metric}"] = evaluate_config(cfg, policy, task)[metric]
+            stop["now"] = processes.any(stop["now"])  # (a signal that reached one process stops them all)
             if accelerator.is_main_process and state.step % tr.logging_steps == 0:
                 metrics_writer.write(record)
                 if tr.report_to != "none":
@@ -521,5 +601,11 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
         with atomic_dir(out / "final_model") as tmp:
             # (LoRA: the adapter, the tokenizer and a note of the base model)
             save_final_model(accelerator.unwrap_model(policy.model), policy.tokenizer, tmp, cfg.model)
+    accelerator.wait_for_everyone()
+    if processes.count > 1:
+        # (gloo's worker threads may still be dropping the tensors of the last collectives, which takes the GIL;
+        # end_training destroys the process group holding the GIL and would wait for them forever: let them
+        # finish first. pytorch/pytorch#56297, #75097)
+        time.sleep(0.2)
     accelerator.end_training()
     return summary

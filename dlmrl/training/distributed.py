@@ -1,0 +1,290 @@
+"""Data-parallel training over processes (``accelerate launch --num_processes P``).
+
+A step's global batch (``prompts_per_step × G`` completions) is split across the P processes by whole
+prompt groups: process ``p`` samples prompts ``[p·n/P, (p+1)·n/P)`` of the step and all G completions of
+each. Every random number a row uses is the one it has in the whole batch (the sampler draws its noise
+for the whole batch and keeps its rows, :func:`dlmrl.models.sampler.generate` ``rows``; AR sampling
+through :class:`dlmrl.models.ar.RowSliceSampler`; MaskPlans are drawn for the whole batch and sliced),
+so a row comes out the same whichever process samples it. The sampled rows are then gathered, so every
+process holds the same global rollout and takes every batch-level decision itself (rewards, advantages,
+DAPO's dynamic sampling, DaGRPO's anchors, the rollout budget, logged statistics); each process scores
+and back-propagates its share of the rows (whole groups, :func:`group_share`) with a loss weight that
+makes the average over processes the 1-process loss (:func:`loss_share`), and gradients are averaged
+once per update (:meth:`Processes.average_gradients`).
+
+Everything here is a no-op with one process, so a 1-process run is the single-process trainer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dlmrl.config import Config, ConfigError, build_preset
+from dlmrl.training.rollout import Rollout
+
+
+def launched_processes() -> int:
+    """The process count of a ``torchrun`` / ``accelerate launch`` job (``WORLD_SIZE``; 1 when not launched),
+    known before accelerate or torch.distributed is set up."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def requested_cpu_processes() -> int | None:
+    """The process count ``N`` of an ``accelerate launch --cpu --num_processes N`` that started this process
+    alone, or ``None``.
+
+    accelerate starts several CPU processes only through ``mpirun`` (a hostfile in its config); otherwise
+    ``--cpu`` runs the script once, with ``ACCELERATE_USE_CPU`` and ``MASTER_ADDR`` set (the latter only
+    when more than one process was asked for) and no ``WORLD_SIZE``. Then ``N`` is read from the launching
+    ``accelerate`` command line (``/proc/<parent>/cmdline``, parsed with accelerate's own parser; ``N`` from
+    its config file when the flag is absent). ``None`` when this process was not started that way, ``N <= 1``,
+    several machines were asked for, or the command line cannot be read.
+    """
+    env = os.environ
+    if env.get("WORLD_SIZE") or not _truthy(env.get("ACCELERATE_USE_CPU")) or "MASTER_ADDR" not in env:
+        return None
+    try:
+        raw = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+        argv = [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+    except OSError:
+        return None
+    at = next((i for i, a in enumerate(argv) if a == "launch" and any("accelerate" in b for b in argv[:i])), None)
+    if at is None:
+        return None
+    from accelerate.commands.config import default_config_file, load_config_from_file
+    from accelerate.commands.launch import launch_command_parser
+
+    try:
+        args, _ = launch_command_parser().parse_known_args(argv[at + 1 :])
+        n, machines = args.num_processes, args.num_machines
+        if n is None or machines is None:
+            path = args.config_file or default_config_file
+            if os.path.isfile(path):
+                config = load_config_from_file(path)
+                n = n if n is not None else config.num_processes
+                machines = machines if machines is not None else config.num_machines
+    except (SystemExit, ValueError, OSError, KeyError, TypeError):  # (unreadable: run as launched)
+        return None
+    if n is None or n <= 1 or (machines or 1) > 1:
+        return None
+    return int(n)
+
+
+def cpu_relaunch_command(argv: list[str], num_processes: int) -> list[str]:
+    """The ``torch.distributed.run`` command that runs ``python -m dlmrl.cli <argv>`` as ``num_processes``
+    local CPU processes (gloo) at accelerate's ``MASTER_ADDR`` / ``MASTER_PORT``."""
+    import sys
+
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(num_processes),
+            "--master_addr", os.environ.get("MASTER_ADDR", "127.0.0.1"),
+            "--master_port", os.environ.get("MASTER_PORT", "29500"), "-m", "dlmrl.cli", *argv]
+
+
+def check_process_split(cfg: Config, num_processes: int) -> None:
+    """Refuse, before any model is loaded, a config whose batch does not split over ``num_processes``.
+
+    The rule: each process samples ``prompts_per_step / P`` prompts and all their G completions, so
+    ``train.prompts_per_step`` must be a multiple of P and G >= 2. Presets whose loss ranks or normalises
+    token entropies over the whole batch (SSPO's sentence-entropy rank, HAPO's entropy normalisation) are
+    refused with P > 1: each process would see only its share.
+
+    Raises:
+        ConfigError: naming the key and the process count.
+    """
+    tr = cfg.train
+    if tr.num_generations < 2:
+        raise ConfigError(f"config key 'train.num_generations': group size G must be >= 2, got {tr.num_generations}")
+    if num_processes <= 1:
+        return
+    if tr.prompts_per_step % num_processes:
+        ok = [m for m in range(num_processes, 4 * num_processes + 1, num_processes)]
+        raise ConfigError(
+            f"config key 'train.prompts_per_step': {tr.prompts_per_step} prompts do not split over {num_processes} "
+            f"processes (each process samples prompts_per_step / num_processes prompts and all their "
+            f"num_generations = {tr.num_generations} completions); use a multiple of {num_processes} "
+            f"(e.g. {', '.join(map(str, ok[:3]))}) or launch a number of processes that divides it")
+    objective = build_preset(cfg).objective
+    if objective.clip_rule in ("sspo", "hapo") or objective.hapo_advantage_beta > 0:
+        raise ConfigError(
+            f"config key 'train.algorithm': {tr.algorithm!r} ranks or normalises token entropies over the whole "
+            f"batch inside its loss (clip_rule {objective.clip_rule!r}), which a process holding part of the "
+            f"batch cannot do; run it with one process ({num_processes} launched)")
+
+
+def split_range(n: int, index: int, count: int) -> tuple[int, int]:
+    """Items ``[lo, hi)`` of ``n`` for process ``index`` of ``count`` (contiguous, sizes differ by at most 1)."""
+    return n * index // count, n * (index + 1) // count
+
+
+def group_share(group_ids: torch.Tensor, index: int, count: int) -> torch.Tensor:
+    """``(K,)`` long indices of the rows of process ``index``: the rows of its contiguous range of groups
+    (groups ordered by first appearance), so a group's rows (and DaGRPO's anchor, a Flow-GRPO trajectory's
+    turns) never straddle processes.
+
+    Args:
+        group_ids: ``(B,)`` long group id of each row.
+    """
+    ids = group_ids.tolist()
+    order: dict[int, int] = {}
+    for g in ids:
+        order.setdefault(g, len(order))
+    lo, hi = split_range(len(order), index, count)
+    return torch.tensor([i for i, g in enumerate(ids) if lo <= order[g] < hi], dtype=torch.long)
+
+
+def loss_units(loss_type: str, mask: torch.Tensor) -> float:
+    """What a :func:`dlmrl.objectives.aggregation.aggregate` of ``loss_type`` divides a batch's sum by:
+    rows with a valid token (``grpo``, ``segment_mean``), rows (``dr_grpo``), valid tokens (``bnpo``); for
+    ``dapo`` the number is passed in (``num_tokens``, the global count), so every batch counts 1.
+
+    Args:
+        mask: ``(B, L)`` bool valid tokens of the batch.
+    """
+    if loss_type in ("grpo", "segment_mean"):
+        return float((mask.sum(-1) > 0).sum())
+    if loss_type == "dr_grpo":
+        return float(mask.shape[0])
+    if loss_type == "bnpo":
+        return float(mask.sum())
+    if loss_type == "dapo":
+        return 1.0
+    raise ValueError(f"unknown loss_type {loss_type!r}")
+
+
+def loss_share(loss_type: str, local_mask: torch.Tensor, global_mask: torch.Tensor) -> float:
+    """The fraction ``u_p / u`` of the loss's normaliser this process's rows carry (:func:`loss_units`).
+
+    An objective aggregated over a batch is ``Σ terms / u(batch)``; with rows split over P processes and
+    gradients averaged, the process loss ``P · (u_p / u) · objective(rows_p)`` averages to the 1-process
+    ``objective(all rows)``: ``(1/P) Σ_p P (u_p/u) Σ_p terms / u_p = Σ terms / u``. (For ``dapo`` the
+    normaliser is the global token count already, so the factor is 1 and the weight is P.)
+    """
+    if loss_type == "dapo":
+        return 1.0
+    total = loss_units(loss_type, global_mask)
+    return loss_units(loss_type, local_mask) / total if total > 0 else 0.0
+
+
+@dataclass
+class Processes:
+    """This process's place in a data-parallel run and the collectives the trainer needs.
+
+    Attributes:
+        index: this process (0 = main). count: processes (1: every method is a no-op).
+    """
+
+    index: int = 0
+    count: int = 1
+
+    @classmethod
+    def from_accelerator(cls, accelerator) -> Processes:
+        return cls(accelerator.process_index, accelerator.num_processes)
+
+    @property
+    def is_main(self) -> bool:
+        return self.index == 0
+
+    def share(self, n: int) -> tuple[int, int]:
+        """This process's items ``[lo, hi)`` of ``n`` (:func:`split_range`)."""
+        return split_range(n, self.index, self.count)
+
+    def gather(self, obj: Any) -> list:
+        """Every process's ``obj`` (picklable; tensors on the CPU), in process order."""
+        if self.count == 1:
+            return [obj]
+        out: list = [None] * self.count
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
+    def any(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any process (e.g. a stop signal that reached one of them)."""
+        return flag if self.count == 1 else any(self.gather(bool(flag)))
+
+    def gather_rows(self, values: torch.Tensor, rows: torch.Tensor, total: int) -> torch.Tensor:
+        """``(total, ...)``: each process's ``values (K_p, ...)`` placed at its global ``rows (K_p,)``."""
+        out = values.new_zeros((total, *values.shape[1:]))
+        for r, v in self.gather((rows.cpu(), values.detach().cpu())):
+            out[r.to(out.device)] = v.to(out)
+        return out
+
+    def average_gradients(self, parameters: Iterable[torch.nn.Parameter], bucket: int = 1 << 24) -> None:
+        """Average the ``.grad`` of ``parameters`` over processes (one all-reduce per bucket of ``bucket``
+        numbers; a parameter without a gradient counts as zeros), as DDP would after one backward."""
+        if self.count == 1:
+            return
+        params = [p for p in parameters if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        group: list[torch.Tensor] = []
+        size = 0
+        for i, p in enumerate(params):
+            group.append(p.grad)
+            size += p.grad.numel()
+            if size >= bucket or i == len(params) - 1:
+                flat = torch.cat([g.reshape(-1) for g in group])
+                torch.distributed.all_reduce(flat)
+                flat /= self.count
+                offset = 0
+                for g in group:
+                    g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                    offset += g.numel()
+                group, size = [], 0
+
+    def combine_metrics(self, metrics: dict[str, float | None], weight: float) -> dict[str, float | None]:
+        """Batch-level values of per-process metrics: ``loss`` summed over processes / P (each process's loss is
+        its weighted share), ``*_min`` / ``*_max`` the min / max over processes with rows (``weight > 0``),
+        ``grad_norm`` and ``lr`` as they are (the same everywhere), every other value the mean weighted by each
+        process's share of the loss normaliser ``weight`` (exact for the aggregated KL; for token-level ratio
+        statistics a close approximation)."""
+        if self.count == 1:
+            return metrics
+        parts = self.gather((weight, metrics))
+        out: dict[str, float | None] = {}
+        for key, value in metrics.items():
+            vals = [(w, m[key]) for w, m in parts if m.get(key) is not None]
+            if value is None and not vals:
+                out[key] = None
+            elif key in ("grad_norm", "lr"):
+                out[key] = value
+            elif key == "loss":
+                out[key] = sum(v for _, v in vals) / self.count
+            elif key.endswith(("_min", "_max")):
+                held = [v for w, v in vals if w > 0] or [v for _, v in vals]
+                out[key] = min(held) if key.endswith("_min") else max(held)
+            else:
+                total = sum(w for w, _ in vals)
+                out[key] = (sum(w * v for w, v in vals) / total) if total > 0 else vals[0][1]
+        return out
+
+
+def gather_rollout(ro: Rollout, processes: Processes, num_generations: int, pad_id: int) -> Rollout:
+    """The whole batch from every process's share ``ro`` (shares in process order; :meth:`Rollout.cat`:
+    prompts left-padded to the longest, group and trajectory ids renumbered), on ``ro``'s device.
+
+    ``nfe`` is the largest share's (the sampler runs the same steps on every share; AR: the longest
+    completion of the whole batch), ``passes`` the shares' sum (the forward passes the processes ran).
+    """
+    if processes.count == 1:
+        return ro
+    device = ro.completion.device
+    parts = processes.gather(ro.to("cpu"))
+    out = Rollout.cat(parts, num_generations, pad_id).to(device)
+    if all(p.group_ids is None for p in parts):  # (consecutive groups of G, as one process would hold them)
+        out.group_ids = None
+    out.nfe = max(p.nfe for p in parts)
+    out.passes = sum(p.sampling_passes() for p in parts)
+    return out

@@ -1,0 +1,117 @@
+"""Two CPU processes (gloo) under ``accelerate launch``: a data-parallel run reaches the parameters, metrics and
+evaluation of a 1-process run with the same global batch, through ``python -m dlmrl.cli`` and the ``dlmrl``
+console script alike.
+
+Tolerance: the processes score their rows in smaller batches and the gradient is summed in another order, so
+parameters agree to float32 rounding (about 1e-7 after two AdamW steps at lr 1e-3), not bit for bit; the
+rollouts themselves (every random draw of a row is its whole-batch draw) are identical, which the equal
+rewards check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dlmrl.config import Config, ConfigError, apply_overrides
+from dlmrl.training.trainer import train
+
+BIN = Path(sys.executable).parent
+AR = ["model.kind=ar", "model.name_or_path=tiny-sudoku-ar", "task.answer_mode=full"]
+COMMON = ["max_steps=2", "prompts_per_step=4", "num_generations=4", "warmup_steps=0", "learning_rate=1e-3",
+          "save_steps=1", "eval.before=false"]
+TOLERANCE = 1e-5  # float32 rounding of differently batched sums, amplified by two AdamW steps (measured ~1e-7)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(program: list[str], overrides: list[str], out: Path) -> subprocess.CompletedProcess:
+    """``accelerate launch --cpu --num_processes 2 <program> train ...`` in a subprocess."""
+    cmd = [str(BIN / "accelerate"), "launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+           *program, "train", f"output_dir={out}", "--no-progress", *overrides]
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
+def one_process(overrides: list[str], out: Path) -> dict:
+    cfg = Config()
+    apply_overrides(cfg, [f"output_dir={out}", *overrides])
+    return train(cfg, progress=False)
+
+
+def rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_same_run(two: Path, one: Path) -> None:
+    a, b = load_file(str(two / "final_model" / "model.safetensors")), load_file(str(one / "final_model" / "model.safetensors"))
+    diff = max((a[k] - b[k]).abs().max().item() for k in b)
+    print(f"max |two processes - one process| = {diff:.3g}")
+    assert diff < TOLERANCE, diff
+    base_moved = max((b[k] - load_file(str(one / "checkpoints" / "step-1" / "model.safetensors"))[k]).abs().max().item()
+                     for k in b)
+    assert base_moved > 10 * TOLERANCE  # (not vacuous: the second step moved the parameters further than that)
+    for r2, r1 in zip(rows(two), rows(one), strict=True):
+        for key in ("reward_mean", "reward_std", "rows_scored", "completions_total", "nfe_sampling", "lr"):
+            assert r2[key] == r1[key], key
+        for key in ("loss", "grad_norm", "kl"):
+            assert r2[key] == pytest.approx(r1[key], rel=1e-4, abs=1e-6), key
+    for step in ("step-1", "step-2"):  # every process's RNG state saved, the run state once
+        names = {p.name for p in (two / "checkpoints" / step).iterdir()}
+        assert {"random_states_0.pkl", "random_states_1.pkl", "custom_checkpoint_0.pkl", "model.safetensors"} <= names
+
+
+def test_two_processes_match_one_process_gdpo(tmp_path):
+    """The default diffusion job (GDPO), with micro-batched scoring and μ = 2 (each process runs a different
+    number of backward chunks; gradients are averaged once per update)."""
+    overrides = [*COMMON, "eval.after=false", "num_iterations=2", "estimator.micro_batch=5"]
+    launch(["-m", "dlmrl.cli"], overrides, tmp_path / "two")
+    one_process(overrides, tmp_path / "one")
+    assert_same_run(tmp_path / "two", tmp_path / "one")
+
+
+def test_two_processes_match_one_process_ar_grpo_through_the_console_script(tmp_path):
+    """An AR preset with a KL term (GRPO, β 0.04) launched through the ``dlmrl`` script, evaluation after."""
+    overrides = [*COMMON, *AR, "algorithm=grpo", "eval.num_puzzles=16"]
+    done = launch([str(BIN / "dlmrl")], overrides, tmp_path / "two")
+    summary = one_process(overrides, tmp_path / "one")
+    assert_same_run(tmp_path / "two", tmp_path / "one")
+    assert rows(tmp_path / "two")[-1]["kl"] > 0
+    written = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert written["eval_after"] == summary["eval_after"]  # every process evaluates the same model the same way
+    assert done.stdout.count("wrote ") == 1  # (the main process reports)
+
+
+def test_a_batch_that_does_not_split_over_the_processes_fails_before_training(tmp_path):
+    cmd = [str(BIN / "accelerate"), "launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+           "-m", "dlmrl.cli", "train", f"output_dir={tmp_path / 'run'}", "prompts_per_step=3"]
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "3 prompts do not split over 2 processes" in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_processes_that_accelerate_did_not_join_are_refused(tmp_path, monkeypatch):
+    """torchrun without --cpu on a machine without GPUs: each process would train alone into the same folder."""
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without GPUs")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    with pytest.raises(ConfigError, match="2 processes were launched"):
+        one_process([*COMMON, "max_steps=1", "prompts_per_step=2"], tmp_path / "run")
