@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -46,17 +47,18 @@ RUNS = (
 )
 
 
-def forward_passes(record: dict, mu: int, with_ref: bool) -> tuple[float, float]:
-    """Sampling and scoring forward passes of one logged step, summed over its completions.
+def forward_passes(record: dict, mu: int, with_ref: bool, batch: int) -> tuple[int, float, float]:
+    """Completions, sampling and scoring forward passes of one logged step, summed over its completions.
 
-    Scoring: ``rows_scored · nfe_scoring · (μ updates + (μ − 1) old-policy passes + μ reference passes
-    when β > 0)``; rows left unscored (A = 0, dropped groups) cost nothing.
+    ``batch`` (prompts_per_step x G) stands in for ``completions_sampled`` in runs logged before the trainer
+    wrote it (no resampling then). Scoring: ``rows_scored · nfe_scoring · (μ updates + (μ − 1) old-policy
+    passes + μ reference passes when β > 0)``; rows left unscored (A = 0, dropped groups) cost nothing.
     """
-    completions = record.get("completions_sampled") or record["rows_scored"]
-    # (sampling_passes = rows x NFE of every sampling call, DAPO's extra rounds included; older runs lack it)
+    completions = record.get("completions_sampled") or batch
+    # (sampling_passes = rows x NFE of every sampling call, DAPO's extra rounds included)
     sampling = record.get("sampling_passes") or completions * record["nfe_sampling"]
     scoring = record["rows_scored"] * record["nfe_scoring"] * (mu + (mu - 1) + (mu if with_ref else 0))
-    return sampling, scoring
+    return completions, sampling, scoring
 
 
 def run_one(algorithm: str, config: str, seed: int, args) -> dict:
@@ -82,10 +84,10 @@ def run_one(algorithm: str, config: str, seed: int, args) -> dict:
     curve = [{"step": 0, "completions": 0, "nfe_sampling": 0.0, "nfe_scoring": 0.0, "seconds": 0.0,
               "cell_accuracy": summary["eval_before"]["cell_accuracy"]}]
     completions = nfe_s = nfe_c = seconds = 0.0
+    batch = cfg.train.prompts_per_step * cfg.train.num_generations
     for r in rows:
-        s, c = forward_passes(r, mu, with_ref)
-        completions += r.get("completions_sampled") or r["rows_scored"]
-        nfe_s, nfe_c, seconds = nfe_s + s, nfe_c + c, seconds + r["seconds_step"]
+        n, s, c = forward_passes(r, mu, with_ref, batch)
+        completions, nfe_s, nfe_c, seconds = completions + n, nfe_s + s, nfe_c + c, seconds + r["seconds_step"]
         acc = r.get("eval_cell_accuracy")
         if r is rows[-1]:
             acc = summary["eval_after"]["cell_accuracy"]
@@ -101,6 +103,31 @@ def run_one(algorithm: str, config: str, seed: int, args) -> dict:
             "completions": completions, "nfe_sampling": nfe_s, "nfe_scoring": nfe_c,
             "train_seconds": summary["train_seconds"], "curve": curve,
             "commit": (out / "commit.txt").read_text().strip() if (out / "commit.txt").exists() else None}
+
+
+def time_steps(args) -> dict:
+    """Seconds per training step of each algorithm, measured one after another in this call (eval off,
+    ``--timing-steps`` steps, the first dropped as warm-up): the side-by-side cost the curves' wall times,
+    taken under whatever load the machine had during each long run, cannot give."""
+    out = {}
+    for name, _, config in RUNS:
+        if name not in args.algorithms:
+            continue
+        run_dir = Path(args.runs_dir) / "timing" / name
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        cmd = [sys.executable, "-m", "dlmrl.cli", "train", "--config", config, "--output-dir", str(run_dir),
+               "--no-progress", f"train.max_steps={args.timing_steps}", "eval.before=false", "eval.after=false",
+               *args.overrides]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        seconds = [r["seconds_step"] for r in rows[1:]]
+        per = {k: statistics.median(r[k] for r in rows[1:])
+               for k in ("seconds_rollout", "seconds_scoring_old", "seconds_update")}
+        out[name] = {"seconds_per_step": statistics.median(seconds), **per,
+                     "completions_per_step": statistics.median(r["completions_sampled"] for r in rows[1:])}
+        print(f"{name}: {out[name]['seconds_per_step']:.2f} s/step", flush=True)
+    return out
 
 
 def aggregate(runs: list[dict]) -> list[dict]:
@@ -143,6 +170,7 @@ def plot(runs: list[dict], path: Path) -> None:
         ax.set_xlabel(xl)
         ax.set_ylabel("held-out cell accuracy")
         ax.grid(alpha=0.3)
+    axes[2].set_title("(wall time of the long runs, taken under varying machine load)", fontsize=8)
     axes[0].legend(fontsize=8)
     fig.suptitle("4x4 Sudoku, tiny defaults: diffusion (gdpo, diffu_grpo) and AR (grpo, gspo, dapo); one line per seed")
     fig.tight_layout()
@@ -158,28 +186,37 @@ def main() -> None:
                    help="completions sampled per run (default 81,920: 160 steps of the shared 64 prompts x G 8)")
     p.add_argument("--eval-every", type=int, default=16, help="held-out evaluation every this many steps")
     p.add_argument("--runs-dir", default="runs/bench_algorithms_sudoku")
+    p.add_argument("--timing-steps", type=int, default=11,
+                   help="also time this many steps of each algorithm side by side (0 = skip)")
     p.add_argument("--output", default="benchmarks/results/algorithms_sudoku.json")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="extra overrides for every run")
     args = p.parse_args()
     runs = [run_one(name, config, seed, args) for seed in args.seeds for name, _, config in RUNS
             if name in args.algorithms]
     table = aggregate(runs)
+    timing = time_steps(args) if args.timing_steps > 1 else {}
+    for row in table:
+        if row["algorithm"] in timing:
+            t = timing[row["algorithm"]]
+            row["seconds_per_step"] = t["seconds_per_step"]
+            row["seconds_per_1k_completions"] = 1000 * t["seconds_per_step"] / t["completions_per_step"]
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {"benchmark": "algorithms_sudoku", "budget_completions": args.budget, "seeds": args.seeds,
-              "eval_every": args.eval_every, "overrides": args.overrides, "table": table, "runs": runs,
+              "eval_every": args.eval_every, "overrides": args.overrides, "table": table, "timing": timing,
+              "runs": runs,
               "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
               "machine": {"platform": platform.platform(), "torch": torch.__version__,
                           "cpus": os.cpu_count(), "threads": torch.get_num_threads()}}
     out.write_text(json.dumps(result, indent=2))
     plot(runs, out.with_suffix(".png"))
     print(f"{'algorithm':<11} {'policy':<9} {'before':>7} {'after':>7} {'gain (pts)':>16} {'reward':>13} "
-          f"{'NFE (M)':>8} {'time (s)':>8}")
+          f"{'NFE (M)':>8} {'s/step':>7}")
     for r in table:
         print(f"{r['algorithm']:<11} {r['policy']:<9} {r['before']:7.4f} {r['after']:7.4f} "
               f"{100 * r['gain_mean']:+7.2f} ± {100 * r['gain_sd']:5.2f} "
               f"{r['reward_first']:.3f}->{r['reward_last']:.3f} "
-              f"{(r['nfe_sampling'] + r['nfe_scoring']) / 1e6:8.1f} {r['train_seconds']:8.0f}")
+              f"{(r['nfe_sampling'] + r['nfe_scoring']) / 1e6:8.2f} {r.get('seconds_per_step', float('nan')):7.2f}")
     print(f"wrote {out} and {out.with_suffix('.png')}")
 
 
