@@ -19,9 +19,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dlmrl.data.prompts import check_template
 from dlmrl.data.sudoku import generate_examples, load_sudoku_file, load_test_split, split_grids
-from dlmrl.data.text_tasks import TextTask, parse_format_rewards
+from dlmrl.data.text_tasks import TextTask
 from dlmrl.rewards.sudoku import sudoku_cell_accuracy
 
 __all__ = ["SudokuTextExample", "SudokuTextTask"]
@@ -80,21 +79,6 @@ class SudokuTextTask(TextTask):
                    train_file=cfg.train_file, test_file=cfg.test_file, prompt_template=cfg.prompt_template,
                    test_prompt_template=cfg.test_prompt_template, chat_template=cfg.chat_template,
                    format_rewards=cfg.format_rewards, **kwargs)
-
-    @classmethod
-    def check_text_config(cls, cfg) -> None:
-        """The prompt templates, chat template and format rewards of ``cfg`` (the files are checked by the
-        Sudoku task). Raises ``ValueError`` naming the field."""
-        for key, template in (("prompt_template", cfg.prompt_template),
-                              ("test_prompt_template", cfg.test_prompt_template)):
-            if template is not None and (problem := check_template(cls.name, template)) is not None:
-                raise ValueError(f"task.{key}: {problem}")
-        if cfg.chat_template not in ("auto", "on", "off"):
-            raise ValueError(f"task.chat_template: must be auto, on or off, got {cfg.chat_template!r}")
-        try:
-            parse_format_rewards(cls.name, cfg.format_rewards)
-        except ValueError as e:
-            raise ValueError(f"task.format_rewards: {e}") from None
 
     def train_batch(self, n: int, seed: int, step: int) -> list[SudokuTextExample]:
         """``train_file``: its examples in a fresh permutation per epoch (as the other text tasks); otherwise

@@ -159,14 +159,9 @@ class TextTask:
         return examples
 
     @classmethod
-    def check_config(cls, cfg) -> int | None:
-        """Check ``cfg``'s task fields and load its *local* data files (hub data is loaded by the run).
-
-        Returns the number of held-out examples when they come from a local file, else ``None``.
-
-        Raises:
-            ValueError: naming the field (``DataError`` for a bad record).
-        """
+    def check_text_config(cls, cfg) -> None:
+        """The prompt templates, chat template and format rewards of ``cfg``. Raises ``ValueError`` naming
+        the field."""
         for key, template in (("prompt_template", cfg.prompt_template),
                               ("test_prompt_template", cfg.test_prompt_template)):
             if template is not None and (problem := check_template(cls.name, template)) is not None:
@@ -177,6 +172,17 @@ class TextTask:
             parse_format_rewards(cls.name, cfg.format_rewards)
         except ValueError as e:
             raise ValueError(f"task.format_rewards: {e}") from None
+
+    @classmethod
+    def check_config(cls, cfg) -> int | None:
+        """Check ``cfg``'s task fields and load its *local* data files (hub data is loaded by the run).
+
+        Returns the number of held-out examples when they come from a local file, else ``None``.
+
+        Raises:
+            ValueError: naming the field (``DataError`` for a bad record).
+        """
+        cls.check_text_config(cfg)
         test_size = None
         for which, (source, _, _, _) in cls.sources(cfg).items():
             if is_local_file(source):

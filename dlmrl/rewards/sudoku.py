@@ -30,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dlmrl.rewards.extract import completion_text
+
 __all__ = ["ParsedAnswer", "parse_sudoku_answer", "sudoku_cell_accuracy", "sudoku_reward"]
 
 NUM_CELLS = 16
@@ -139,18 +141,6 @@ def sudoku_cell_accuracy(puzzle: str, solution: str, answer_text: str) -> float:
     return correct / len(blanks)
 
 
-def _completion_text(completion: Any) -> str:
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, (list, tuple)) and completion and all(isinstance(m, dict) for m in completion):
-        content = completion[-1].get("content")
-        return content if isinstance(content, str) else ""
-    raise TypeError(
-        "a completion must be a string or a conversational list of messages "
-        f"([{{'role': 'assistant', 'content': ...}}]), got {type(completion).__name__}"
-    )
-
-
 def sudoku_reward(
     prompts: Sequence[Any] | None,
     completions: Sequence[Any],
@@ -183,4 +173,4 @@ def sudoku_reward(
             f"puzzle ({len(puzzle)}) and solution ({len(solution)}) must align with "
             f"completions ({len(completions)})"
         )
-    return [sudoku_cell_accuracy(p, s, _completion_text(c)) for p, s, c in zip(puzzle, solution, completions)]
+    return [sudoku_cell_accuracy(p, s, completion_text(c)) for p, s, c in zip(puzzle, solution, completions)]
