@@ -200,9 +200,18 @@ def _resume_config(args) -> Path | None:
     return saved if saved.exists() else None
 
 
+def _eval_run_config(args) -> Path | None:
+    """``dlmrl eval --model RUN/final_model`` without ``--config``: the run's own ``config.yaml`` (its policy
+    kind, task and evaluation settings), when the model folder sits in a run folder."""
+    if args.command != "eval" or args.config or not getattr(args, "model", None):
+        return None
+    saved = Path(args.model).parent / "config.yaml"
+    return saved if saved.is_file() else None
+
+
 def _build(args, cls):
     cfg = cls()
-    saved = _resume_config(args) if getattr(args, "resume", False) else None
+    saved = _resume_config(args) if getattr(args, "resume", False) else _eval_run_config(args)
     if cls is Config:
         load_yaml(cfg, saved or args.config or default_config_path())
     elif args.config:
@@ -212,7 +221,10 @@ def _build(args, cls):
         cfg.output_dir = args.output_dir
     if getattr(args, "model", None):
         cfg.model.name_or_path = args.model
-    (validate if cls is Config else validate_pretrain)(cfg)
+    if cls is Config:
+        validate(cfg, for_training=args.command == "train")  # (eval trains nothing: any algorithm will do)
+    else:
+        validate_pretrain(cfg)
     return cfg
 
 

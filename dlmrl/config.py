@@ -422,7 +422,7 @@ def tracker_available(name: str) -> bool:
     return bool(getattr(utils, f"is_{name}_available")())
 
 
-def validate(cfg: Config) -> None:
+def validate(cfg: Config, for_training: bool = True) -> None:
     """Check every value of a train/eval config against its allowed range and the registries.
 
     Raises:
@@ -433,6 +433,8 @@ def validate(cfg: Config) -> None:
 
     m, t, s, e, tr, ev = cfg.model, cfg.task, cfg.sampling, cfg.estimator, cfg.train, cfg.eval
     _check(m.kind in ("diffusion", "ar"), "model.kind", f"unknown policy kind {m.kind!r}; use diffusion or ar")
+    if for_training:  # (first: a preset on the wrong policy kind is the likeliest mistake to report)
+        _check_algorithm(cfg)
     from dlmrl.models.families import FAMILIES
 
     _check(m.family == "auto" or m.family in FAMILIES, "model.family",
@@ -485,7 +487,6 @@ def validate(cfg: Config) -> None:
             _check(False, f"estimator.{field_name}", f"{err} (estimator {name!r})")
     _check(isinstance(e.micro_batch, int) and not isinstance(e.micro_batch, bool) and e.micro_batch >= 0,
            "estimator.micro_batch", f"must be an integer >= 0 (0 = all canvases at once), got {e.micro_batch!r}")
-    _check_algorithm(cfg)
     _check(tr.learning_rate > 0, "train.learning_rate", "must be > 0")
     _check(tr.lr_scheduler_type in SCHEDULERS, "train.lr_scheduler_type", f"must be one of {', '.join(SCHEDULERS)}")
     _check(tr.max_steps >= 0, "train.max_steps", "must be >= 0")
@@ -574,6 +575,10 @@ def _check_algorithm(cfg: Config) -> None:
     _check(tr.epsilon_high is None or tr.epsilon_high > 0, "train.epsilon_high", "must be > 0")
     _check(tr.beta is None or tr.beta >= 0, "train.beta", "must be >= 0")
     preset = build_preset(cfg)
+    eps, eps_high = preset.objective.epsilon, preset.objective.epsilon_high
+    _check(eps_high is None or eps_high >= eps, "train.epsilon_high",
+           f"the upper clip {eps_high} is below the lower one (epsilon {eps}); clip-higher needs epsilon_high >= "
+           "epsilon")
     _check(kind in preset.policies, "train.algorithm",
            f"{tr.algorithm!r} runs on {' and '.join(preset.policies)} policies only, but model.kind is {kind!r}")
     for part, what in UNSUPPORTED.items():

@@ -148,3 +148,21 @@ def test_dlmrl_list_survives_a_closed_pipe():
     proc = subprocess.run(f"{sys.executable} -m dlmrl.cli list algorithms | head -1", check=False, shell=True,
                           capture_output=True, text=True)
     assert proc.stdout.startswith("dagrpo") and "BrokenPipe" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_dlmrl_eval_of_a_run_folder_uses_the_runs_own_config(tmp_path, capsys):
+    """``dlmrl eval --model RUN/final_model`` evaluates an AR run as an AR policy (its config.yaml), without
+    --config and whatever the default recipe's algorithm."""
+    import json
+
+    from dlmrl.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "--config", "configs/grpo_sudoku_tiny_ar.yaml", "max_steps=1", "prompts_per_step=2",
+                 "num_generations=2", "eval.before=false", "eval.after=false", "--output-dir", str(run),
+                 "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--model", str(run / "final_model"), "eval.num_puzzles=8"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["num_examples"] == 8
+    assert result["max_new_tokens"] == 17  # (left-to-right decoding of the AR policy: 16 cells + EOS)

@@ -265,6 +265,8 @@ def detect_family(config) -> str:
         raise ValueError(
             f"cannot detect the model family of this checkpoint ({what}); "
             f"set model.family to one of {FAMILIES.names()}"
+            + ("; if it is an autoregressive (causal) LM, set model.kind=ar (and, for Sudoku, "
+               "task.answer_mode=full)" if any("CausalLM" in a for a in _architectures(config)) else "")
         )
     raise ValueError(f"several model families match this checkpoint ({what}): {found}; set model.family")
 

@@ -110,7 +110,7 @@ def _task_section(cfg: Config) -> dict:
         out["train_data"] = t.train_file or f"generated puzzles ({t.min_blanks}-{t.max_blanks} blanks)"
         out["test_data"] = t.test_file or "the shipped 256-puzzle held-out split"
         out["primary_metric"] = "cell_accuracy"
-        out["reward"] = "fraction of blank cells right (SPEC §7)"
+        out["reward"] = "fraction of blank cells right (d1's Sudoku metric)"
     else:
         sources = cls.sources(t)
         for which, (source, split, subset, _) in sources.items():
@@ -118,7 +118,7 @@ def _task_section(cfg: Config) -> dict:
             where = "local file, checked" if local else "hub dataset, loaded by the run"
             out[f"{which}_data"] = f"{source}{f' [{subset}]' if subset else ''} split {split!r} ({where})"
         out["primary_metric"] = getattr(cls, "primary_metric", "accuracy")
-        out["reward"] = f"correctness {cls.CORRECT:g} for a right answer (SPEC §7)"
+        out["reward"] = f"correctness {cls.CORRECT:g} for a right answer (d1's reward functions)"
     if text_form:
         from dlmrl.data.text_tasks import parse_format_rewards
 

@@ -67,12 +67,26 @@ def test_algorithm_fields_are_validated_with_suggestions(key, value, match):
 
 def test_ar_needs_the_full_answer_mode_and_an_ar_checkpoint():
     cfg = Config()
-    apply_overrides(cfg, ["model.kind=ar", "model.name_or_path=tiny-sudoku-ar"])
+    apply_overrides(cfg, ["model.kind=ar", "model.name_or_path=tiny-sudoku-ar", "algorithm=grpo"])
     with pytest.raises(ConfigError, match="answer_mode"):
         validate(cfg)
     cfg = Config()
-    apply_overrides(cfg, ["model.kind=ar", "task.answer_mode=full"])
+    apply_overrides(cfg, ["model.kind=ar", "task.answer_mode=full", "algorithm=grpo"])
     with pytest.raises(ConfigError, match="tiny-sudoku-ar"):
+        validate(cfg)
+
+
+def test_a_preset_on_the_wrong_kind_is_the_first_error_reported():
+    cfg = Config()
+    apply_overrides(cfg, ["model.kind=ar"])  # (gdpo, the diffusion checkpoint and infill are all wrong for ar)
+    with pytest.raises(ConfigError, match="'gdpo' runs on diffusion policies only, but model.kind is 'ar'"):
+        validate(cfg)
+
+
+def test_epsilon_high_below_epsilon_is_refused():
+    cfg = Config()
+    apply_overrides(cfg, ["epsilon=0.3", "epsilon_high=0.1"])
+    with pytest.raises(ConfigError, match="train.epsilon_high"):
         validate(cfg)
 
 
