@@ -347,6 +347,10 @@ def main(argv: list[str] | None = None) -> int:
         from dlmrl.training.trainer import train
 
         try:
+            if args.no_progress:  # (also transformers' loading/saving bars)
+                from transformers.utils import logging as hf_logging
+
+                hf_logging.disable_progress_bar()
             summary = train(cfg, resume=args.resume, progress=not args.no_progress)
         except KeyboardInterrupt:
             return 130

@@ -79,6 +79,11 @@ def _jsonl_lines(path: Path) -> list[int] | None:
     """
     with open(path, encoding="utf-8") as f:
         text = f.read()
+    if text.startswith("\ufeff"):
+        raise DataError(f"{path} line 1: the file starts with a UTF-8 byte-order mark, which the JSON reader "
+                        "refuses; save it as UTF-8 without BOM")
+    if not text.strip():
+        raise DataError(f"{path}: empty file (no records)")
     if text.lstrip().startswith("["):
         try:
             json.loads(text)

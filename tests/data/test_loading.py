@@ -69,6 +69,17 @@ def test_bad_record_names_file_line_and_field(tmp_path, cache):
         gsm8k_examples(load_records(path, cache_dir=cache))
 
 
+def test_empty_and_byte_order_marked_json_files_get_clear_errors(tmp_path, cache):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(DataError, match=re.escape(f"{empty}: empty file (no records)")):
+        load_records(str(empty), cache_dir=cache)
+    bom = tmp_path / "bom.jsonl"
+    bom.write_text("\ufeff" + json.dumps(GSM[0]) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=re.escape(f"{bom} line 1: the file starts with a UTF-8 byte-order mark")):
+        load_records(str(bom), cache_dir=cache)
+
+
 def test_invalid_json_line_and_missing_column(tmp_path, cache):
     path = tmp_path / "broken.jsonl"
     path.write_text(json.dumps(GSM[0]) + "\n" + '{"question": "x", "answer": \n')
