@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from importlib import resources
 from pathlib import Path
@@ -78,6 +79,11 @@ _REGISTRIES = {
 }
 
 
+def plain_text(rst: str) -> str:
+    """A docstring line without reStructuredText markup: ``x`` as x, :func:`a.b.c` as c."""
+    return re.sub(r":\w+:`~?(?:[\w.]*\.)?([^`]+)`", r"\1", rst).replace("``", "")
+
+
 def _run_list(name: str) -> int:
     """Print each registered name with the first line of its docstring."""
     import importlib
@@ -91,7 +97,7 @@ def _run_list(name: str) -> int:
     columns = max(shutil.get_terminal_size((100, 24)).columns, width + 40)
     lines = []
     for key in registry.names():
-        text = registry.doc(key)
+        text = plain_text(registry.doc(key))
         if name == "algorithms":  # which policy kinds the preset runs on
             with warnings.catch_warnings():  # (some presets warn about their own documented choices)
                 warnings.simplefilter("ignore")
