@@ -116,10 +116,15 @@ class TextTask:
         ``key`` is the config field that chose the source (for error messages)."""
         d = cls.DEFAULTS
         default_subset = cfg.subset if cfg.subset is not None else d.get("subset")
+
+        def subset_of(source: str) -> str | None:  # (naming the default set explicitly keeps its subset)
+            defaults = (d["dataset"], d.get("test_dataset"))
+            return default_subset if source in defaults else cfg.subset
+
         if cfg.train_file:
             train = (cfg.train_file, "train", None, "task.train_file")
         elif cfg.dataset:
-            train = (cfg.dataset, cfg.split or d["split"], cfg.subset, "task.dataset")
+            train = (cfg.dataset, cfg.split or d["split"], subset_of(cfg.dataset), "task.dataset")
         else:
             train = (d["dataset"], cfg.split or d["split"], default_subset, "task.dataset")
         test_split = cfg.test_split or d["test_split"]
@@ -127,7 +132,7 @@ class TextTask:
             test = (cfg.test_file, "train", None, "task.test_file")
         elif cfg.test_dataset or cfg.dataset:
             key = "task.test_dataset" if cfg.test_dataset else "task.dataset"
-            test = (cfg.test_dataset or cfg.dataset, test_split, cfg.subset, key)
+            test = (cfg.test_dataset or cfg.dataset, test_split, subset_of(cfg.test_dataset or cfg.dataset), key)
         else:
             test = (d.get("test_dataset") or d["dataset"], test_split, default_subset, "task.test_dataset")
         return {"train": train, "test": test}
@@ -243,7 +248,7 @@ class TextTask:
     def prompt_text(self, example) -> str:
         """The full prompt text of ``example`` (chat template, generation prompt and assistant prefix included)."""
         template = self.templates["test" if example.split == "test" else "train"]
-        return render_prompt(self.tokenizer, template.format(example.fields()), template.assistant_prefix,
+        return render_prompt(self.tokenizer, template.format(example.fields()), self.answer_prefix(example),
                              chat=self.chat)
 
     def encode(self, examples: Sequence, device: str | torch.device = "cpu") -> TaskBatch:
@@ -277,9 +282,16 @@ class TextTask:
         return self.correctness(example, text) == self.CORRECT
 
     def rewards(self, examples: Sequence, texts: Sequence[str]) -> list[float]:
-        """Correctness plus the configured format components, one float per completion."""
-        return [self.correctness(e, t) + sum(FORMAT_COMPONENTS[c](t) for c in self.format_rewards)
+        """Correctness plus the configured format components, one float per completion. The format
+        components see the answer as the model wrote it: the template's assistant prefix (``d1_eval``'s
+        ``<reasoning>``, placed in the prompt) and then the completion."""
+        return [self.correctness(e, t) + sum(FORMAT_COMPONENTS[c](self.answer_prefix(e) + t)
+                                             for c in self.format_rewards)
                 for e, t in zip(examples, texts)]
+
+    def answer_prefix(self, example) -> str:
+        """The assistant prefix the prompt of ``example`` ends with (``""`` for most templates)."""
+        return self.templates["test" if example.split == "test" else "train"].assistant_prefix
 
     def metrics(self, examples: Sequence, texts: Sequence[str]) -> dict:
         """``accuracy`` (fraction of completions whose answer is correct), ``mean_reward``, ``num_examples``."""

@@ -34,7 +34,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from dlmrl.models.loading import DTYPES
+from dlmrl.models.loading import DTYPES, looks_local
 from dlmrl.models.lora import attach_adapter, check_adapter_kind, find_adapter
 from dlmrl.models.policy import position_ids_from_mask
 
@@ -483,7 +483,7 @@ def load_ar_policy(name_or_path: str = TINY_AR_DEFAULT, trust_remote_code: bool 
         return policy
     path = resolve_ar_model_path(name_or_path)
     local = Path(path)
-    if (path.startswith((".", "/")) or local.suffix) and not local.exists():
+    if looks_local(path) and not local.exists():
         raise FileNotFoundError(f"model path {path!r} does not exist")
     if local.is_dir() and not any(local.glob("*.safetensors")):
         raise ValueError(f"{path}: no *.safetensors weights; only safetensors checkpoints are loaded")

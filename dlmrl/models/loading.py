@@ -29,6 +29,15 @@ def resolve_model_path(name_or_path: str) -> str:
     return name_or_path
 
 
+def looks_local(name_or_path: str) -> bool:
+    """Whether a model name can only be a local path, so a missing one is an error here rather than a hub
+    lookup: it starts with ``.``, ``/`` or ``~``, has more than one ``/`` (hub ids are ``name`` or
+    ``owner/name``), or ends in a file extension. ``GSAI-ML/LLaDA-1.5`` and ``Qwen/Qwen2.5-0.5B`` are hub ids."""
+    file_ext = (".json", ".safetensors", ".bin", ".pt", ".yaml", ".yml")
+    return (name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
+            or name_or_path.lower().endswith(file_ext))
+
+
 def read_checkpoint_config(path: str) -> dict:
     """The checkpoint's ``config.json`` as a plain dict, read without importing any checkpoint code.
 
@@ -132,7 +141,7 @@ def load_policy(
         policy.model = attach_adapter(policy.model, adapter).to(device)
         return policy
     path = resolve_model_path(name_or_path)
-    if (path.startswith((".", "/")) or Path(path).suffix) and not Path(path).exists():
+    if looks_local(path) and not Path(path).exists():
         raise FileNotFoundError(f"model path {path!r} does not exist")
     config = read_checkpoint_config(path)
     name = detect_family(config) if family == "auto" else family

@@ -112,6 +112,26 @@ def test_rewards_correctness_plus_d1_format_and_metrics():
     assert cd.metrics([ex] * 2, ["<answer>30-(100-93)</answer>", "<answer>30</answer>"])["accuracy"] == 0.5
 
 
+def test_format_rewards_see_the_d1_eval_reasoning_prefix_placed_in_the_prompt():
+    """d1_eval's prompt ends with ``<reasoning>``; the model's completion continues after it, and the format
+    components judge prefix + completion (the answer as written), so a well-formed answer scores in full."""
+    tok = text_tokenizer()
+    task = GSM8KTask(tok, 3, prompt_template="d1_eval", format_rewards="d1")
+    assert task.prompt_text(EX).endswith("<reasoning>")
+    completion = WELL_FORMED.removeprefix("<reasoning>")
+    assert completion != WELL_FORMED  # (the fixture starts with the prefix)
+    assert task.rewards([EX], [completion]) == GSM8KTask(tok, 3, format_rewards="d1").rewards([EX], [WELL_FORMED])
+
+
+def test_naming_the_default_hub_set_keeps_its_subset():
+    from dlmrl.config import TaskConfig
+
+    named = GSM8KTask.sources(TaskConfig(name="gsm8k", dataset="openai/gsm8k"))
+    assert named["train"][:3] == ("openai/gsm8k", "train", "main") and named["test"][2] == "main"
+    other = GSM8KTask.sources(TaskConfig(name="gsm8k", dataset="me/gsm8k-copy"))
+    assert other["train"][2] is None  # (another set: only an explicit task.subset)
+
+
 def test_sft_answers():
     tok = text_tokenizer()
     assert GSM8KTask(tok, 3).sft_answer(EX) == "<reasoning>\n8*9 = 72\n</reasoning>\n<answer>\n72\n</answer>"

@@ -55,6 +55,15 @@ def test_missing_local_path_is_a_clear_error(tmp_path):
         load_policy(str(tmp_path / "nope"))
 
 
+def test_hub_ids_with_dots_are_not_taken_for_local_paths():
+    from dlmrl.models.loading import looks_local
+
+    assert not looks_local("GSAI-ML/LLaDA-1.5") and not looks_local("Qwen/Qwen2.5-0.5B-Instruct")
+    assert not looks_local("bert-base-uncased")
+    assert looks_local("./ckpt") and looks_local("/abs/ckpt") and looks_local("runs/x/final_model")
+    assert looks_local("model.safetensors") and looks_local("~/ckpt")
+
+
 def test_shipped_default_loads():
     policy = load_policy("tiny-sudoku")
     assert policy.family == "tiny"
