@@ -24,15 +24,8 @@ __all__ = ["CountdownExample", "GSM8KExample", "MathExample", "countdown_example
 
 
 @dataclass(frozen=True)
-class GSM8KExample:
-    """A GSM8K problem.
-
-    Attributes:
-        question: the problem text.
-        answer: the final answer, commas removed (``"1234"``, ``"-3"``).
-        solution: the worked solution before ``####`` (empty if the record has none).
-        split: ``"train"`` or ``"test"`` (picks the prompt template).
-    """
+class _QuestionAnswer:
+    """A question with one final answer and an optional worked solution (GSM8K and MATH share this form)."""
 
     question: str
     answer: str
@@ -44,7 +37,19 @@ class GSM8KExample:
 
 
 @dataclass(frozen=True)
-class MathExample:
+class GSM8KExample(_QuestionAnswer):
+    """A GSM8K problem.
+
+    Attributes:
+        question: the problem text.
+        answer: the final answer, commas removed (``"1234"``, ``"-3"``).
+        solution: the worked solution before ``####`` (empty if the record has none).
+        split: ``"train"`` or ``"test"`` (picks the prompt template).
+    """
+
+
+@dataclass(frozen=True)
+class MathExample(_QuestionAnswer):
     """A MATH problem.
 
     Attributes:
@@ -53,14 +58,6 @@ class MathExample:
         solution: the worked solution (empty if the record has none).
         split: ``"train"`` or ``"test"``.
     """
-
-    question: str
-    answer: str
-    solution: str = ""
-    split: str = "train"
-
-    def fields(self) -> dict:
-        return {"question": self.question}
 
 
 @dataclass(frozen=True)
