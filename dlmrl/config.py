@@ -378,6 +378,12 @@ def to_dict(cfg: Any) -> dict:
     return dataclasses.asdict(cfg)
 
 
+def flatten(d: dict, prefix: str = ""):
+    """``(dotted key, value)`` pairs of a nested dict (``{"train": {"seed": 0}}`` → ``("train.seed", 0)``)."""
+    for k, v in d.items():
+        yield from flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
+
+
 def save_yaml(cfg: Any, path: str | Path) -> None:
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
@@ -506,16 +512,13 @@ def validate(cfg: Config, for_training: bool = True) -> None:
     _check(ev.batch_size >= 1, "eval.batch_size", "must be >= 1")
 
 
-SCALE_REWARDS = {"none": "none", "group": "group", "batch": "batch"}  # TRL's scale_rewards -> advantage estimator
-
-
 def preset_overrides(tr: TrainConfig) -> dict:
     """The preset parts the ``train`` section sets (TRL names mapped to :class:`GroupObjective` fields)."""
     out = {k: getattr(tr, k) for k in ("epsilon", "epsilon_high", "beta", "loss_type") if getattr(tr, k) is not None}
     if tr.importance_sampling_level is not None:
         out["ratio_level"] = tr.importance_sampling_level
     if tr.scale_rewards is not None:
-        out["advantage"] = SCALE_REWARDS.get(tr.scale_rewards, tr.scale_rewards)
+        out["advantage"] = tr.scale_rewards  # (TRL's names are the advantage estimators' names)
     if tr.advantage is not None:
         out["advantage"] = tr.advantage
     if tr.dynamic_sampling_max_rounds is not None:
@@ -545,12 +548,6 @@ def build_preset(cfg: Config):
             raise ConfigError(f"config key 'train.{key}': {msg}") from None
 
 
-#: why a preset's rollout-side switch cannot run yet (see dlmrl.training.trainer): part -> what it needs.
-#: Empty: the trainer runs every part (dynamic sampling, overlong punishment, adaptive temperature,
-#: DaGRPO's anchors, Flow-GRPO's multi-turn episodes).
-UNSUPPORTED: dict[str, str] = {}
-
-
 def _check_lora(m: ModelConfig) -> None:
     """The LoRA fields' ranges (checked whether or not ``use_peft`` is on)."""
     from dlmrl.models.lora import parse_target_modules
@@ -566,6 +563,8 @@ def _check_lora(m: ModelConfig) -> None:
 
 def _check_algorithm(cfg: Config) -> None:
     """The preset exists, its overrides are valid, it runs on ``model.kind`` and the trainer supports it."""
+    from dlmrl.objectives.advantages import SCALE_REWARDS
+
     tr, kind = cfg.train, cfg.model.kind
     _check(tr.scale_rewards is None or tr.advantage is None, "train.scale_rewards",
            "set scale_rewards or advantage, not both")
@@ -581,9 +580,6 @@ def _check_algorithm(cfg: Config) -> None:
            "epsilon")
     _check(kind in preset.policies, "train.algorithm",
            f"{tr.algorithm!r} runs on {' and '.join(preset.policies)} policies only, but model.kind is {kind!r}")
-    for part, what in UNSUPPORTED.items():
-        _check(getattr(preset, part) is None or getattr(preset, part) is False, "train.algorithm",
-               f"{tr.algorithm!r} needs {what}: not yet supported by the trainer")
     _check(preset.adaptive_temperature_tau is None or kind == "ar", "train.algorithm",
            f"{tr.algorithm!r} samples with HAPO's adaptive temperature, which needs model.kind 'ar'")
     _check(isinstance(tr.max_completions, int) and tr.max_completions >= 0, "train.max_completions",

@@ -9,6 +9,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+def staging_dir(final: str | os.PathLike) -> Path:
+    """The temporary folder :func:`atomic_dir` writes ``final`` in (beside it, hidden)."""
+    final = Path(final).resolve()
+    return final.parent / f".{final.name}.tmp"
+
+
 @contextmanager
 def atomic_dir(final: str | os.PathLike):
     """Yield a temporary folder beside ``final``; on success replace ``final`` with it.
@@ -18,7 +24,7 @@ def atomic_dir(final: str | os.PathLike):
     """
     final = Path(final).resolve()
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp"
+    tmp = staging_dir(final)
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()

@@ -193,10 +193,6 @@ class Processes:
     def from_accelerator(cls, accelerator) -> Processes:
         return cls(accelerator.process_index, accelerator.num_processes)
 
-    @property
-    def is_main(self) -> bool:
-        return self.index == 0
-
     def share(self, n: int) -> tuple[int, int]:
         """This process's items ``[lo, hi)`` of ``n`` (:func:`split_range`)."""
         return split_range(n, self.index, self.count)

@@ -78,8 +78,9 @@ def rollout_episodes(policy, task, make_env: Callable[[], object], examples: Seq
     final = [0.0] * E
     active, nfe, passes, turn = list(range(E)), 0, 0, 0
     counts = [E] if processes is None else processes.gather(E)  # active episodes per process
+    max_turns = max((env.max_turns for env in envs), default=0)
     while sum(counts):
-        if active and turn >= max(env.max_turns for env in envs):
+        if active and turn >= max_turns:
             raise RuntimeError(f"episodes still running after {turn} turns: an environment must end its "
                                "episodes within its max_turns")
         longest, still = 0, []

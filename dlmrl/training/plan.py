@@ -14,9 +14,6 @@ from pathlib import Path
 
 from dlmrl.config import Config, build_estimator, build_preset, estimator_name
 
-#: mask token ids the families fix when neither tokenizer nor config names one (dlmrl.models.families)
-_FAMILY_MASK_IDS = {"llada": 126336, "dream": 151666}
-
 
 def _model_section(cfg: Config) -> dict:
     from dlmrl.models.loading import resolve_model_path
@@ -46,9 +43,12 @@ def _model_section(cfg: Config) -> dict:
         out["source"] = "hub id (not contacted by --dry-run; downloaded by the run)"
     if m.kind == "diffusion":
         out["family"] = family
-        fam = family.split()[0]
-        if fam in _FAMILY_MASK_IDS:
-            out["mask_token_id"] = f"{_FAMILY_MASK_IDS[fam]} unless the tokenizer or config.json names another"
+        from dlmrl.models.families import FAMILIES
+
+        fam = family.split()[0]  # (the mask id a family fixes when neither tokenizer nor config names one)
+        default = FAMILIES.get(fam).default_mask_token_id if fam in FAMILIES else None
+        if default is not None:
+            out["mask_token_id"] = f"{default} unless the tokenizer or config.json names another"
     if getattr(m, "use_peft", False):
         out["lora"] = {"r": m.lora_r, "alpha": m.lora_alpha, "dropout": m.lora_dropout,
                        "target_modules": m.lora_target_modules}
@@ -124,7 +124,6 @@ def _task_section(cfg: Config) -> dict:
 
         extra = parse_format_rewards(t.name, t.format_rewards)
         out["reward"] += f" + format rewards {', '.join(extra)}" if extra else ""
-    if text_form:
         out["prompt_template"] = t.prompt_template
         out["test_prompt_template"] = t.test_prompt_template or t.prompt_template
         out["chat_template"] = t.chat_template
@@ -134,7 +133,7 @@ def _task_section(cfg: Config) -> dict:
 
 def _sampler_section(cfg: Config) -> dict:
     s, ev = cfg.sampling, cfg.eval
-    length = 16 if cfg.task.name == "sudoku" and cfg.task.answer_mode != "text" else s.gen_length
+    length = s.gen_length  # (validate holds Sudoku's grid modes to 16)
     if cfg.model.kind == "ar":
         return {"kind": "left to right (generate)", "max_new_tokens": length + 1, "temperature": s.temperature,
                 "nfe_per_completion": length + 1}
@@ -175,7 +174,7 @@ def _sizes_section(cfg: Config, nfe_scoring: int, processes: int) -> dict:
     if processes > 1:
         out["completions_per_process"] = (rows // processes if rows % processes == 0
                                           else f"{rows} do not split over {processes} processes")
-    length = 16 if cfg.task.name == "sudoku" and cfg.task.answer_mode != "text" else cfg.sampling.gen_length
+    length = cfg.sampling.gen_length  # (validate holds Sudoku's grid modes to 16)
     out["completion_tokens_per_step"] = rows * length
     if cfg.model.kind == "diffusion":
         canvases = rows * nfe_scoring

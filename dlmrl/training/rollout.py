@@ -11,6 +11,7 @@ Both return per-token tensors ``(B, L)`` over the completion, so one :class:`Gro
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -59,25 +60,23 @@ class Rollout:
     def __len__(self) -> int:
         return len(self.completion)
 
+    #: the per-row tensor fields (``None`` allowed), which :meth:`rows` and :meth:`to` map
+    _TENSORS = ("prompt_ids", "prompt_mask", "completion", "completion_mask", "group_ids", "trajectory_ids",
+                "anchor", "rewards", "train_rewards")
+
+    def _map(self, fn, **changes) -> Rollout:
+        """A copy with ``fn`` applied to every per-row tensor field and the ``changes`` made."""
+        mapped = {n: None if getattr(self, n) is None else fn(getattr(self, n)) for n in self._TENSORS}
+        return dataclasses.replace(self, **mapped, **changes)
+
     def rows(self, index: torch.Tensor) -> Rollout:
-        """The rows ``index`` (a ``(K,)`` long tensor), every per-row field included."""
-        idx = index.tolist()
-
-        def pick(t):
-            return None if t is None else t[index]
-
-        return Rollout([self.examples[i] for i in idx], self.prompt_ids[index], self.prompt_mask[index],
-                       self.completion[index], self.completion_mask[index], self.nfe, pick(self.group_ids),
-                       pick(self.trajectory_ids), pick(self.anchor), pick(self.rewards), pick(self.train_rewards))
+        """The rows ``index`` (a ``(K,)`` long tensor), every per-row field included (``passes``, a count
+        over the sampled batch, is not carried over)."""
+        return self._map(lambda t: t[index], examples=[self.examples[i] for i in index.tolist()], passes=None)
 
     def to(self, device: torch.device | str) -> Rollout:
         """The same rows with every tensor on ``device``."""
-        def move(t):
-            return None if t is None else t.to(device)
-
-        return Rollout(self.examples, move(self.prompt_ids), move(self.prompt_mask), move(self.completion),
-                       move(self.completion_mask), self.nfe, move(self.group_ids), move(self.trajectory_ids),
-                       move(self.anchor), move(self.rewards), move(self.train_rewards), self.passes)
+        return self._map(lambda t: t.to(device))
 
     def sampling_passes(self) -> int:
         """Sequence forward passes spent sampling: ``passes``, else ``B · nfe``."""

@@ -22,7 +22,6 @@ Reference: GDPO, arXiv 2510.08554 (Algorithm 1).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import shutil
@@ -43,6 +42,7 @@ from dlmrl.config import (
     ConfigError,
     build_preset,
     estimator_name,
+    flatten,
     load_yaml,
     save_yaml,
     to_dict,
@@ -64,7 +64,7 @@ from dlmrl.objectives.objective import GroupObjective
 from dlmrl.objectives.pairwise import ngram_jaccard
 from dlmrl.objectives.segments import delimiter_token_ids, sentence_segments
 from dlmrl.objectives.shaping import soft_overlong_punishment
-from dlmrl.training.checkpoint import atomic_dir, latest_checkpoint, write_json_atomic
+from dlmrl.training.checkpoint import atomic_dir, latest_checkpoint, staging_dir, write_json_atomic
 from dlmrl.training.distributed import (
     Processes,
     check_process_split,
@@ -75,7 +75,7 @@ from dlmrl.training.distributed import (
 )
 from dlmrl.training.episodes import rollout_episodes, trajectory_rewards
 from dlmrl.training.evaluation import evaluate, evaluate_ar, primary_metric
-from dlmrl.training.logging import MetricsWriter, plot_curves
+from dlmrl.training.logging import MetricsWriter, plot_curves, read_metrics
 from dlmrl.training.rollout import (
     ARScorer,
     DiffusionScorer,
@@ -88,6 +88,9 @@ from dlmrl.training.rollout import (
     rollout_ar,
     rollout_diffusion,
 )
+
+#: the objective's metrics averaged over a step's μ updates (and combined over processes)
+UPDATE_METRICS = ("loss", "ratio_mean", "ratio_min", "ratio_max", "clip_frac_low", "clip_frac_high", "kl")
 
 
 @dataclass
@@ -103,9 +106,7 @@ class RunState:
     nfe_sampling_total: int = 0  # the steps' nfe_sampling summed
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "eval_before": self.eval_before, "train_seconds": self.train_seconds,
-                "hapo_stats": self.hapo_stats, "completions_total": self.completions_total,
-                "nfe_sampling_total": self.nfe_sampling_total}
+        return dataclasses.asdict(self)
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.eval_before = state["step"], state["eval_before"]
@@ -125,12 +126,7 @@ def check_same_config(cfg: Config, saved_path: Path) -> None:
     """
     saved = Config()
     load_yaml(saved, saved_path)
-
-    def flat(d, prefix=""):
-        for k, v in d.items():
-            yield from flat(v, f"{prefix}{k}.") if isinstance(v, dict) else [(f"{prefix}{k}", v)]
-
-    old, new = dict(flat(to_dict(saved))), dict(flat(to_dict(cfg)))
+    old, new = dict(flatten(to_dict(saved))), dict(flatten(to_dict(cfg)))
     free = ("output_dir", "estimator.micro_batch")  # micro_batch changes memory and speed, not the steps taken
     diff = [f"{k}: {old[k]!r} -> {new[k]!r}" for k in old if k not in free and old[k] != new[k]]
     if diff:
@@ -290,14 +286,7 @@ def solved_reward(task) -> float | None:
 def tracker_config(cfg: Config) -> dict:
     """The config flattened to dotted keys with scalar values, as trackers store hyperparameters (TensorBoard's
     ``add_hparams`` takes no ``None`` or lists)."""
-    def flat(d: dict, prefix: str = ""):
-        for k, v in d.items():
-            if isinstance(v, dict):
-                yield from flat(v, f"{prefix}{k}.")
-            else:
-                yield f"{prefix}{k}", v if isinstance(v, (bool, int, float, str)) else str(v)
-
-    return dict(flat(to_dict(cfg)))
+    return {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in flatten(to_dict(cfg))}
 
 
 def configure_deepspeed(accelerator: Accelerator, max_grad_norm: float) -> None:
@@ -403,14 +392,12 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
         quiet = logging.getLogger("accelerate.utils.other")
         level, _ = quiet.level, quiet.setLevel(logging.ERROR)
         final = out / "checkpoints" / f"step-{state.step}"
-        if processes.count == 1:
-            with atomic_dir(final) as tmp:
-                accelerator.save_state(str(tmp), safe_serialization=True)
-        else:  # the main process makes and renames the folder; every process saves (accelerate writes its files)
-            with atomic_dir(final) if accelerator.is_main_process else nullcontext(None):
-                accelerator.wait_for_everyone()
-                accelerator.save_state(str(final.resolve().parent / f".{final.name}.tmp"), safe_serialization=True)
-                accelerator.wait_for_everyone()
+        # the main process makes and renames the folder; every process saves into it (accelerate writes its
+        # files); with one process the waits do nothing
+        with atomic_dir(final) if accelerator.is_main_process else nullcontext(None):
+            accelerator.wait_for_everyone()
+            accelerator.save_state(str(staging_dir(final)), safe_serialization=True)
+            accelerator.wait_for_everyone()
         quiet.setLevel(level)
         if accelerator.is_main_process:
             for old in sorted((out / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))[:-2]:
@@ -484,6 +471,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
                 if not len(local):
                     local, row_weight, share = torch.zeros(1, dtype=torch.long), 0.0, 0.0
             mine = sub if local is None else sub.rows(local)
+            mine_rows = rows if local is None else rows[local]  # this process's rows of ro
             # 4. old (and reference) scores, once per rollout batch (diffusion: on the μ MaskPlans)
             old = (scorer.prepare(sub, tr.num_iterations, gen, entropy="entropy" in needs, rows=local) if len(rows)
                    else None)  # (no row to score: this batch carries no signal)
@@ -492,17 +480,11 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
                 entropy = processes.gather_rows(entropy, local if row_weight else local[:0], len(sub))  # whole batch
             if preset.adaptive_temperature_tau is not None and old is not None:
                 state.hapo_stats = dataclasses.asdict(hapo_entropy_stats(entropy, sub.completion_mask))
-            if adv is None:  # (here every row is kept: sub is ro)
-                adv_rows = (preset.advantages(AdvantageInputs(ro.train_rewards, G, entropy=entropy, **adv_inputs))
-                            if old is not None else None)
-            else:
-                adv_rows = adv[rows]
-            if local is not None and adv_rows is not None:
-                adv_rows = adv_rows[local]
-            inputs = {"entropy": old.entropy if old is not None else None, "group_ids": group_ids[rows],
+            if adv is None and old is not None:  # (here every row is kept: sub is ro)
+                adv = preset.advantages(AdvantageInputs(ro.train_rewards, G, entropy=entropy, **adv_inputs))
+            adv_rows = adv[mine_rows] if adv is not None else None
+            inputs = {"entropy": old.entropy if old is not None else None, "group_ids": group_ids[mine_rows],
                       "num_tokens": num_tokens}
-            if local is not None:
-                inputs["group_ids"] = inputs["group_ids"][local]
             if mine.anchor is not None:
                 inputs["anchor"] = mine.anchor  # ratio π/sg[π], loss weight anchor_weight
             if delimiters is not None:
@@ -553,13 +535,11 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
                 record["anchors"] = anchors
             if env is not None:
                 record["turns_mean"] = len(ro) / max(len(sampled.rewards), 1)
-            for key in ("loss", "ratio_mean", "ratio_min", "ratio_max", "clip_frac_low", "clip_frac_high", "kl",
-                        "grad_norm"):
+            for key in (*UPDATE_METRICS, "grad_norm"):
                 vals = [lg[key] for lg in logs if key in lg]
                 record[key] = sum(vals) / len(vals) if vals else None
             if updates:  # (several processes: the whole batch's values from the shares')
-                record.update(processes.combine_metrics({k: record[k] for k in ("loss", "ratio_mean", "ratio_min",
-                              "ratio_max", "clip_frac_low", "clip_frac_high", "kl")}, share))
+                record.update(processes.combine_metrics({k: record[k] for k in UPDATE_METRICS}, share))
             if cfg.eval.eval_steps and state.step % cfg.eval.eval_steps == 0:
                 record[f"eval_{metric}"] = evaluate_config(cfg, policy, task)[metric]
             stop["now"] = processes.any(stop["now"])  # (a signal that reached one process stops them all)
@@ -593,9 +573,9 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
         summary[f"{metric}_gain"] = eval_after[metric] - state.eval_before[metric]
         accelerator.print(f"held-out {metric}: before {state.eval_before[metric]:.4f} after {eval_after[metric]:.4f}")
     if accelerator.is_main_process:
-        rows_logged = (out / "metrics.jsonl").read_text().splitlines()
-        if rows_logged:
-            summary["final_metrics"] = json.loads(rows_logged[-1])
+        logged = read_metrics(out / "metrics.jsonl")
+        if logged:
+            summary["final_metrics"] = logged[-1]
         write_json_atomic(out / "summary.json", summary)
         plot_curves(out / "metrics.jsonl", out / "reward_curve.png", summary)
         with atomic_dir(out / "final_model") as tmp:
