@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from dlmrl.training.rollout import Rollout
+from dlmrl.training.rollout import Rollout, first_rows
 
 
 def encode_observations(tokenizer, texts: Sequence[str], device: str | torch.device = "cpu"):
@@ -129,10 +129,4 @@ def rollout_episodes(policy, task, make_env: Callable[[], object], examples: Seq
 
 def trajectory_rewards(ro: Rollout) -> torch.Tensor:
     """``(T,)`` one reward per trajectory (its first row's), in order of first appearance."""
-    traj = ro.trajectories().tolist()
-    seen, first = set(), []
-    for i, t in enumerate(traj):
-        if t not in seen:
-            seen.add(t)
-            first.append(i)
-    return ro.rewards[first]
+    return ro.rewards[first_rows(ro.trajectories().tolist())]

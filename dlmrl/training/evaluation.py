@@ -44,6 +44,23 @@ def _summary(task, examples: list, texts: list[str], nfe: int, **extra) -> dict:
     return {**metrics, "primary_metric": name, "num_puzzles": len(examples), "nfe": nfe, **extra}
 
 
+def _decode_held_out(policy, task, num_puzzles: int, batch_size: int, decode) -> tuple[list, list[str], list[int]]:
+    """The held-out examples, their decoded texts and each chunk's NFE: ``decode(batch, start) -> (texts, nfe)``
+    on chunks of ``batch_size`` encoded examples, the model in eval mode (restored afterwards)."""
+    was_training = policy.model.training
+    policy.model.eval()
+    examples = held_out_examples(task, num_puzzles)
+    texts: list[str] = []
+    nfes: list[int] = []
+    for start in range(0, len(examples), batch_size):
+        chunk_texts, nfe = decode(task.encode(examples[start : start + batch_size], device=policy.device), start)
+        texts += chunk_texts
+        nfes.append(nfe)
+    if was_training:
+        policy.model.train()
+    return examples, texts, nfes
+
+
 @torch.no_grad()
 def evaluate(policy, task, num_puzzles: int = 256, steps: int = 8, block_length: int | None = None,
              temperature: float = 0.0, batch_size: int = 256, seed: int = 0) -> dict:
@@ -62,22 +79,16 @@ def evaluate(policy, task, num_puzzles: int = 256, steps: int = 8, block_length:
         metric's name), ``num_puzzles`` (examples decoded), ``nfe`` (forward passes per canvas),
         ``gen_length`` and ``steps``.
     """
-    was_training = policy.model.training
-    policy.model.eval()
-    examples = held_out_examples(task, num_puzzles)
     gen = torch.Generator().manual_seed(seed)
-    texts: list[str] = []
-    nfe = 0
-    for start in range(0, len(examples), batch_size):
-        chunk = examples[start : start + batch_size]
-        batch = task.encode(chunk, device=policy.device)
+
+    def decode(batch, start):
         out = generate(policy, batch.prompt_ids, batch.prompt_mask, gen_length=task.gen_length,
                        block_length=block_length or task.gen_length, steps=steps, temperature=temperature,
                        canvas=batch.canvas, generator=gen)
-        nfe = out.nfe
-        texts += task.decode(out.canvas)
-    if was_training:
-        policy.model.train()
+        return task.decode(out.canvas), out.nfe
+
+    examples, texts, nfes = _decode_held_out(policy, task, num_puzzles, batch_size, decode)
+    nfe = nfes[-1] if nfes else 0  # (the last chunk's, as reported before; chunks may skip steps differently)
     return _summary(task, examples, texts, nfe, gen_length=task.gen_length, steps=steps)
 
 
@@ -90,18 +101,11 @@ def evaluate_ar(policy, task, num_puzzles: int = 256, batch_size: int = 256, tem
     The budget is ``task.gen_length + 1`` new tokens (Sudoku: the 16 cells then EOS; a 17th cell before EOS
     makes the answer malformed), as in training.
     """
-    was_training = policy.model.training
-    policy.model.eval()
-    examples = held_out_examples(task, num_puzzles)
-    texts: list[str] = []
-    nfe = 0
-    for start in range(0, len(examples), batch_size):
-        chunk = examples[start : start + batch_size]
-        batch = task.encode(chunk, device=policy.device)
+    def decode(batch, start):
         completion, mask = policy.generate(batch.prompt_ids, batch.prompt_mask, task.gen_length + 1,
                                            temperature=temperature, generator=seed + start)
-        nfe = max(nfe, int(mask.sum(-1).max()))
-        texts += task.decode(completion)
-    if was_training:
-        policy.model.train()
+        return task.decode(completion), int(mask.sum(-1).max())
+
+    examples, texts, nfes = _decode_held_out(policy, task, num_puzzles, batch_size, decode)
+    nfe = max(nfes, default=0)
     return _summary(task, examples, texts, nfe, max_new_tokens=task.gen_length + 1)

@@ -398,6 +398,14 @@ def reference_solution(task, example) -> str | None:
     return None
 
 
+def first_rows(ids: list) -> list[int]:
+    """The index of the first row of each id, in order of first appearance (``[5, 5, 2, 5, 2] -> [0, 2]``)."""
+    first: dict = {}
+    for i, x in enumerate(ids):
+        first.setdefault(x, i)
+    return list(first.values())
+
+
 def add_anchors(ro: Rollout, task, anchor_threshold: float, num_generations: int, kind: str,
                 eos_token_id: int | None, pad_id: int,
                 shape: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> tuple[Rollout, int]:
@@ -431,11 +439,8 @@ def add_anchors(ro: Rollout, task, anchor_threshold: float, num_generations: int
 
     groups = ro.groups(num_generations)
     need = groups_needing_anchor(ro.rewards, groups, anchor_threshold)  # (B,)
-    firsts, seen = [], set()
-    for i, (g, n) in enumerate(zip(groups.tolist(), need.tolist())):
-        if n and g not in seen:
-            seen.add(g)
-            firsts.append(i)
+    needed = need.tolist()  # (the same on every row of a group)
+    firsts = [i for i in first_rows(groups.tolist()) if needed[i]]
     L = ro.completion.shape[1]
     rows, comps, masks, too_long = [], [], [], 0
     fill = eos_token_id if eos_token_id is not None else pad_id
