@@ -172,8 +172,10 @@ def _sizes_section(cfg: Config, nfe_scoring: int, processes: int) -> dict:
     out: dict = {"prompts_per_step": tr.prompts_per_step, "num_generations": tr.num_generations,
                  "completions_per_step": rows}
     if processes > 1:
-        out["completions_per_process"] = (rows // processes if rows % processes == 0
-                                          else f"{rows} do not split over {processes} processes")
+        # (the trainer's rule, distributed.check_process_split: whole groups, so prompts split over processes)
+        out["completions_per_process"] = (rows // processes if tr.prompts_per_step % processes == 0
+                                          else f"{tr.prompts_per_step} prompts do not split over {processes} "
+                                               "processes")
     length = cfg.sampling.gen_length  # (validate holds Sudoku's grid modes to 16)
     out["completion_tokens_per_step"] = rows * length
     if cfg.model.kind == "diffusion":
