@@ -111,23 +111,35 @@ class SamplingConfig:
     block_length: int = doc(16, "Block length for semi-autoregressive decoding; must divide gen_length.")
     steps: int = doc(4, "Total denoising steps (forward passes) per rollout canvas; must split evenly over blocks.")
     temperature: float = doc(1.0, "Rollout sampling temperature (0 = greedy). Gumbel noise is float64.")
-    remasking: str = doc("low_confidence", "Which masked positions to reveal: low_confidence | random.")
+    remasking: str = doc("low_confidence", "Which masked positions to reveal: low_confidence | random | "
+                                           "left_to_right (an autoregressive order, as JustGRPO's rollouts).")
     cfg_scale: float = doc(0.0, "Classifier-free guidance scale s (0 = off).")
 
 
 @dataclass
 class EstimatorConfig:
     name: str | None = doc(None, "Likelihood estimator for training: sdmc | coupled_sdmc | double_mc | coupled | "
-                                 "one_step; null = the algorithm preset's recipe estimator (diffu_grpo: one_step, "
-                                 "gdpo: sdmc), else sdmc. An explicit name always wins.")
+                                 "stratified_coupled | one_step | trajectory | spg; null = the algorithm preset's "
+                                 "recipe estimator (diffu_grpo: one_step, gdpo: sdmc, tracerl: trajectory), else "
+                                 "sdmc. An explicit name always wins.")
     num_nodes: int = doc(3, "sdmc/coupled_sdmc: Gauss-Legendre nodes N on [0,1] (double_mc: N*K random times).")
     samples_per_node: int = doc(1, "K: masks per node (sdmc, coupled_sdmc; NFE = N*K), mask/complement pairs "
-                                   "(coupled; NFE = 2K) or prompt masks (one_step; NFE = K).")
+                                   "(coupled, stratified_coupled; NFE = 2K), prompt masks (one_step; NFE = K) or "
+                                   "block-wise masks (spg; NFE = K, SPG uses 2).")
     masking: str = doc("exact_count", "Masking: exact_count | bernoulli | reference (GDPO's code; sdmc only).")
     stratified: bool = doc(False, "double_mc: draw one time per stratum ((k-1)/K, k/K].")
     p_mask_prompt: float = doc(0.15, "one_step: probability of masking each prompt token (d1: 0.15).")
     t_min: float = doc(0.2, "coupled: times t ~ U(t_min, t_max) (DiffuCoder: 0.2, 0.8; 0, 1 is unbiased).")
     t_max: float = doc(0.8, "coupled: upper end of the time interval.")
+    merge: int = doc(1, "trajectory: consecutive sampling steps scored from one canvas (TraceRL's shrink; 1 = exact, "
+                        "NFE = ceil(steps / merge)).")
+    order: str = doc("sampled", "trajectory: sampled (the order the sampler took, from its record) | left_to_right "
+                                "(the autoregressive chain rule, JustGRPO; NFE = L / merge; any completion).")
+    eubo_beta: float = doc(1.5, "spg: Renyi order beta >= 1 of the upper bound scored on negative-advantage rows "
+                                "(SPG: 1.5; 1.0 for Sudoku).")
+    mix_weight: float = doc(0.5, "spg: weight omega of the upper bound on negative-advantage rows, the rest the ELBO "
+                                 "(1 = SPG's pure EUBO, 0.5 its mixture).")
+    mask_block_length: int = doc(0, "spg: block size of the block-wise masks (0 = sampling.block_length, as SPG).")
     micro_batch: int = doc(
         0,
         "Most masked canvases per forward call when scoring (0 = all S*B at once). Training uses a "
@@ -393,28 +405,41 @@ def _check(cond: bool, key: str, msg: str) -> None:
         raise ConfigError(f"config key {key!r}: {msg}")
 
 
-def estimator_name(cfg: Config) -> str:
-    """The training estimator's name: ``estimator.name``, else the algorithm preset's recipe estimator
-    (``AlgorithmPreset.estimator``; diffu_grpo: one_step), else ``sdmc``. An invalid algorithm setting counts
-    as having none (validation reports it)."""
+def estimator_settings(cfg: Config) -> tuple[str, EstimatorConfig]:
+    """The training estimator's name and settings: ``estimator.name`` with the ``estimator`` section as it is;
+    with the name null, the algorithm preset's recipe estimator (``AlgorithmPreset.estimator``; diffu_grpo:
+    one_step, just_grpo: trajectory) with the recipe's ``estimator_options`` over the section (just_grpo:
+    ``order: left_to_right``); else ``sdmc``. An invalid algorithm setting counts as having none (validation
+    reports it)."""
     if cfg.estimator.name is not None:
-        return cfg.estimator.name
+        return cfg.estimator.name, cfg.estimator
     try:
         preset = build_preset(cfg)
     except ConfigError:
-        return "sdmc"
-    return preset.estimator or "sdmc"
+        return "sdmc", cfg.estimator
+    if preset.estimator is None:
+        return "sdmc", cfg.estimator
+    return preset.estimator, dataclasses.replace(cfg.estimator, **dict(preset.estimator_options))
 
 
-def build_estimator(e: EstimatorConfig, name: str | None = None):
+def estimator_name(cfg: Config) -> str:
+    """The training estimator's name (:func:`estimator_settings`)."""
+    return estimator_settings(cfg)[0]
+
+
+def build_estimator(e: EstimatorConfig, name: str | None = None, sampling: SamplingConfig | None = None):
     """The estimator the ``estimator`` section describes (``factory.make_estimator``; raises its ValueError).
 
-    ``name`` (e.g. :func:`estimator_name`) replaces ``e.name``; with both ``None`` it is ``sdmc``.
+    ``name`` (e.g. :func:`estimator_name`) replaces ``e.name``; with both ``None`` it is ``sdmc``. ``sampling``
+    (default: the defaults) gives the trajectory estimator its temperature (``sampling.temperature``, 1 when
+    greedy) and steps, and SPG its block length when ``estimator.mask_block_length`` is 0.
     """
     from dlmrl.estimators.factory import make_estimator
 
+    s = sampling or SamplingConfig()
     return make_estimator(name or e.name or "sdmc", e.num_nodes, e.samples_per_node, e.masking, e.stratified,
-                          e.p_mask_prompt, e.t_min, e.t_max)
+                          e.p_mask_prompt, e.t_min, e.t_max, e.merge, e.order, e.eubo_beta, e.mix_weight,
+                          e.mask_block_length or s.block_length, s.temperature if s.temperature > 0 else 1.0, s.steps)
 
 
 #: trackers ``train.report_to`` accepts (accelerate's ``log_with`` names) and the package each needs
@@ -437,7 +462,7 @@ def validate(cfg: Config, for_training: bool = True) -> None:
     from dlmrl.data import TASKS
     from dlmrl.estimators import ESTIMATORS
 
-    m, t, s, e, tr, ev = cfg.model, cfg.task, cfg.sampling, cfg.estimator, cfg.train, cfg.eval
+    m, t, s, tr, ev = cfg.model, cfg.task, cfg.sampling, cfg.train, cfg.eval
     _check(m.kind in ("diffusion", "ar"), "model.kind", f"unknown policy kind {m.kind!r}; use diffusion or ar")
     if for_training:  # (first: a preset on the wrong policy kind is the likeliest mistake to report)
         _check_algorithm(cfg)
@@ -473,22 +498,29 @@ def validate(cfg: Config, for_training: bool = True) -> None:
         _check(steps >= blocks and steps % blocks == 0, key, f"{steps} steps do not split evenly over {blocks} blocks")
     _check(s.temperature >= 0, "sampling.temperature", "must be >= 0")
     _check(ev.temperature >= 0, "eval.temperature", "must be >= 0")
-    _check(s.remasking in ("low_confidence", "random"), "sampling.remasking", "must be low_confidence or random")
+    from dlmrl.models.sampler import REMASKING
+
+    _check(s.remasking in REMASKING, "sampling.remasking", f"must be one of {', '.join(REMASKING)}")
     _check(s.cfg_scale >= 0, "sampling.cfg_scale", "must be >= 0")
-    name = estimator_name(cfg)
+    name, e = estimator_settings(cfg)
     _check(name in ESTIMATORS, "estimator.name", f"unknown estimator {name!r}; known: {ESTIMATORS.names()}")
     _check(name != "exact", "estimator.name",
            "'exact' enumerates 2^L - 1 masks; it is for analysis (dlmrl estimators), train with 'sdmc'")
+    _check(not (name == "trajectory" and m.kind == "diffusion" and s.cfg_scale > 0), "sampling.cfg_scale",
+           "the trajectory estimator scores the sampler's own token distribution, but with classifier-free "
+           "guidance the sampler draws from guided logits the scorer does not compute; set cfg_scale 0 or use an "
+           "ELBO estimator")
     _check(not (name == "double_mc" and e.masking == "reference"), "estimator.masking",
            "double_mc with 'reference' masking has infinite expectation (weight 1/t near t = 0); "
            "use exact_count or bernoulli")
     if name in ESTIMATORS:
         try:
-            build_estimator(e, name)
+            build_estimator(e, name, s)
         except (ValueError, TypeError) as err:
             # the estimators name their own argument first; map it to the config field
             arg = str(err).split()[0]
-            fields = {"num_samples": "samples_per_node", "num_pairs": "samples_per_node", "coupled": "t_min"}
+            fields = {"num_samples": "samples_per_node", "num_pairs": "samples_per_node", "coupled": "t_min",
+                      "beta": "eubo_beta", "mix": "mix_weight", "block_length": "mask_block_length"}
             field_name = fields.get(arg, arg if arg in {f.name for f in dataclasses.fields(e)} else "name")
             _check(False, f"estimator.{field_name}", f"{err} (estimator {name!r})")
     _check(isinstance(e.micro_batch, int) and not isinstance(e.micro_batch, bool) and e.micro_batch >= 0,

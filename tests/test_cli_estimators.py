@@ -30,9 +30,12 @@ SMALL = [
 def test_estimators_small_run(tmp_path, capsys):
     out = tmp_path / "lab"
     assert main(["estimators", "--output-dir", str(out), *SMALL]) == 0
-    records = json.loads((out / "estimators.json").read_text())
+    everything = json.loads((out / "estimators.json").read_text())
+    records = [r for r in everything if r["estimator"] != "trajectory"]
+    trajectory = [r for r in everything if r["estimator"] == "trajectory"]
     assert {r["length"] for r in records} == {4, 6} and {r["nfe"] for r in records} == {2}
     assert all(r["rows"] == 1 and r["repetitions"] == 50 and r["target"] == "exact" for r in records)
+    assert sorted((r["length"], r["merge"]) for r in trajectory) == [(4, 1), (4, 2), (4, 4), (6, 1), (6, 2), (6, 4)]
     assert all(
         set(RECORD_FIELDS) - {"sampled_variance_t", "sampled_variance_mask"} <= set(r) for r in records
     )
@@ -41,7 +44,8 @@ def test_estimators_small_run(tmp_path, capsys):
     assert lab["config"]["budgets"] == [2] and lab["config"]["num_directions"] == 1
     for name in lab["files"]:
         assert (out / name).stat().st_size > 0
-    assert f"({len(records)} records)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"({len(everything)} records)" in printed and "| L | merge | NFE |" in printed
 
 
 @pytest.mark.parametrize(

@@ -3,15 +3,16 @@
 ``ESTIMATORS`` maps a name to an estimator class; every class has
 ``make_plan(completion_mask (B, L), generator_or_seed, prompt_mask (B, P)) -> MaskPlan``,
 ``nfe`` and ``estimate(policy, prompt_ids, prompt_mask, completion, completion_mask, generator)
--> Estimate``; the mask-only ones also have ``moments(SizeStats) -> Moments`` (exact mean and
+-> Estimate``; the trainer calls ``rollout_plan`` (which may also read the sampler's trajectory record
+or the advantages); the mask-only ones also have ``moments(SizeStats) -> Moments`` (exact mean and
 variance from a row's :class:`MaskTable`).
 """
 
-from dlmrl.estimators.coupled import Coupled
+from dlmrl.estimators.coupled import Coupled, StratifiedCoupled
 from dlmrl.estimators.coupled_sdmc import CoupledSDMC
 from dlmrl.estimators.double_mc import DoubleMC
 from dlmrl.estimators.exact import Exact, enumeration_masks, exact_elbo
-from dlmrl.estimators.mask_plan import MaskPlan
+from dlmrl.estimators.mask_plan import MaskPlan, UpperBound
 from dlmrl.estimators.mask_table import MaskTable, mask_table
 from dlmrl.estimators.masking import MASKING_MODES, sample_masks
 from dlmrl.estimators.moments import Moments, SizeStats
@@ -26,6 +27,8 @@ from dlmrl.estimators.scoring import (
     score_and_backward,
 )
 from dlmrl.estimators.sdmc import SDMC
+from dlmrl.estimators.spg import SPGEstimator
+from dlmrl.estimators.trajectory import Trajectory, left_to_right_order, trajectory_plan
 from dlmrl.registry import Registry
 
 ESTIMATORS: Registry[type] = Registry("estimator")
@@ -35,6 +38,9 @@ ESTIMATORS.register("one_step")(OneStep)
 ESTIMATORS.register("coupled")(Coupled)
 ESTIMATORS.register("coupled_sdmc")(CoupledSDMC)
 ESTIMATORS.register("exact")(Exact)
+ESTIMATORS.register("trajectory")(Trajectory)
+ESTIMATORS.register("spg")(SPGEstimator)
+ESTIMATORS.register("stratified_coupled")(StratifiedCoupled)
 
 __all__ = [
     "ESTIMATORS",
@@ -50,14 +56,20 @@ __all__ = [
     "Moments",
     "OneStep",
     "PlanEstimator",
+    "SPGEstimator",
     "SizeStats",
+    "StratifiedCoupled",
+    "Trajectory",
+    "UpperBound",
     "as_generator",
     "enumeration_masks",
     "exact_elbo",
     "gauss_legendre_unit",
+    "left_to_right_order",
     "mask_table",
     "sample_masks",
     "sample_scores",
     "score",
     "score_and_backward",
+    "trajectory_plan",
 ]

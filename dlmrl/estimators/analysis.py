@@ -16,7 +16,11 @@ measures each estimator against the exact ELBO:
   ``(f(θ+εv) − f(θ−εv)) / 2ε`` on the same masks, float32 with ε = 1e-3 by default, float64 on
   request), averaged over directions; the same table trick makes it exact;
 - **ELBO difference between two nearby policies on the same plan** (what GDPO's ratio sees):
-  its variance with a shared plan and, for contrast, with independent plans.
+  its variance with a shared plan and, for contrast, with independent plans;
+- **the trajectory likelihood** (batches that carry the sampler's record): the log-likelihood of each row
+  along the order its sampler took (:mod:`dlmrl.estimators.trajectory`, merge factors
+  ``trajectory_merges``), its value and its gap to the exact ELBO per row; given the rollout it is
+  deterministic, so its variance (and gradient and difference variance) is 0 and its MSE is the squared gap.
 
 Units: nats per sequence (variances in nats²); gradient variance in (nats per unit parameter
 norm)². Records are plain dicts (see :data:`RECORD_FIELDS`); ``inf`` becomes ``None`` in JSON.
@@ -52,8 +56,9 @@ from dlmrl.estimators.mask_plan import MaskPlan
 from dlmrl.estimators.mask_table import MaskTable, mask_table
 from dlmrl.estimators.masking import sample_masks
 from dlmrl.estimators.one_step import OneStep
-from dlmrl.estimators.scoring import PlanEstimator, sample_scores
+from dlmrl.estimators.scoring import PlanEstimator, sample_scores, score
 from dlmrl.estimators.sdmc import SDMC
+from dlmrl.estimators.trajectory import Trajectory, trajectory_plan
 
 RECORD_FIELDS = (
     "length", "estimator", "masking", "nodes", "samples_per_node", "num_samples", "stratified", "t_range",
@@ -62,7 +67,7 @@ RECORD_FIELDS = (
     "sampled_mse", "sampled_variance_t", "sampled_variance_mask", "sampled_grad_variance", "sampled_diff_variance",
     "sampled_diff_variance_independent",
     "repetitions", "check_max_abs_z",
-    "check_variance_ratio",
+    "check_variance_ratio", "merge", "values", "gaps",
 )
 
 
@@ -74,6 +79,9 @@ class LabBatch:
         length: label ``L`` (maskable tokens per row).
         prompt_ids: ``(B, P)`` long, left-padded; prompt_mask ``(B, P)`` bool.
         completion: ``(B, L')`` long canvases; completion_mask ``(B, L')`` bool, the maskable positions.
+        reveal_step: optional ``(B, L')`` long, the sampler's record of the step that revealed each position
+            (-1 where it wrote nothing), for the trajectory likelihood.
+        temperature: the sampling temperature of the completions (the trajectory's log-prob temperature).
     """
 
     length: int
@@ -81,6 +89,8 @@ class LabBatch:
     prompt_mask: torch.Tensor
     completion: torch.Tensor
     completion_mask: torch.Tensor
+    reveal_step: torch.Tensor | None = None
+    temperature: float = 1.0
 
 
 @dataclass
@@ -103,6 +113,7 @@ class LabConfig:
     micro_batch: int = 2048
     tokens_per_forward: int = 131072
     seed: int = 0
+    trajectory_merges: tuple[int, ...] = (1, 2, 4)
 
 
 def lab_estimators(nfe: int) -> list[PlanEstimator]:
@@ -128,7 +139,7 @@ def describe(estimator: PlanEstimator) -> dict:
     """The record fields that name an estimator configuration."""
     d = {"estimator": estimator.name, "masking": getattr(estimator, "masking", None), "nodes": None,
          "samples_per_node": None, "num_samples": None, "stratified": None, "t_range": None,
-         "p_mask_prompt": None, "nfe": estimator.nfe}
+         "p_mask_prompt": None, "merge": None, "nfe": estimator.nfe}
     if isinstance(estimator, (SDMC, CoupledSDMC)):
         d.update(nodes=estimator.num_nodes, samples_per_node=estimator.samples_per_node)
     elif isinstance(estimator, DoubleMC):
@@ -137,6 +148,8 @@ def describe(estimator: PlanEstimator) -> dict:
         d.update(num_samples=estimator.num_pairs, t_range=[estimator.t_min, estimator.t_max])
     elif isinstance(estimator, OneStep):
         d.update(num_samples=estimator.num_samples, p_mask_prompt=estimator.p_mask_prompt)
+    elif isinstance(estimator, Trajectory):
+        d.update(merge=estimator.merge)
     return d
 
 
@@ -279,6 +292,8 @@ def run_lab(
         for nfe in budgets:
             for est in estimators_for(nfe):
                 records.append(ctx.measure(est, gen))
+        if batch.reveal_step is not None:
+            records += [ctx.measure_trajectory(m) for m in cfg.trajectory_merges]
         say(f"L={batch.length}: done")
     return records
 
@@ -327,10 +342,32 @@ class _LengthContext:
             self.split = time_mask_split(base, batch, cfg.split_times, cfg.split_masks, cfg.micro_batch,
                                          torch.Generator().manual_seed(cfg.seed + 15485863))
 
+    def measure_trajectory(self, merge: int) -> dict:
+        """The trajectory likelihood of the batch's rows (merge factor ``merge``) against the target."""
+        batch = self.batch
+        plan = trajectory_plan(batch.completion_mask, lab_trajectory_order(batch), merge, batch.temperature)
+        with torch.no_grad():
+            values = score(self.base, batch.prompt_ids, batch.prompt_mask, batch.completion, batch.completion_mask,
+                           plan, self.cfg.micro_batch).sequence.double().cpu().numpy()
+        gaps = values - self.target
+        nan = float("nan")
+        rec = {k: nan for k in RECORD_FIELDS}
+        rec.update({"length": batch.length, "estimator": "trajectory", "masking": None, "nodes": None,
+                    "samples_per_node": None, "num_samples": None, "stratified": None, "t_range": None,
+                    "p_mask_prompt": None, "merge": merge, "nfe": round(plan.forward_passes(), 2),
+                    "rows": int(batch.completion.shape[0]), "target": self.target_kind, "infinite_variance": False,
+                    "repetitions": 1, "values": values.tolist(), "gaps": gaps.tolist()})
+        # given the rollout the estimate is deterministic: no variance of any kind; MSE = the squared gap
+        zeros = ("variance", "variance_t", "variance_mask", "grad_variance", "diff_variance", "diff_variance_independent")
+        rec.update({k: 0.0 for k in zeros}, **{f"sampled_{k}": 0.0 for k in zeros if f"sampled_{k}" in RECORD_FIELDS})
+        rec.update(bias=_mean(gaps), bias_sq=_mean(gaps**2), mse=_mean(gaps**2), sampled_bias=_mean(gaps),
+                   sampled_mse=_mean(gaps**2))
+        return rec
+
     def measure(self, est: PlanEstimator, gen: torch.Generator) -> dict:
         cfg, batch = self.cfg, self.batch
         rec = {"length": batch.length, **describe(est), "rows": int(batch.completion.shape[0]),
-               "target": self.target_kind}
+               "target": self.target_kind, "values": None, "gaps": None}
         use_table = self.exact and hasattr(est, "moments")
         reps = cfg.repetitions if use_table else cfg.model_repetitions
         plan = stacked_plans(est, batch, reps, gen)
@@ -385,6 +422,18 @@ class _LengthContext:
             k = est.num_samples
             rec.update(sampled_variance_t=_mean(var_t) / k, sampled_variance_mask=_mean(var_mask) / k)
         return rec
+
+
+def lab_trajectory_order(batch: LabBatch) -> torch.Tensor:
+    """The order the lab scores a batch's trajectory in: the sampler's steps, after one extra first step for the
+    maskable positions the sampler did not write (given cells the lab also masks, scored together from the
+    all-masked canvas). **(dlmrl interpretation)**: that first step is the lab's convention, so the trajectory
+    and the ELBO cover the same positions. ``(B, L')`` long."""
+    mask = batch.completion_mask.bool()
+    step = batch.reveal_step.to(mask.device)
+    return torch.where(mask, torch.where(step >= 0, step + 1, 0), -1)
+
+
 
 
 def time_mask_split(policy, batch: LabBatch, num_times: int, masks_per_time: int, micro_batch: int,

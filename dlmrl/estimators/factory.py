@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dlmrl.estimators.scoring import PlanEstimator
 
-TRAINABLE = ("sdmc", "double_mc", "coupled_sdmc", "coupled", "one_step")
+TRAINABLE = ("sdmc", "double_mc", "coupled_sdmc", "coupled", "one_step", "trajectory", "spg", "stratified_coupled")
 
 
 def make_estimator(
@@ -16,6 +16,13 @@ def make_estimator(
     p_mask_prompt: float = 0.15,
     t_min: float = 0.2,
     t_max: float = 0.8,
+    merge: int = 1,
+    order: str = "sampled",
+    eubo_beta: float = 1.5,
+    mix_weight: float = 0.5,
+    block_length: int = 32,
+    temperature: float = 1.0,
+    steps: int | None = None,
 ) -> PlanEstimator:
     """Build a registered estimator from the config's fields.
 
@@ -25,7 +32,12 @@ def make_estimator(
     - ``double_mc``: ``num_nodes · samples_per_node`` random times, one mask each, ``stratified``
       optional [N·K];
     - ``coupled``: ``samples_per_node`` pairs of a mask and its complement, ``t ~ U(t_min, t_max)`` [2K];
+    - ``stratified_coupled``: ``samples_per_node`` pairs with counts stratified across rows (ESPO) [2K];
     - ``one_step``: ``samples_per_node`` prompt masks with ``p_mask_prompt`` [K];
+    - ``trajectory``: the rollout's own order (``order``), ``merge`` steps per segment, log-probs at
+      ``temperature`` [⌈steps / merge⌉];
+    - ``spg``: ``samples_per_node`` block-wise masks (``block_length``), prompt masks with ``p_mask_prompt``,
+      upper bound of order ``eubo_beta`` mixed with weight ``mix_weight`` [K];
     - ``exact``: enumeration (``num_nodes`` etc. ignored) [2^L − 1].
 
     Raises:
@@ -41,6 +53,13 @@ def make_estimator(
         return cls(num_samples=num_nodes * samples_per_node, masking=masking, stratified=stratified)
     if name == "coupled":
         return cls(num_pairs=samples_per_node, masking=masking, t_min=t_min, t_max=t_max)
+    if name == "stratified_coupled":
+        return cls(num_pairs=samples_per_node)
     if name == "one_step":
         return cls(p_mask_prompt=p_mask_prompt, num_samples=samples_per_node)
+    if name == "trajectory":
+        return cls(merge=merge, order=order, temperature=temperature, steps=steps)
+    if name == "spg":
+        return cls(num_samples=samples_per_node, block_length=block_length, p_mask_prompt=p_mask_prompt,
+                   beta=eubo_beta, mix=mix_weight)
     return cls()

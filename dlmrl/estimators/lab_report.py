@@ -77,6 +77,8 @@ def record_label(rec: dict) -> str:
         parts.append("t~U({:g},{:g})".format(*rec["t_range"]))
     if rec.get("p_mask_prompt") is not None:
         parts.append(f"p={rec['p_mask_prompt']:g}")
+    if rec.get("merge") is not None:
+        parts.append(f"m={rec['merge']}")
     return f"{rec['estimator']}[{','.join(parts)}]" if parts else rec["estimator"]
 
 
@@ -114,6 +116,23 @@ def summary_table(records: Sequence[dict], budgets: Sequence[int] | None = None)
             share = vt / (vt + vm) if vt + vm > 0 else float("nan")
             share_s = f"{share:.0%}" if math.isfinite(share) else "—"
             lines.append(f"| {length} | {nfe} | " + " | ".join(cells + ratios) + f" | {share_s} |")
+    return "\n".join(lines)
+
+
+def trajectory_table(records: Sequence[dict]) -> str:
+    """A Markdown table of the trajectory records: per length and merge factor, the forward passes, the mean
+    trajectory log-likelihood, the mean target (the exact ELBO, or the reference beyond the tables) and the
+    gap per row (mean, min, max); empty when there are none."""
+    rows = sorted((r for r in records if r.get("estimator") == "trajectory"), key=lambda r: (r["length"], r["merge"]))
+    if not rows:
+        return ""
+    lines = ["| L | merge | NFE | log π(y given its order) | target | gap: mean (min … max) |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        values, gaps = r["values"], r["gaps"]
+        target = sum(v - g for v, g in zip(values, gaps)) / len(values)
+        mark = "" if str(r.get("target", "")).startswith("exact") else "~"
+        lines.append(f"| {r['length']} | {r['merge']} | {r['nfe']:g} | {sum(values) / len(values):.3g} | "
+                     f"{mark}{target:.3g} | {sum(gaps) / len(gaps):+.3g} ({min(gaps):+.3g} … {max(gaps):+.3g}) |")
     return "\n".join(lines)
 
 

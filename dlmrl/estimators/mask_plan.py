@@ -10,9 +10,40 @@ Reference: VRPO arXiv 2505.19223 §3 (antithetic sampling / shared masks); GDPO 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
+
+
+@dataclass(frozen=True)
+class UpperBound:
+    """Rows scored with SPG's evidence upper bound (EUBO) instead of the ELBO, and its settings.
+
+    For a row ``b`` with ``rows[b]`` the per-token term is ``mix · e_{b,i} + (1 − mix) · c_{b,i}``, with
+    ``c`` the plan's ELBO terms and ``e_{b,i} = (n_b / |U_b|) · (1/β) · log Σ_s w_{s,b} 1[i ∈ m_{s,b}]
+    p_θ(y^i | y_{m_s}, q)^β`` for the positions ``U_b`` masked in at least one sample (``n_b`` = the row's
+    completion tokens; the factor makes the terms sum to ``n_b`` times SPG's per-token mean).
+
+    Attributes:
+        rows: ``(B,)`` bool, the rows that get the upper bound (SPG: negative advantages).
+        beta: the Rényi order ``β >= 1`` (SPG: 1.5; 1.0 for Sudoku).
+        mix: ``ω`` in ``[0, 1]``: 1 = the EUBO alone, 0.5 = SPG's mixture ``ω·EUBO + (1−ω)·ELBO``.
+
+    Reference: SPG arXiv 2510.09541 (code ``spg/spg_trainer.py``, EUBO and ``mix_weight``).
+    """
+
+    rows: torch.Tensor
+    beta: float = 1.5
+    mix: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.rows.dtype != torch.bool or self.rows.dim() != 1:
+            raise ValueError(f"UpperBound.rows must be a (B,) bool tensor, got {tuple(self.rows.shape)} "
+                             f"{self.rows.dtype}")
+        if not self.beta >= 1:
+            raise ValueError(f"UpperBound.beta must be >= 1, got {self.beta}")
+        if not 0 <= self.mix <= 1:
+            raise ValueError(f"UpperBound.mix must be in [0, 1], got {self.mix}")
 
 
 @dataclass(frozen=True)
@@ -31,6 +62,15 @@ class MaskPlan:
             only); NaN where a sample has no time (e.g. exact enumeration).
         prompt_masks: optional ``(S, B, P)`` bool, prompt positions replaced by the mask token in
             sample ``s`` (diffu-GRPO's ``one_step`` masks the prompt); ``None`` = prompt never masked.
+        scored: optional ``(S, B, L)`` bool inside ``masks``: the masked positions whose log-probs count
+            in sample ``s`` (the trajectory estimator masks every token not yet revealed but scores only
+            those revealed at that step); ``None`` = every masked position.
+        temperature: ``None``: log-probs are the denoiser's own softmax over the whole vocabulary (the
+            ELBO's ``p_θ``). A float ``T > 0``: log-probs of the sampler's token distribution,
+            ``softmax(logits / T)`` with the mask token left out (it is never sampled).
+        upper: optional :class:`UpperBound`: rows scored with SPG's EUBO (or its mixture with the ELBO).
+
+    A canvas whose scored set is empty, or whose weight is 0, is not run (it adds nothing).
 
     Reference: VRPO arXiv 2505.19223 (common random numbers); GDPO arXiv 2510.08554 §4.
     """
@@ -39,6 +79,9 @@ class MaskPlan:
     weights: torch.Tensor
     t: torch.Tensor
     prompt_masks: torch.Tensor | None = None
+    scored: torch.Tensor | None = None
+    temperature: float | None = None
+    upper: UpperBound | None = None
 
     def __post_init__(self) -> None:
         if self.masks.dtype != torch.bool or self.masks.dim() != 3:
@@ -63,11 +106,36 @@ class MaskPlan:
                 f"MaskPlan.prompt_masks must be a (S, B, P) bool tensor with (S, B) = {(s, b)}, "
                 f"got {tuple(pm.shape)} {pm.dtype}"
             )
+        sc = self.scored
+        if sc is not None:
+            if sc.dtype != torch.bool or tuple(sc.shape) != tuple(self.masks.shape):
+                raise ValueError(f"MaskPlan.scored must be a bool tensor shaped like masks {tuple(self.masks.shape)}, "
+                                 f"got {tuple(sc.shape)} {sc.dtype}")
+            if (sc & ~self.masks.to(sc.device)).any():
+                raise ValueError("MaskPlan.scored must lie inside masks (a scored position is a masked one)")
+        if self.temperature is not None and not self.temperature > 0:
+            raise ValueError(f"MaskPlan.temperature must be > 0 (or None), got {self.temperature}")
+        if self.upper is not None and tuple(self.upper.rows.shape) != (b,):
+            raise ValueError(f"MaskPlan.upper.rows must be (B,) = ({b},), got {tuple(self.upper.rows.shape)}")
 
     @property
     def nfe(self) -> int:
-        """Denoiser forward passes per sequence (= S)."""
+        """Denoiser forward passes per sequence (= S; a row's canvases that score nothing are not run, see
+        :meth:`runs`)."""
         return int(self.masks.shape[0])
+
+    def scored_masks(self) -> torch.Tensor:
+        """``(S, B, L)`` bool, the positions whose log-probs count (``scored``, else ``masks``)."""
+        return self.masks if self.scored is None else self.scored
+
+    def runs(self) -> torch.Tensor:
+        """``(S, B)`` bool, the canvases that are run: a non-empty scored set and a non-zero weight."""
+        return self.scored_masks().any(-1) & (self.weights.to(self.masks.device) != 0)
+
+    def forward_passes(self) -> float:
+        """Forward passes per row actually run (the mean over rows of :meth:`runs`)."""
+        b = self.masks.shape[1]
+        return float(self.runs().sum()) / b if b else 0.0
 
     @property
     def num_samples(self) -> int:
@@ -76,15 +144,24 @@ class MaskPlan:
     def rows(self, index: torch.Tensor) -> MaskPlan:
         """The plan of rows ``index`` (a ``(K,)`` long tensor) of the batch: each row keeps its own masks."""
         index = torch.as_tensor(index, dtype=torch.long)
-        pm = None if self.prompt_masks is None else self.prompt_masks[:, index.to(self.prompt_masks.device)]
-        t = self.t if self.t.dim() == 1 else self.t[:, index.to(self.t.device)]
-        return MaskPlan(masks=self.masks[:, index.to(self.masks.device)],
-                        weights=self.weights[:, index.to(self.weights.device)], t=t, prompt_masks=pm)
+
+        def cut(x: torch.Tensor | None, dim: int = 1) -> torch.Tensor | None:
+            return None if x is None else x.index_select(dim, index.to(x.device))
+
+        t = self.t if self.t.dim() == 1 else cut(self.t)
+        upper = None if self.upper is None else replace(self.upper, rows=cut(self.upper.rows, 0))
+        return replace(self, masks=cut(self.masks), weights=cut(self.weights), t=t, prompt_masks=cut(self.prompt_masks),
+                       scored=cut(self.scored), upper=upper)
 
     def to(self, device: torch.device | str) -> MaskPlan:
         """The same plan on ``device`` (``t`` stays where it is: it is bookkeeping only)."""
-        pm = None if self.prompt_masks is None else self.prompt_masks.to(device)
-        return MaskPlan(masks=self.masks.to(device), weights=self.weights.to(device), t=self.t, prompt_masks=pm)
+
+        def move(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x.to(device)
+
+        upper = None if self.upper is None else replace(self.upper, rows=self.upper.rows.to(device))
+        return replace(self, masks=self.masks.to(device), weights=self.weights.to(device),
+                       prompt_masks=move(self.prompt_masks), scored=move(self.scored), upper=upper)
 
     def __repr__(self) -> str:
         s, b, length = self.masks.shape

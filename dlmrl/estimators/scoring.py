@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dlmrl.estimators.mask_plan import MaskPlan
+from dlmrl.estimators.mask_plan import MaskPlan, UpperBound
 from dlmrl.models.policy import canvas_logits
 
 Policy = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -77,10 +77,43 @@ def _check_micro_batch(micro_batch: int | None) -> None:
 
 
 def _chunks(plan: MaskPlan, micro_batch: int | None) -> list[torch.Tensor]:
-    """Flat indices ``s·B + b`` of the plan's canvases, in chunks of at most ``micro_batch``."""
-    total = plan.masks.shape[0] * plan.masks.shape[1]
-    size = total if micro_batch is None else micro_batch
-    return list(torch.arange(total).split(max(size, 1)))
+    """Flat indices ``s·B + b`` of the plan's canvases that run (:meth:`MaskPlan.runs`), in chunks of at most
+    ``micro_batch``."""
+    flat = torch.nonzero(plan.runs().flatten().cpu()).squeeze(-1)  # (n,) in order s·B + b
+    size = len(flat) if micro_batch is None else micro_batch
+    return list(flat.split(max(size, 1))) if len(flat) else []
+
+
+def sampler_log_softmax(logits: torch.Tensor, mask_token_id: int, temperature: float) -> torch.Tensor:
+    """Log-probs of the diffusion sampler's token distribution: ``log_softmax(logits / T)`` with the mask
+    token's logit at ``-inf`` (the sampler never draws it; :func:`dlmrl.models.sampler.generate`).
+
+    Args:
+        logits: ``(..., V)`` float. mask_token_id: the mask id. temperature: ``T > 0``.
+    Returns:
+        ``(..., V)`` log-probs, ``-inf`` at the mask token.
+    """
+    scaled = (logits / temperature).clone()
+    scaled[..., mask_token_id] = float("-inf")
+    return torch.log_softmax(scaled, dim=-1)
+
+
+@dataclass
+class _Chunk:
+    """One forward call's canvases: ``logp (n, L)`` of the target tokens at the scored positions (0 elsewhere;
+    float32, float64 for a float64 model), the sample ``s_idx (n,)`` and row ``rows (n,)`` of each canvas, its
+    plan weight ``weights (n,)``, its scored positions ``scored (n, L)`` bool, and (when asked) the detached predictive entropy at the scored positions."""
+
+    logp: torch.Tensor
+    s_idx: torch.Tensor
+    rows: torch.Tensor
+    weights: torch.Tensor
+    scored: torch.Tensor
+    entropy: torch.Tensor | None
+
+    def terms(self) -> torch.Tensor:
+        """``(n, L)`` weighted log-probs, the chunk's linear (ELBO) terms."""
+        return self.logp * self.weights[:, None]
 
 
 def _score_chunk(
@@ -91,18 +124,17 @@ def _score_chunk(
     plan: MaskPlan,
     flat: torch.Tensor,
     with_entropy: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """One forward call on the canvases ``flat`` (indices ``s·B + b``).
-
-    Returns ``(terms (n, L), rows (n,), entropy)``: the weighted log-probs of the masked tokens of
-    each canvas (float32, or float64 for a float64 model), the row ``b`` each canvas belongs to, and
-    (``with_entropy``) the detached predictive entropy at the masked positions, 0 elsewhere (else ``None``).
-    """
+) -> _Chunk:
+    """One forward call on the canvases ``flat`` (indices ``s·B + b``): every masked position of a canvas is
+    replaced by the mask token (and the prompt's masked positions, if the plan has ``prompt_masks``); the
+    log-probs count at its scored positions, under the denoiser's softmax or, with ``plan.temperature``,
+    the sampler's token distribution (:func:`sampler_log_softmax`)."""
     batch = completion.shape[0]
     s_idx, rows = flat // batch, flat % batch  # (n,), (n,)
     device = completion.device
     s_idx, rows = s_idx.to(device), rows.to(device)
     masks = plan.masks[s_idx, rows]  # (n, L)
+    scored = masks if plan.scored is None else plan.scored[s_idx, rows]  # (n, L)
     target = completion[rows]  # (n, L)
     canvas = torch.where(masks, torch.full_like(target, policy.mask_token_id), target)
     p_ids = prompt_ids[rows]  # (n, P)
@@ -111,14 +143,48 @@ def _score_chunk(
     logits = canvas_logits(policy, p_ids, prompt_mask[rows], canvas)  # (n, L, V)
     if logits.dtype != torch.float64:
         logits = logits.float()
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, target[..., None])[..., 0]  # (n, L)
+    if plan.temperature is None:
+        logp_all = torch.log_softmax(logits, dim=-1)  # (n, L, V)
+    else:
+        logp_all = sampler_log_softmax(logits, policy.mask_token_id, plan.temperature)
+    logp = logp_all.gather(-1, target[..., None])[..., 0]  # (n, L)
+    logp = torch.where(scored, logp, torch.zeros_like(logp))
     weights = plan.weights[s_idx, rows].to(logp.dtype)  # (n,)
-    terms = torch.where(masks, logp, torch.zeros_like(logp)) * weights[:, None]  # (n, L)
+    ent = None
     if with_entropy:
         with torch.no_grad():
-            ent = torch.special.entr(torch.softmax(logits, dim=-1)).sum(-1)  # (n, L)
-        return terms, rows, torch.where(masks, ent, 0.0)
-    return terms, rows, None
+            probs = torch.softmax(logits, dim=-1) if plan.temperature is None else logp_all.exp()
+            ent = torch.where(scored, torch.special.entr(probs).sum(-1), 0.0)  # (n, L)
+    return _Chunk(logp, s_idx, rows, weights, scored, ent)
+
+
+#: floor of ``β · log p`` inside SPG's upper bound (float64's ``exp`` underflows to 0 below about -745)
+_UPPER_FLOOR = -700.0
+
+
+def _upper_values(chunk: _Chunk, upper: UpperBound) -> torch.Tensor:
+    """``(n, L)`` float64 ``w · p^β`` of a chunk's scored positions (0 elsewhere), the EUBO's summands."""
+    power = (upper.beta * chunk.logp.double()).clamp(min=_UPPER_FLOOR)
+    return torch.where(chunk.scored, chunk.weights.double()[:, None] * power.exp(), 0.0)
+
+
+def _upper_scale(plan: MaskPlan, completion_mask: torch.Tensor) -> torch.Tensor:
+    """``(B, 1)`` ``n_b / |U_b|``: the row's completion tokens over the positions masked in some sample."""
+    covered = plan.scored_masks().any(0).sum(-1, keepdim=True)  # (B, 1)
+    return completion_mask.sum(-1, keepdim=True) / covered.clamp(min=1)
+
+
+def _combine(plan: MaskPlan, linear: torch.Tensor, upper_sum: torch.Tensor | None,
+             completion_mask: torch.Tensor) -> torch.Tensor:
+    """The per-token terms: ``linear`` (B, L), and on the plan's upper-bound rows ``mix · EUBO + (1 − mix) ·
+    linear`` with the EUBO terms ``(n_b/|U_b|) (1/β) log upper_sum``."""
+    if plan.upper is None:
+        return linear
+    up = plan.upper
+    covered = upper_sum > 0
+    eubo = torch.where(covered, upper_sum.clamp(min=1e-300).log() / up.beta, 0.0)  # (B, L) float64
+    eubo = (eubo * _upper_scale(plan, completion_mask)).to(linear.dtype)
+    return torch.where(up.rows[:, None], up.mix * eubo + (1.0 - up.mix) * linear, linear)
 
 
 def score(
@@ -135,10 +201,12 @@ def score(
 
     For each sample ``s`` the masked positions of the canvas (and of the prompt, if the plan has
     ``prompt_masks``) are replaced by ``policy.mask_token_id`` and the policy is run;
-    ``per_token[b, i] = Σ_s weights[s, b] · masks[s, b, i] · log p_θ(y^i | y_{m_s}, q)`` and
-    ``sequence = per_token.sum(-1)``. Differentiable: call it under ``torch.no_grad()`` for the
-    old and reference policies, with grad for the current one (or use :func:`score_and_backward`,
-    whose memory does not grow with the number of samples).
+    ``per_token[b, i] = Σ_s weights[s, b] · scored[s, b, i] · log p_θ(y^i | y_{m_s}, q)`` (``scored`` =
+    ``masks`` unless the plan restricts it; ``p_θ`` the sampler's distribution at ``plan.temperature`` when set)
+    and ``sequence = per_token.sum(-1)``; rows of ``plan.upper`` get SPG's upper bound instead
+    (:class:`~dlmrl.estimators.mask_plan.UpperBound`). Canvases that score nothing are not run.
+    Differentiable: call it under ``torch.no_grad()`` for the old and reference policies, with grad for the
+    current one (or use :func:`score_and_backward`, whose memory does not grow with the number of samples).
 
     Args:
         policy: callable ``(input_ids (B, T), attention_mask (B, T)) -> (B, T, V)`` logits with a
@@ -151,31 +219,39 @@ def score(
         micro_batch: most canvases per forward call (the ``S·B`` canvases are split into chunks);
             ``None`` = all in one call. The result does not depend on it, only speed and memory do.
         entropy: also return ``Estimate.entropy`` (the predictive entropy at each token, averaged over
-            the samples that mask it), e.g. for entropy-based objectives on a diffusion policy.
+            the samples that score it), e.g. for entropy-based objectives on a diffusion policy.
     Returns:
         :class:`Estimate` with ``sequence (B,)``, ``per_token (B, L)`` (float32; float64 for a
         float64 model), ``nfe = S`` and ``entropy`` (``None`` unless asked for).
     Raises:
         ValueError: if the plan does not fit, or masks a position outside ``completion_mask``.
 
-    Reference: GDPO arXiv 2510.08554 §2–§4; LLaDA arXiv 2502.09992 (likelihood evaluation).
+    Reference: GDPO arXiv 2510.08554 §2–§4; LLaDA arXiv 2502.09992 (likelihood evaluation); TraceRL arXiv
+    2509.06949 (trajectory plans); SPG arXiv 2510.09541 (upper-bound rows).
     """
     _check_micro_batch(micro_batch)
     check_plan(plan, completion, completion_mask, prompt_mask)
     plan = plan.to(completion.device)
-    per_token = None
+    linear = upper_sum = None
     ent_sum = torch.zeros(completion.shape, dtype=torch.float32, device=completion.device)  # (B, L)
     for flat in _chunks(plan, micro_batch):
-        terms, rows, ent = _score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat, entropy)
-        if per_token is None:
-            per_token = torch.zeros(completion.shape, dtype=terms.dtype, device=completion.device)  # (B, L)
-        per_token = per_token.index_add(0, rows, terms)
-        if ent is not None:
-            ent_sum.index_add_(0, rows, ent.float())
-    if per_token is None:  # a plan with no samples (S = 0) or an empty batch
+        chunk = _score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat, entropy)
+        terms = chunk.terms()
+        if linear is None:
+            linear = torch.zeros(completion.shape, dtype=terms.dtype, device=completion.device)  # (B, L)
+            upper_sum = None if plan.upper is None else torch.zeros(completion.shape, dtype=torch.float64,
+                                                                    device=completion.device)
+        linear = linear.index_add(0, chunk.rows, terms)
+        if upper_sum is not None:
+            upper_sum = upper_sum.index_add(0, chunk.rows, _upper_values(chunk, plan.upper))
+        if chunk.entropy is not None:
+            ent_sum.index_add_(0, chunk.rows, chunk.entropy.float())
+    if linear is None:  # no canvas to run (S = 0, an empty batch, nothing scored)
         per_token = torch.zeros(completion.shape, dtype=torch.float32, device=completion.device)
-    # entropy averaged over the samples that mask each token (the plan's masks count them)
-    mean_entropy = ent_sum / plan.masks.sum(0).clamp(min=1) if entropy else None
+    else:
+        per_token = _combine(plan, linear, upper_sum, completion_mask.bool())
+    # entropy averaged over the samples that score each token
+    mean_entropy = ent_sum / plan.scored_masks().sum(0).clamp(min=1) if entropy else None
     return Estimate(sequence=per_token.sum(-1), per_token=per_token, nfe=plan.num_samples, entropy=mean_entropy)
 
 
@@ -190,22 +266,28 @@ def sample_scores(
 ) -> torch.Tensor:
     """Each sample's weighted score ``weights[s, b] · S(masks[s, b])`` separately.
 
-    Args and errors as in :func:`score`.
+    Args and errors as in :func:`score` (a plan with upper-bound rows is refused: its terms do not split by
+    sample).
     Returns:
         ``(S, B)`` float32 (float64 for a float64 model), nats; its sum over ``S`` is
-        :func:`score`'s ``sequence``.
+        :func:`score`'s ``sequence``. A canvas that is not run scores 0.
     """
     _check_micro_batch(micro_batch)
     check_plan(plan, completion, completion_mask, prompt_mask)
+    if plan.upper is not None:
+        raise ValueError("sample_scores: a plan with upper-bound (EUBO) rows has no per-sample scores")
     plan = plan.to(completion.device)
     num_samples, batch = plan.masks.shape[:2]
-    out = []
+    out = None
     for flat in _chunks(plan, micro_batch):
-        terms, _, _ = _score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat)
-        out.append(terms.sum(-1))
-    if not out:
+        chunk = _score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat)
+        values = chunk.terms().sum(-1)
+        if out is None:
+            out = torch.zeros(num_samples * batch, dtype=values.dtype, device=completion.device)
+        out[flat.to(out.device)] = values
+    if out is None:
         return torch.zeros(num_samples, batch, device=completion.device)
-    return torch.cat(out).reshape(num_samples, batch)
+    return out.reshape(num_samples, batch)
 
 
 LossFn = Callable[[torch.Tensor], "tuple[torch.Tensor, dict]"]
@@ -229,8 +311,10 @@ def score_and_backward(
 
     1. score every canvas without grad, in chunks, to get the values ``c (B, L)``;
     2. evaluate ``loss_fn`` on a leaf copy of ``c`` and take ``g = ∂loss/∂c (B, L)``;
-    3. for each chunk, recompute its terms with grad and back-propagate the surrogate
-       ``Σ g · terms``; the chunks' gradients sum to ``Σ g · ∂c/∂θ = ∂loss/∂θ``.
+    3. for each chunk, recompute its log-probs ``ℓ`` with grad and back-propagate the surrogate
+       ``Σ g · (∂c/∂ℓ) · ℓ`` with ``∂c/∂ℓ`` detached (the plan weight for ELBO terms; for SPG's upper-bound
+       rows the weight of each sample in the log-sum-exp as well); the chunks' gradients sum to
+       ``Σ g · ∂c/∂θ = ∂loss/∂θ``.
 
     Peak memory is that of one chunk (activations of ``micro_batch`` canvases), whatever the
     number of samples; compute is one extra no-grad forward per canvas. When everything fits in
@@ -253,24 +337,46 @@ def score_and_backward(
     """
     backward = backward or (lambda x: x.backward())
     _check_micro_batch(micro_batch)
-    total = plan.num_samples * completion.shape[0]
+    total = int(plan.runs().sum())
     if micro_batch is None or micro_batch >= total:
         est = score(policy, prompt_ids, prompt_mask, completion, completion_mask, plan)
         loss, metrics = loss_fn(est.per_token)
-        backward(loss)
+        if loss.requires_grad:  # (nothing scored: no graph, nothing to learn)
+            backward(loss)
         per_token = est.per_token.detach()
         return loss.detach(), metrics, Estimate(per_token.sum(-1), per_token, est.nfe)
     with torch.no_grad():
         est = score(policy, prompt_ids, prompt_mask, completion, completion_mask, plan, micro_batch)
+        upper_sum = _upper_sums(policy, prompt_ids, prompt_mask, completion, plan, micro_batch)
     leaf = est.per_token.detach().requires_grad_(True)
     loss, metrics = loss_fn(leaf)
     (grad,) = torch.autograd.grad(loss, leaf, allow_unused=True)
     grad = torch.zeros_like(leaf) if grad is None else grad.detach()  # (B, L) ∂loss/∂c
     plan = plan.to(completion.device)
+    scale = None if plan.upper is None else _upper_scale(plan, completion_mask.bool())
     for flat in _chunks(plan, micro_batch):
-        terms, rows, _ = _score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat)
-        backward((terms * grad[rows].to(terms.dtype)).sum())
+        chunk = _score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat)
+        coef = chunk.weights[:, None].expand_as(chunk.logp)  # (n, L) ∂c/∂ℓ of the ELBO terms
+        if plan.upper is not None:
+            up = plan.upper
+            with torch.no_grad():  # ∂/∂ℓ_s of (1/β) log Σ_s w_s e^{βℓ_s} = w_s e^{βℓ_s} / Σ
+                share = _upper_values(chunk, up) / upper_sum[chunk.rows].clamp(min=1e-300)
+                eubo_coef = (share * scale[chunk.rows]).to(coef.dtype)
+                coef = torch.where(up.rows[chunk.rows][:, None], up.mix * eubo_coef + (1 - up.mix) * coef, coef)
+        backward((chunk.logp * coef.detach() * grad[chunk.rows].to(chunk.logp.dtype)).sum())
     return loss.detach(), metrics, Estimate(est.per_token.sum(-1), est.per_token, est.nfe)
+
+
+def _upper_sums(policy, prompt_ids, prompt_mask, completion, plan: MaskPlan, micro_batch) -> torch.Tensor | None:
+    """``(B, L)`` float64 ``Σ_s w p^β`` of the plan's upper-bound rows (no grad), or ``None`` without them."""
+    if plan.upper is None:
+        return None
+    plan = plan.to(completion.device)
+    out = torch.zeros(completion.shape, dtype=torch.float64, device=completion.device)
+    for flat in _chunks(plan, micro_batch):
+        chunk = _score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat)
+        out.index_add_(0, chunk.rows, _upper_values(chunk, plan.upper))
+    return out
 
 
 def as_generator(generator: torch.Generator | int | None, device: torch.device | str = "cpu"):
@@ -287,7 +393,9 @@ class PlanEstimator:
 
     Subclasses implement ``make_plan(completion_mask (B, L) bool, generator, prompt_mask (B, P) bool)
     -> MaskPlan`` (``generator`` may be an integer seed; ``prompt_mask`` is used only by estimators
-    that mask the prompt) and ``nfe`` / ``nfe_for(L)``.
+    that mask the prompt) and ``nfe`` / ``nfe_for(L)``. The trainer asks for a rollout batch's plan through
+    :meth:`rollout_plan`, which also offers the sampler's record and the advantages (the trajectory
+    estimator reads the one, SPG's the other).
     """
 
     name: str = ""
@@ -308,6 +416,24 @@ class PlanEstimator:
         prompt_mask: torch.Tensor | None = None,
     ) -> MaskPlan:
         raise NotImplementedError
+
+    def rollout_plan(
+        self,
+        completion_mask: torch.Tensor,
+        generator: torch.Generator | int | None = None,
+        prompt_mask: torch.Tensor | None = None,
+        *,
+        reveal_step: torch.Tensor | None = None,
+        advantages: torch.Tensor | None = None,
+    ) -> MaskPlan:
+        """The plan for a rollout batch: :meth:`make_plan` unless the estimator reads more of the rollout.
+
+        Args:
+            completion_mask, generator, prompt_mask: as in :meth:`make_plan`.
+            reveal_step: ``(B, L)`` long, the sampler's record of the step that revealed each token.
+            advantages: ``(B,)`` (or ``(B, L)``) float advantages of the rows.
+        """
+        return self.make_plan(completion_mask, generator, prompt_mask)
 
     def estimate(
         self,

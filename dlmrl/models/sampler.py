@@ -19,7 +19,10 @@ import torch
 
 from dlmrl.models.policy import canvas_logits
 
-REMASKING = ("low_confidence", "random")
+REMASKING = ("low_confidence", "random", "left_to_right")
+
+#: ``SampleOutput.reveal_step`` of a canvas position the sampler did not write (pre-placed infill tokens)
+NOT_SAMPLED = -1
 
 
 @dataclass
@@ -29,10 +32,16 @@ class SampleOutput:
     Attributes:
         canvas: ``(B, L)`` long, the decoded completion (prompt not included), no mask tokens left.
         nfe: forward passes run per sequence (a classifier-free-guidance step counts 2).
+        reveal_step: ``(B, L)`` long, the trajectory: the index of the step that revealed each canvas
+            position, counted over all blocks from 0 (block ``b``'s step ``s`` is ``b · steps_per_block + s``;
+            a step skipped because no row reveals anything keeps its index), and :data:`NOT_SAMPLED` (-1) on
+            positions the sampler did not write (pre-placed infill tokens). Recorded at no extra forward
+            pass. ``fill_after_eos`` overwrites tokens after the first EOS but keeps their recorded step.
     """
 
     canvas: torch.Tensor
     nfe: int
+    reveal_step: torch.Tensor | None = None
 
 
 def num_transfer_tokens(mask_index: torch.Tensor, steps: int) -> torch.Tensor:
@@ -58,6 +67,42 @@ def num_transfer_tokens(mask_index: torch.Tensor, steps: int) -> torch.Tensor:
     base, remainder = count // steps, count % steps
     step = torch.arange(steps, device=mask_index.device)[None, :]  # (1, steps)
     return base + (step < remainder).long()  # (B, steps)
+
+
+def left_to_right_reveal_steps(completion_mask: torch.Tensor, block_length: int, steps: int) -> torch.Tensor:
+    """The trajectory the sampler takes with ``remasking="left_to_right"``, without running it.
+
+    Each block's masked positions are revealed left to right, ``num_transfer_tokens`` of them per step (the
+    first ``k_0`` at the block's first step, the next ``k_1`` at its second, ...), so the record has the
+    sampler's step indices and per-step counts. Used for rows the sampler did not write (DaGRPO's anchors)
+    so that a trajectory likelihood can score them with the sampler's number of steps.
+
+    Args:
+        completion_mask: ``(B, L)`` bool, the positions the sampler would write.
+        block_length: block size, dividing ``L``.
+        steps: total steps, a multiple of ``L / block_length``.
+    Returns:
+        ``(B, L)`` long reveal steps, :data:`NOT_SAMPLED` outside ``completion_mask``.
+    Raises:
+        ValueError: on a block length or step count that does not split the canvas evenly.
+    """
+    mask = completion_mask.bool()
+    length = mask.shape[1]
+    if block_length < 1 or length % block_length:
+        raise ValueError(f"block_length {block_length} must divide the canvas length {length}")
+    num_blocks = length // block_length
+    if steps < num_blocks or steps % num_blocks:
+        raise ValueError(f"steps ({steps}) must be a positive multiple of the number of blocks ({num_blocks})")
+    per_block = steps // num_blocks
+    out = torch.full(mask.shape, NOT_SAMPLED, dtype=torch.long, device=mask.device)  # (B, L)
+    for block in range(num_blocks):
+        lo, hi = block * block_length, (block + 1) * block_length
+        m = mask[:, lo:hi]  # (B, Lb)
+        ends = num_transfer_tokens(m, per_block).cumsum(-1)  # (B, steps): tokens revealed by the end of each step
+        rank = m.long().cumsum(-1) - 1  # (B, Lb): 0-based rank of a masked position, left to right
+        step = (rank[:, :, None] >= ends[:, None, :]).sum(-1)  # (B, Lb): the first step whose end passes it
+        out[:, lo:hi] = torch.where(m, block * per_block + step, NOT_SAMPLED)
+    return out
 
 
 #: most float64 numbers drawn at once when a row slice's noise skips the other rows (bounds memory)
@@ -231,8 +276,11 @@ def generate(
     logits in float64 (``low_confidence``) or a uniform number (``random``); positions that are
     not masked or lie outside the current block get ``-inf``; each row reveals its ``k`` most
     confident positions, ``k`` from :func:`num_transfer_tokens` of that row's masks in the block
-    (ties go to the leftmost position). A step at which no row reveals anything (e.g. a block with
-    no masks in an infilling canvas) is skipped without a forward pass.
+    (ties go to the leftmost position); ``left_to_right`` reveals the leftmost masked positions instead
+    (an autoregressive order, as JustGRPO's rollouts, arXiv 2601.15165). A step at which no row reveals
+    anything (e.g. a block with no masks in an infilling canvas) is skipped without a forward pass.
+    Every revealed position's step index is recorded (``SampleOutput.reveal_step``), the trajectory the
+    ``trajectory`` likelihood estimator scores.
 
     Infilling: pass ``canvas`` with some positions already filled; only positions equal to the
     policy's ``mask_token_id`` are decoded, filled positions never change.
@@ -251,7 +299,7 @@ def generate(
         block_length: block size; must divide ``gen_length``.
         steps: total denoising steps; must be a positive multiple of ``gen_length / block_length``.
         temperature: Gumbel-max temperature; ``0`` is greedy.
-        remasking: ``"low_confidence"`` or ``"random"``.
+        remasking: ``"low_confidence"``, ``"random"`` or ``"left_to_right"``.
         cfg_scale: classifier-free guidance scale ``s``; ``0`` disables it. Guided logits are
             ``un + (s + 1)(cond - un)``, the unconditional pass seeing the real prompt tokens masked.
         canvas: optional ``(B, L)`` long starting canvas (infilling); default all masks.
@@ -265,7 +313,8 @@ def generate(
             (up to the model's floating-point batch effects). ``None``: every row. Never empty: the noise
             needs the vocabulary size from the model's logits.
     Returns:
-        :class:`SampleOutput` with ``canvas`` ``(B, L)`` long (``rows``: ``(stop - start, L)``) and ``nfe``.
+        :class:`SampleOutput` with ``canvas`` ``(B, L)`` long (``rows``: ``(stop - start, L)``), ``nfe`` and
+        ``reveal_step`` (same shape as ``canvas``).
     Raises:
         ValueError: if ``gen_length % block_length != 0``, ``steps % num_blocks != 0``, fewer than
             one step per block, an unknown ``remasking``, mismatched ``prompt_mask`` / ``canvas``
@@ -300,6 +349,7 @@ def generate(
         x_all = canvas.to(device=prompt_ids.device, dtype=torch.long).clone()  # (B, L)
     # the rows decoded here (all of them unless `rows`); the others' masks still decide which steps run
     x, prompt_ids, prompt_mask = x_all[start:stop], prompt_ids[start:stop], prompt_mask[start:stop]
+    reveal_step = torch.full(x.shape, NOT_SAMPLED, dtype=torch.long, device=x.device)  # (B, L)
     noise_rows = None if rows is None else (start, total)
     nfe = 0
     passes = 2 if cfg_scale > 0 else 1
@@ -320,8 +370,10 @@ def generate(
             if remasking == "low_confidence":
                 probs = torch.softmax(logits.to(torch.float64), dim=-1)  # (B, Lb, V)
                 conf = probs.gather(-1, x0[..., None]).squeeze(-1)  # (B, Lb)
-            else:
+            elif remasking == "random":
                 conf = _uniform(x0.shape, generator, x0.device, noise_rows)
+            else:  # left_to_right: the leftmost masked positions first
+                conf = -torch.arange(hi - lo, device=x0.device, dtype=torch.float64).expand(x0.shape)
             masked = x[:, lo:hi] == mask_id  # (B, Lb)
             conf = conf.masked_fill(~masked, float("-inf"))
             order = conf.argsort(dim=1, descending=True, stable=True)  # (B, Lb)
@@ -330,17 +382,20 @@ def generate(
             )  # (B, Lb): rank of each position by confidence
             reveal = (rank < k[:, None]) & masked  # (B, Lb)
             x[:, lo:hi] = torch.where(reveal, x0, x[:, lo:hi])
+            reveal_step[:, lo:hi] = torch.where(reveal, block * block_steps + step, reveal_step[:, lo:hi])
 
     if fill_after_eos:
         x = fill_after_first(x, eos_token_id)
-    return SampleOutput(canvas=x, nfe=nfe)
+    return SampleOutput(canvas=x, nfe=nfe, reveal_step=reveal_step)
 
 
 __all__ = [
+    "NOT_SAMPLED",
     "REMASKING",
     "SampleOutput",
     "add_gumbel_noise",
     "fill_after_first",
     "generate",
+    "left_to_right_reveal_steps",
     "num_transfer_tokens",
 ]

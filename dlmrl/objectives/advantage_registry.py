@@ -18,6 +18,7 @@ from dlmrl.objectives.advantages import (
     group_advantages,
     hapo_token_group_advantages,
     rloo_advantages,
+    wd1_advantages,
 )
 from dlmrl.objectives.pairwise import dagrpo_advantages
 from dlmrl.objectives.passk import srpo_passk_advantages
@@ -135,6 +136,13 @@ def _flow_grpo(inputs: AdvantageInputs, *, turn_weighted: bool = False) -> torch
     """Trajectory z-score broadcast to every turn (Flow-GRPO arXiv 2510.05592)."""
     inputs.require("flow_grpo", "trajectory_ids")
     return flow_grpo_advantages(inputs.rewards, inputs.trajectory_ids, inputs.groups(), turn_weighted)
+
+
+@ADVANTAGES.register("wd1")
+def _wd1(inputs: AdvantageInputs) -> torch.Tensor:
+    """Group-size-scaled ``softmax(A) − softmax(−A)``, ``A = R − group mean`` (wd1 arXiv 2507.08838); honours
+    ``group_ids``."""
+    return wd1_advantages(inputs.rewards, inputs.groups())
 
 
 ADVANTAGE_INPUTS: dict[str, frozenset[str]] = {

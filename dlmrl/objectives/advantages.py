@@ -251,3 +251,44 @@ def flow_grpo_advantages(
         raise ValueError("every turn of a trajectory must carry the same reward and group id")
     traj_adv = zscore_by_ids(r[first], group_ids[first])  # (T,)
     return traj_adv[t].float()
+
+
+def wd1_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """wd1's weights as advantages: ``A'_i = n_g · (softmax_g(A)_i − softmax_g(−A)_i)`` with ``A = R − mean_g``.
+
+    wd1's loss is ``−Σ_i w⁺_i ℓ_i + Σ_i w⁻_i ℓ_i`` per group, ``w⁺ = softmax(A)`` and ``w⁻ = softmax(−A)`` over
+    the group's ``n_g`` completions (its code takes the softmax over a device's micro-batch, which its config
+    makes exactly one group), averaged over groups. With these advantages, a ratio-free objective
+    (``ratio_level="none"``) aggregated as ``sequence_sum`` (the mean over rows of ``A'_i ℓ_i``) is that loss:
+    the factor ``n_g`` turns the mean over rows into the mean over groups of the group sums
+    (**dlmrl interpretation** of the grouping for groups of unequal size). A group whose finite rewards are all
+    equal gets exactly 0; NaN rewards get 0 and are left out of their group's softmax, with a warning.
+
+    Args:
+        rewards: ``(B,)`` float. group_ids: ``(B,)`` integer group ids (any values, any order).
+    Returns:
+        ``(B,)`` float32.
+
+    Reference: wd1, arXiv 2507.08838; code xiaohangt/wd1 ``wd1/trainers/rev_grpo_trainer.py`` (``is_weights``).
+    """
+    r = torch.as_tensor(rewards).double()
+    if r.dim() != 1 or torch.as_tensor(group_ids).shape != r.shape:
+        raise ValueError(f"rewards and group_ids must be (B,), got {tuple(r.shape)} and "
+                         f"{tuple(torch.as_tensor(group_ids).shape)}")
+    finite = ~torch.isnan(r)
+    if not finite.all():
+        warnings.warn(f"{int((~finite).sum())} NaN reward(s): excluded from their group's weights, advantage 0",
+                      stacklevel=2)
+    st = group_stats_by_ids(r, group_ids)
+    g = st["index"]
+    a = torch.where(finite, r - st["mean"][g], -torch.inf)  # (B,) NaN rows drop out of the softmax
+    k = int(g.max()) + 1 if g.numel() else 0
+
+    def group_softmax(x: torch.Tensor) -> torch.Tensor:
+        top = torch.full((k,), -torch.inf, dtype=x.dtype).scatter_reduce(0, g, x, "amax")
+        e = torch.where(finite, (x - top[g]).exp(), 0.0)
+        return e / torch.zeros(k, dtype=x.dtype).index_add(0, g, e)[g].clamp(min=1e-300)
+
+    neg = torch.where(finite, -a, -torch.inf)
+    out = st["count"][g] * (group_softmax(a) - group_softmax(neg))
+    return torch.where(finite & ~st["flat"][g], out, 0.0).float()

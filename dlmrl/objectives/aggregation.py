@@ -6,7 +6,7 @@ import torch
 
 from dlmrl.objectives.segments import check_token_tensors, segment_stats
 
-LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo", "segment_mean")
+LOSS_TYPES = ("grpo", "bnpo", "dapo", "dr_grpo", "segment_mean", "sequence_sum")
 TOKEN_SUM_LOSS_TYPES = ("bnpo", "dapo", "dr_grpo")
 
 
@@ -29,6 +29,8 @@ def aggregate(
     - ``dr_grpo``: token sum / (B · ``max_completion_length``); default ``L``.
     - ``segment_mean``: mean over sequences of the mean over the sequence's segments of the segment
       token mean (ESPO arXiv 2512.00499 Eq. 5); needs ``segment_ids``.
+    - ``sequence_sum``: mean over sequences of each sequence's token *sum* (the scale of a sequence
+      log-likelihood, as wd1 arXiv 2507.08838 weights it); rows without valid tokens are left out.
 
     If nothing is valid the result is 0, still connected to ``per_token``'s graph.
 
@@ -56,6 +58,9 @@ def aggregate(
         rows = n > 0
         seq = masked.sum(-1) / n.clamp(min=1).to(per_token.dtype)  # (B,)
         return torch.where(rows, seq, zero).sum() / rows.sum().clamp(min=1).to(per_token.dtype)
+    if loss_type == "sequence_sum":
+        rows = mask.sum(-1) > 0  # (B,)
+        return torch.where(rows, masked.sum(-1), zero).sum() / rows.sum().clamp(min=1).to(per_token.dtype)
     if loss_type == "bnpo":
         return masked.sum() / mask.sum().clamp(min=1).to(per_token.dtype)
     if loss_type == "dapo":

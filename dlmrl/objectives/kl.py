@@ -36,7 +36,7 @@ def kl_estimate(logp_new: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3"
     raise ValueError(f"kind must be one of {', '.join(repr(k) for k in KL_KINDS)}; got {kind!r}")
 
 
-KL_LEVELS = ("token", "sequence", "sequence_sum")
+KL_LEVELS = ("token", "sequence", "sequence_sum", "sequence_sum_by_length")
 
 
 def kl_term(
@@ -54,6 +54,8 @@ def kl_term(
       ``β · mean_i k(Δ_i)``. On ELBO contributions this is GDPO's KL term with its length normalisation
       (**dlmrl interpretation**, the same as :func:`dlmrl.objectives.gdpo.gdpo_loss`).
     - ``sequence_sum``: as ``sequence`` with ``Δ_i = Σ_t (logp_ref − logp_new)`` (raw sequence ELBOs).
+    - ``sequence_sum_by_length``: ``k(Δ_i) / |y_i|`` with the raw ``Δ_i`` (ESPO arXiv 2512.03759: ``k2`` of the
+      sequence ELBOs divided by the length, ``Σ_i ½ ΔELBO_i² / (B·L)``; its code divides by the padded length).
 
     Invalid positions get 0. ``logp_ref`` is detached.
 
@@ -77,12 +79,14 @@ def kl_term(
     ref = torch.where(mask, logp_ref.detach(), zero)
     if level == "token":
         return torch.where(mask, kl_estimate(new, ref, kind), zero)
-    if level in ("sequence", "sequence_sum"):
+    if level in ("sequence", "sequence_sum", "sequence_sum_by_length"):
         new_sum = new.sum(-1)  # (B,)
         ref_sum = ref.sum(-1)
+        n = mask.sum(-1).clamp(min=1).to(logp_new.dtype)
         if level == "sequence":
-            n = mask.sum(-1).clamp(min=1).to(logp_new.dtype)
             new_sum, ref_sum = new_sum / n, ref_sum / n
-        kl = kl_estimate(new_sum, ref_sum, kind)[:, None]  # (B, 1)
-        return torch.where(mask, kl.expand_as(logp_new), zero)
+        kl = kl_estimate(new_sum, ref_sum, kind)  # (B,)
+        if level == "sequence_sum_by_length":
+            kl = kl / n
+        return torch.where(mask, kl[:, None].expand_as(logp_new), zero)
     raise ValueError(f"KL level must be one of {', '.join(map(repr, KL_LEVELS))}; got {level!r}")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from dlmrl.objectives.aggregation import LOSS_TYPES, TOKEN_SUM_LOSS_TYPES, aggregate
-from dlmrl.objectives.clipping import clipped_surrogate
+from dlmrl.objectives.clipping import ClipResult, clipped_surrogate
 from dlmrl.objectives.entropy import (
     egsw_weights,
     espo_clip_epsilon,
@@ -26,6 +26,7 @@ from dlmrl.objectives.segments import check_token_tensors
 
 CLIP_RULES = ("fixed", "sspo", "espo", "hapo")
 WEIGHTINGS = ("none", "egsw", "egsw_step")
+KL_REFERENCES = ("reference", "old")
 
 
 def check_choice(field_name: str, value: object, choices: tuple[str, ...]) -> None:
@@ -79,10 +80,13 @@ class GroupObjective:
     ``ratio_level`` (:func:`dlmrl.objectives.ratios.log_ratio`), the clip ranges from ``clip_rule``,
     optional dual clip / ``delta`` caps, weights ``w`` and the aggregation ``loss_type``. For a diffusion
     policy pass the estimator's per-token ELBO contributions as log-probs: ``ratio_level="sequence"``
-    then is GDPO's ratio ``exp((ELBO_new − ELBO_old) / L)``.
+    then is GDPO's ratio ``exp((ELBO_new − ELBO_old) / L)``. ``ratio_level="none"`` is ratio-free:
+    ``loss = agg(−w · A · logp_new) + β · agg(kl)``, the policy-gradient of a weighted log-likelihood with
+    no old policy and no clipping (wd1 arXiv 2507.08838, SPG arXiv 2510.09541).
 
     Fields:
-        ratio_level: ``token`` | ``sequence`` | ``sequence_token`` | ``sentence`` | ``entropy_group``.
+        ratio_level: ``token`` | ``sequence`` | ``sequence_token`` | ``sentence`` | ``entropy_group`` |
+            ``none`` (no ratio, no clip; ``clip_rule`` must be ``fixed``, no dual clip or ``delta``).
         epsilon: ε_low (> = 0). epsilon_high: ε_high (``None`` = ε_low).
         clip_rule: ``fixed``; ``sspo`` (ranges × ``0.5 + h``, sentence entropy rank; needs
             ``segment_ids``, ``entropy``); ``espo`` (both ranges ``α·mean_g H / log|V|`` per entropy
@@ -93,7 +97,9 @@ class GroupObjective:
         max_completion_length: the ``dr_grpo`` constant (``None`` = ``L``).
         beta: KL coefficient β (> = 0). kl_kind: ``k1`` | ``k2`` | ``k3``.
         kl_level: ``token`` | ``sequence`` (k of the length-normalised sequence log-prob, GDPO) |
-            ``sequence_sum``.
+            ``sequence_sum`` | ``sequence_sum_by_length`` (ESPO).
+        kl_reference: ``reference`` (the frozen initial model, GRPO) | ``old`` (the rollout policy's own
+            scores, as TraceRL's code does; no reference model is loaded).
         weighting: ``none`` | ``egsw`` (per sequence) | ``egsw_step`` (per position); needs
             ``entropy`` and ``group_ids``. egsw_alpha, egsw_temperature: EGSW's ``α``, ``P``.
         entropy_num_groups, entropy_top_fraction: ESPO's groups and ``ρ``. espo_alpha: ESPO's ``α``.
@@ -125,6 +131,7 @@ class GroupObjective:
     beta: float = 0.0
     kl_kind: str = "k3"
     kl_level: str = "token"
+    kl_reference: str = "reference"
     weighting: str = "none"
     egsw_alpha: float = 0.5
     egsw_temperature: float = 1.0
@@ -143,6 +150,7 @@ class GroupObjective:
         check_choice("loss_type", self.loss_type, LOSS_TYPES)
         check_choice("kl_kind", self.kl_kind, KL_KINDS)
         check_choice("kl_level", self.kl_level, KL_LEVELS)
+        check_choice("kl_reference", self.kl_reference, KL_REFERENCES)
         check_choice("weighting", self.weighting, WEIGHTINGS)
         checks = [
             ("epsilon", self.epsilon >= 0, "must be >= 0"),
@@ -163,6 +171,10 @@ class GroupObjective:
         for name, ok, why in checks:
             if not ok:
                 raise ValueError(f"{name} {getattr(self, name)!r} {why}")
+        if self.ratio_level == "none" and (self.clip_rule != "fixed" or self.dual_clip is not None
+                                           or self.delta is not None):
+            raise ValueError(f"ratio_level 'none' has no ratio to clip: clip_rule must be 'fixed' (got "
+                             f"{self.clip_rule!r}) and dual_clip / delta unset")
         if self.ratio_level in SEQUENCE_LEVELS and self.loss_type in TOKEN_SUM_LOSS_TYPES:
             warnings.warn(
                 f"ratio_level {self.ratio_level!r} with loss_type {self.loss_type!r}: the token-summed loss "
@@ -190,9 +202,15 @@ class GroupObjective:
             need.add("segment_ids")
         if self.weighting != "none":
             need.add("group_ids")
-        if self.beta > 0:
+        if self.beta > 0 and self.kl_reference == "reference":
             need.add("logp_ref")
         return frozenset(need)
+
+    @property
+    def needs_old_scores(self) -> bool:
+        """Whether the loss reads the rollout policy's scores (the ratio, or a KL toward it); a ratio-free
+        objective without one runs no old-policy pass."""
+        return self.ratio_level != "none" or (self.beta > 0 and self.kl_reference == "old")
 
     def compute(
         self,
@@ -218,7 +236,8 @@ class GroupObjective:
                 ``logp_new.detach()`` on the first update).
             advantages: ``(B,)`` per sequence or ``(B, L)`` per token.
             mask: ``(B, L)`` bool, valid completion tokens; padding never counts.
-            logp_ref: ``(B, L)`` reference log-probs; required when ``beta > 0``.
+            logp_ref: ``(B, L)`` reference log-probs; required when ``beta > 0`` and ``kl_reference`` is
+                ``reference`` (with ``old`` the KL is taken toward ``logp_old``).
             entropy: ``(B, L)`` detached token entropies (nats), for entropy rules.
             segment_ids: ``(B, L)`` long sentence ids (:func:`dlmrl.objectives.segments.sentence_segments`).
             weights: ``(B,)`` or ``(B, L)`` extra loss weights (multiply the policy term).
@@ -277,7 +296,11 @@ class GroupObjective:
             adv_tok = hapo_redistribute_advantages(adv_tok, h_hat, ratio, eps_low, eps_high, self.hapo_advantage_beta)
         adv_tok = adv_tok.detach()
 
-        clip = clipped_surrogate(ratio, adv_tok, eps_low, eps_high, self.dual_clip, self.delta)
+        if self.ratio_level == "none":  # ratio-free: A · log p, nothing clipped
+            zero_flags = torch.zeros_like(mask)
+            clip = ClipResult(adv_tok * torch.where(mask, logp_new, 0.0), zero_flags, zero_flags, zero_flags)
+        else:
+            clip = clipped_surrogate(ratio, adv_tok, eps_low, eps_high, self.dual_clip, self.delta)
         w = self._weights(adv, mask, entropy, weights, group_ids, anchor, dtype)  # (B, L) or None
 
         zero = torch.zeros((), dtype=dtype, device=mask.device)
@@ -289,7 +312,8 @@ class GroupObjective:
         kl_value = 0.0
         loss, per_token = policy_loss, policy_tok
         if self.beta > 0:
-            kl_tok = kl_term(logp_new, logp_ref, mask, self.kl_kind, self.kl_level)
+            target = old if self.kl_reference == "old" else logp_ref
+            kl_tok = kl_term(logp_new, target, mask, self.kl_kind, self.kl_level)
             kl_loss = aggregate(kl_tok, mask, self.loss_type, **agg)
             loss = policy_loss + self.beta * kl_loss
             per_token = policy_tok + self.beta * kl_tok

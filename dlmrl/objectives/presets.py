@@ -26,7 +26,7 @@ from dlmrl.registry import Registry
 POLICIES = ("ar", "diffusion")
 #: advantage estimators that read groups by id (any sizes, any order), as DaGRPO's anchors (groups of G + 1)
 #: and Flow-GRPO's episodes (one row per turn) need; the others take consecutive groups of G rows
-GROUP_ID_ADVANTAGES = ("dagrpo", "flow_grpo")
+GROUP_ID_ADVANTAGES = ("dagrpo", "flow_grpo", "wd1")
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,8 @@ class AlgorithmPreset:
         policies: the policy kinds it runs on: ``"ar"`` and/or ``"diffusion"`` (token-level parts run
             on a diffusion policy through the estimators' per-token ELBO contributions).
         estimator: the diffusion likelihood estimator of the paper's recipe (``None``: any).
+        estimator_options: the recipe estimator's settings, as ``estimator`` config fields (e.g.
+            ``{"order": "left_to_right"}``); applied when ``estimator.name`` is null (the recipe is used).
         dynamic_sampling: drop groups whose rewards are all equal and sample new prompts until the batch
             has ``prompts_per_step`` informative groups (DAPO).
         dynamic_sampling_max_rounds: most *extra* rollout rounds of dynamic sampling per step (each
@@ -61,6 +63,7 @@ class AlgorithmPreset:
     advantage_options: Mapping[str, object] = field(default_factory=dict)
     policies: tuple[str, ...] = POLICIES
     estimator: str | None = None
+    estimator_options: Mapping[str, object] = field(default_factory=dict)
     dynamic_sampling: bool = False
     dynamic_sampling_max_rounds: int = 3
     overlong_cache_fraction: float | None = None
@@ -111,6 +114,8 @@ class AlgorithmPreset:
         preset_kw["advantage_options"] = {**base, **dict(preset_kw.get("advantage_options", {}))}
         if "policies" in preset_kw:
             preset_kw["policies"] = tuple(preset_kw["policies"])
+        if "estimator_options" in preset_kw:
+            preset_kw["estimator_options"] = dict(preset_kw["estimator_options"])
         return replace(self, objective=replace(self.objective, **objective_kw), **preset_kw)
 
     @property
@@ -226,6 +231,92 @@ def diffu_grpo() -> AlgorithmPreset:
     ``R − mean``, k3 KL β 0.04, ``grpo`` loss. Diffusion only (``one_step`` estimator)."""
     return AlgorithmPreset("diffu_grpo", GroupObjective(epsilon=0.5, beta=0.04), "none",
                            policies=("diffusion",), estimator="one_step", reference="2504.12216")
+
+
+# ---------------------------------------------------------------------------------------------
+# Diffusion objectives that score the trajectory, or no ratio at all (TraceRL, JustGRPO, wd1, SPG, ESPO)
+
+
+@ALGORITHMS.register("tracerl")
+def tracerl() -> AlgorithmPreset:
+    """TraceRL (arXiv 2509.06949): the ``trajectory`` estimator (the rollout's own reveal order, one canvas per
+    step), token ratio clipped to ``[0.8, 1.2]``, group z-scored advantages, k3 KL β 0.01 toward the rollout
+    policy, ``grpo`` loss. Diffusion only.
+
+    From the authors' code (Gen-Verse/dLLM-RL ``train/rl_llada.py``, ``reward/rl_reward.py``): the ratio, clip
+    and KL (k3 against ``logp_old``, not a frozen reference) as there. **(dlmrl interpretation)**: the code
+    averages the loss per (completion, step-group) row, weighting a token by one over the tokens revealed with
+    it; here the ``grpo`` loss averages per completion. Its std is the population std (here Bessel's, as
+    ``group``); its filter dropping groups with accuracy outside [0.2, 0.8] and its optional value model are
+    left out. With μ = 1 the KL toward the rollout policy is 0.
+    """
+    objective = GroupObjective(epsilon=0.2, beta=0.01, kl_reference="old")
+    return AlgorithmPreset("tracerl", objective, "group", policies=("diffusion",), estimator="trajectory",
+                           reference="2509.06949")
+
+
+@ALGORITHMS.register("just_grpo")
+def just_grpo() -> AlgorithmPreset:
+    """JustGRPO (arXiv 2601.15165): GRPO on the exact likelihood of a left-to-right order (the ``trajectory``
+    estimator with ``order: left_to_right``, one canvas per token), token ratio, ε 0.2, group z-scored
+    advantages, no KL, ``grpo`` loss. Diffusion only.
+
+    The authors' code (LeapLabTHU/JustGRPO ``grpo.py``) also *samples* left to right (LLaDA's sampler with
+    block length 1): set ``sampling.remasking: left_to_right`` (``configs/just_grpo_sudoku_tiny.yaml`` does)
+    and the sampled order is the scored one. **(dlmrl interpretation)**: its loss divides each token's term by
+    the generation length and the group's count of non-zero advantages; here ``grpo`` (mean over a
+    completion's tokens, then over completions).
+    """
+    return AlgorithmPreset("just_grpo", GroupObjective(epsilon=0.2), "group", policies=("diffusion",),
+                           estimator="trajectory", estimator_options={"order": "left_to_right"},
+                           reference="2601.15165")
+
+
+@ALGORITHMS.register("wd1")
+def wd1() -> AlgorithmPreset:
+    """wd1 (arXiv 2507.08838): ratio-free weighted likelihood ``−Σ_i softmax(A)_i ℓ_i + Σ_i softmax(−A)_i ℓ_i``
+    per group (``A = R − mean``, no std), ``ℓ`` the completion's summed log-likelihood (d1's ``one_step``
+    estimator), no old-policy or reference pass, no KL. Diffusion only.
+
+    As the ``wd1`` advantage (``n_g · (w⁺ − w⁻)``, :func:`dlmrl.objectives.advantages.wd1_advantages`) with
+    ``ratio_level: none`` and the ``sequence_sum`` loss (code: xiaohangt/wd1 ``rev_grpo_trainer.py``).
+    """
+    objective = GroupObjective(ratio_level="none", loss_type="sequence_sum")
+    return AlgorithmPreset("wd1", objective, "wd1", policies=("diffusion",), estimator="one_step",
+                           reference="2507.08838")
+
+
+@ALGORITHMS.register("spg")
+def spg() -> AlgorithmPreset:
+    """SPG (arXiv 2510.09541): no ratio, no clip; ``−Σ_i A_i · bound_i / Σ_i |y_i|`` with the ELBO for
+    ``A ≥ 0`` and the upper bound (or its mixture with the ELBO) for ``A < 0``, both on block-wise masks
+    (the ``spg`` estimator, 2 masks per row), advantages ``R − mean``, no KL. Diffusion only.
+
+    From the authors' code (facebookresearch/SPG ``spg/spg_trainer.py``): the loss is the per-row bound
+    times the row's length, summed and divided by the batch's tokens (here: ``ratio_level: none`` with the
+    ``dapo`` loss over the estimator's per-token terms, which sum to that). SPG's defaults: β 1.5 (Sudoku 1.0),
+    mixture weight 0.5 (``estimator.eubo_beta``, ``estimator.mix_weight``).
+    """
+    objective = GroupObjective(ratio_level="none", loss_type="dapo")
+    return AlgorithmPreset("spg", objective, "none", policies=("diffusion",), estimator="spg",
+                           estimator_options={"samples_per_node": 2}, reference="2510.09541")
+
+
+@ALGORITHMS.register("espo_dllm")
+def espo_dllm() -> AlgorithmPreset:
+    """ESPO for diffusion LMs (arXiv 2512.03759; not the entropy ESPO of arXiv 2512.00499): sequence ratio
+    ``exp((ELBO − ELBO_old) / L)`` clipped to ``[0.8, 1.2]``, leave-one-out advantages (no std), k2 KL on the
+    sequence ELBOs divided by the length (β 0.01, a frozen reference), ``grpo`` loss; the ELBO from the
+    ``stratified_coupled`` estimator (counts stratified across rows, each mask with its complement, 2 pairs).
+    Diffusion only.
+
+    From the authors' code (ML-GSAI/ESPO ``espo/espo_trainer.py``, ``recipes/train.yaml``; its task scripts
+    set β 1e-3 for GSM8K/MATH, 3e-3 and ε 0 for Countdown, 1e-2 for Sudoku). **(dlmrl interpretation)**: ``L``
+    is each row's completion length (the code: the padded generation length).
+    """
+    objective = GroupObjective("sequence", epsilon=0.2, beta=0.01, kl_kind="k2", kl_level="sequence_sum_by_length")
+    return AlgorithmPreset("espo_dllm", objective, "rloo", policies=("diffusion",), estimator="stratified_coupled",
+                           estimator_options={"samples_per_node": 2}, reference="2512.03759")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import torch
 
 from dlmrl.objectives.segments import check_token_tensors, segment_mean
 
-RATIO_LEVELS = ("token", "sequence", "sequence_token", "sentence", "entropy_group")
+RATIO_LEVELS = ("token", "sequence", "sequence_token", "sentence", "entropy_group", "none")
 SEQUENCE_LEVELS = ("sequence", "sequence_token")
 SEGMENT_LEVELS = ("sentence", "entropy_group")
 
@@ -50,6 +50,9 @@ def log_ratio(
     - ``sentence`` / ``entropy_group``: the GSPO-token form with the mean taken over the token's
       segment (``segment_ids``): SSPO arXiv 2511.04256 (sentences; **dlmrl interpretation**) and ESPO
       arXiv 2512.00499 Eq. 10 (entropy groups: the geometric mean of the group's token ratios).
+    - ``none``: no importance ratio (log-ratio 0): ratio-free objectives (wd1 arXiv 2507.08838, SPG arXiv
+      2510.09541) weight the current policy's log-likelihood directly; see
+      :meth:`dlmrl.objectives.objective.GroupObjective.compute`.
 
     Invalid positions get log-ratio 0 (ratio 1) and no gradient; ``logp_old`` is detached.
 
@@ -74,6 +77,8 @@ def log_ratio(
         if level == "sequence":
             return torch.where(mask, seq.expand_as(logp_new), zero)
         return torch.where(mask, logp_new - logp_new.detach() + seq.detach(), zero)
+    if level == "none":
+        return torch.zeros_like(logp_new).detach()
     if level in SEGMENT_LEVELS:
         if segment_ids is None:
             raise ValueError(f"ratio level {level!r} needs segment_ids (B, L)")

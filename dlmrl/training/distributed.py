@@ -147,13 +147,13 @@ def group_share(group_ids: torch.Tensor, index: int, count: int) -> torch.Tensor
 
 def loss_units(loss_type: str, mask: torch.Tensor) -> float:
     """What a :func:`dlmrl.objectives.aggregation.aggregate` of ``loss_type`` divides a batch's sum by:
-    rows with a valid token (``grpo``, ``segment_mean``), rows (``dr_grpo``), valid tokens (``bnpo``); for
+    rows with a valid token (``grpo``, ``segment_mean``, ``sequence_sum``), rows (``dr_grpo``), valid tokens (``bnpo``); for
     ``dapo`` the number is passed in (``num_tokens``, the global count), so every batch counts 1.
 
     Args:
         mask: ``(B, L)`` bool valid tokens of the batch.
     """
-    if loss_type in ("grpo", "segment_mean"):
+    if loss_type in ("grpo", "segment_mean", "sequence_sum"):
         return float((mask.sum(-1) > 0).sum())
     if loss_type == "dr_grpo":
         return float(mask.shape[0])

@@ -20,6 +20,7 @@ from dlmrl.estimators.analysis import (
     summary_table,
     to_json_records,
 )
+from dlmrl.estimators.lab_report import trajectory_table
 from dlmrl.models.sampler import generate
 from dlmrl.training.checkpoint import write_json_atomic
 
@@ -86,9 +87,9 @@ def sudoku_lab_batches(
         gen = torch.Generator().manual_seed(seed * 7919 + length)  # a length's batch does not depend on the others
         span = canvas.shape[1]
         with torch.no_grad():
-            completion = generate(policy, batch.prompt_ids, batch.prompt_mask, gen_length=span, block_length=span,
-                                  steps=max(span // 2, 1), temperature=temperature, canvas=canvas,
-                                  generator=gen).canvas
+            sampled = generate(policy, batch.prompt_ids, batch.prompt_mask, gen_length=span, block_length=span,
+                               steps=max(span // 2, 1), temperature=temperature, canvas=canvas, generator=gen)
+        completion = sampled.canvas
         maskable = torch.zeros_like(completion, dtype=torch.bool)
         for b in range(n_rows):
             blank = batch.completion_mask[b].nonzero()[:, 0].tolist()
@@ -96,7 +97,8 @@ def sudoku_lab_batches(
             cells = (blank + given)[: min(length, CELLS)]
             maskable[b, cells] = True
             maskable[b, CELLS:] = True
-        out.append(LabBatch(length, batch.prompt_ids, batch.prompt_mask, completion, maskable))
+        out.append(LabBatch(length, batch.prompt_ids, batch.prompt_mask, completion, maskable,
+                            reveal_step=sampled.reveal_step, temperature=temperature if temperature > 0 else 1.0))
     return out
 
 
@@ -124,11 +126,15 @@ def run_estimator_lab(
     write_json_atomic(out / "estimators.json", to_json_records(records))
     plots = plot_results(records, out)
     table = summary_table(records)
+    traj = trajectory_table(records)
     lab = {"config": asdict(cfg), "lengths": list(lengths), "rows": rows if isinstance(rows, int) else list(rows),
-           "seconds": round(time.time() - t0, 1), "summary_table": table,
+           "seconds": round(time.time() - t0, 1), "summary_table": table, "trajectory_table": traj,
            "files": ["estimators.json", *[Path(p).name for p in plots]]}
     write_json_atomic(out / "lab.json", lab)
     say(table)
+    if traj:
+        say("\nThe trajectory likelihood (the order the sampler took; variance 0 given the rollout) against the target:")
+        say(traj)
     say("(inf: infinite exact variance, e.g. Bernoulli double MC; ~: sampled against a high-budget reference, "
         "no exact table beyond 16 tokens; ratios are to exact-count double MC at the same NFE)")
     say(f"wrote {out / 'estimators.json'} ({len(records)} records) and {', '.join(Path(p).name for p in plots)}")

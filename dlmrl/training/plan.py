@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dlmrl.config import Config, build_estimator, build_preset, estimator_name
+from dlmrl.config import Config, build_estimator, build_preset, estimator_settings
 
 
 def _model_section(cfg: Config) -> dict:
@@ -66,12 +66,17 @@ def _algorithm_section(cfg: Config, preset) -> dict:
            "epsilon": o.epsilon, "epsilon_high": o.epsilon_high if o.epsilon_high is not None else o.epsilon,
            "clip_rule": o.clip_rule, "loss_type": o.loss_type, "beta": o.beta,
            "num_iterations": cfg.train.num_iterations}
-    if o.beta > 0:
+    if o.beta > 0 and o.kl_reference == "old":
+        out["kl"] = f"{o.kl_kind} at {o.kl_level} level, toward the rollout policy"
+        out["reference_model"] = "none (the KL is taken toward the rollout policy's own scores)"
+    elif o.beta > 0:
         out["kl"] = f"{o.kl_kind} at {o.kl_level} level"
         out["reference_model"] = ("the base under the disabled adapter (no second copy)"
                                   if getattr(cfg.model, "use_peft", False) else "a frozen second copy of the model")
     else:
         out["reference_model"] = "none (beta = 0)"
+    if o.ratio_level == "none":
+        out["ratio"] = "none: the loss weights the current policy's log-likelihood (no old-policy pass, no clip)"
     for part in ("dynamic_sampling", "overlong_cache_fraction", "adaptive_temperature_tau", "anchor_threshold",
                  "multi_turn"):
         value = getattr(preset, part)
@@ -83,10 +88,11 @@ def _algorithm_section(cfg: Config, preset) -> dict:
 def _estimator_section(cfg: Config) -> dict:
     if cfg.model.kind == "ar":
         return {"name": "exact token log-probs (AR)", "nfe": 1}
-    e = cfg.estimator
-    name = estimator_name(cfg)  # (estimator.name, else the preset's recipe estimator)
-    est = build_estimator(e, name)
-    out: dict = {"name": name, "nfe": est.nfe, "chosen_by": "estimator.name" if e.name else "the preset's recipe"}
+    name, e = estimator_settings(cfg)  # (estimator.name, else the preset's recipe estimator and its options)
+    est = build_estimator(e, name, cfg.sampling)
+    nfe = est.nfe if est.nfe is not None else est.nfe_for(cfg.sampling.gen_length)  # (at most, per sequence)
+    out: dict = {"name": name, "nfe": nfe,
+                 "chosen_by": "estimator.name" if cfg.estimator.name else "the preset's recipe"}
     if name in ("sdmc", "coupled_sdmc"):
         out.update(num_nodes=e.num_nodes, samples_per_node=e.samples_per_node, masking=e.masking)
     elif name == "double_mc":
@@ -95,6 +101,17 @@ def _estimator_section(cfg: Config) -> dict:
         out.update(pairs=e.samples_per_node, masking=e.masking, t_range=[e.t_min, e.t_max])
     elif name == "one_step":
         out.update(prompt_masks=e.samples_per_node, p_mask_prompt=e.p_mask_prompt)
+    elif name == "stratified_coupled":
+        out.update(pairs=e.samples_per_node)
+    elif name == "trajectory":
+        out.update(order=est.order, merge=est.merge, temperature=est.temperature,
+                   scores=("the order the sampler took (its reveal-step record), one canvas per merged step"
+                           if est.order == "sampled" else "the left-to-right chain rule, one canvas per merged token"),
+                   variance="0 given the rollout (no random masks)")
+    elif name == "spg":
+        out.update(masks=est.num_samples, block_length=est.block_length, p_mask_prompt=est.p_mask_prompt,
+                   eubo_beta=est.beta, mix_weight=est.mix,
+                   bounds="ELBO for A >= 0, mix_weight * EUBO + (1 - mix_weight) * ELBO for A < 0")
     return out
 
 

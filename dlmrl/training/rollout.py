@@ -42,6 +42,10 @@ class Rollout:
         train_rewards: ``(B,)`` float32 rewards the advantages see (task reward plus shaping).
         passes: sequence forward passes spent sampling (each sampling call's rows × its NFE, summed);
             ``None`` = ``B · nfe`` (one call that sampled every row). See :meth:`sampling_passes`.
+        reveal_step: ``(B, L)`` long, the diffusion sampler's trajectory: the step that revealed each completion
+            token (:attr:`dlmrl.models.sampler.SampleOutput.reveal_step`; -1 where it wrote nothing). DaGRPO's
+            anchor rows, which no sampler wrote, get the left-to-right order in the sampler's schedule
+            (:func:`dlmrl.models.sampler.left_to_right_reveal_steps`). ``None`` for AR rollouts.
     """
 
     examples: list
@@ -56,13 +60,14 @@ class Rollout:
     rewards: torch.Tensor | None = None
     train_rewards: torch.Tensor | None = None
     passes: int | None = None
+    reveal_step: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.completion)
 
     #: the per-row tensor fields (``None`` allowed), which :meth:`rows` and :meth:`to` map
     _TENSORS = ("prompt_ids", "prompt_mask", "completion", "completion_mask", "group_ids", "trajectory_ids",
-                "anchor", "rewards", "train_rewards")
+                "anchor", "rewards", "train_rewards", "reveal_step")
 
     def _map(self, fn, **changes) -> Rollout:
         """A copy with ``fn`` applied to every per-row tensor field and the ``changes`` made."""
@@ -106,8 +111,8 @@ class Rollout:
 
         Prompts are left-padded (``pad_id``, mask False) to the longest; completions must have the same
         width. Group and trajectory ids are renumbered so rows of different parts never share one; NFE
-        and sampling passes add up; ``anchor`` / ``rewards`` / ``train_rewards`` must be set on every part or on none
-        (``anchor``: a missing one means no anchors).
+        and sampling passes add up; ``anchor`` / ``rewards`` / ``train_rewards`` / ``reveal_step`` must be set on
+        every part or on none (``anchor``: a missing one means no anchors).
 
         Raises:
             ValueError: on no parts, different completion widths, or rewards set on some parts only.
@@ -145,6 +150,7 @@ class Rollout:
             ids(lambda p: p.trajectories()) if any(p.trajectory_ids is not None for p in parts) else None,
             torch.cat([p.anchors() for p in parts]) if any(p.anchor is not None for p in parts) else None,
             optional("rewards"), optional("train_rewards"), sum(p.sampling_passes() for p in parts),
+            optional("reveal_step"),
         )
 
 
@@ -172,9 +178,9 @@ def rollout_diffusion(policy, task, cfg, examples: list, generator: torch.Genera
     out = generate(policy, batch.prompt_ids, batch.prompt_mask, gen_length=task.gen_length,
                    block_length=s.block_length, steps=s.steps, temperature=s.temperature, remasking=s.remasking,
                    cfg_scale=s.cfg_scale, canvas=batch.canvas, generator=generator, rows=rows)
-    canvas = out.canvas if keep.stop > keep.start else out.canvas[:0]
+    canvas, steps = (out.canvas, out.reveal_step) if keep.stop > keep.start else (out.canvas[:0], out.reveal_step[:0])
     return Rollout(batch.examples[keep], batch.prompt_ids[keep], batch.prompt_mask[keep], canvas,
-                   batch.completion_mask[keep], out.nfe)
+                   batch.completion_mask[keep], out.nfe, reveal_step=steps)
 
 
 def rollout_ar(policy, task, cfg, examples: list, generator: torch.Generator, max_new_tokens: int | None = None,
@@ -221,28 +227,39 @@ class OldScores:
 
 
 class DiffusionScorer:
-    """Scores on MaskPlans drawn from the training estimator; one plan per μ update."""
+    """Scores on MaskPlans drawn from the training estimator; one plan per μ update.
 
-    def __init__(self, policy, ref, estimator, micro_batch: int | None):
+    ``nfe`` is the forward passes per row the last batch's first plan ran (:meth:`MaskPlan.forward_passes`:
+    the estimator's NFE, fewer where a trajectory has fewer steps or a canvas scores nothing).
+    """
+
+    def __init__(self, policy, ref, estimator, micro_batch: int | None, old_scores: bool = True):
         self.policy, self.ref, self.estimator, self.micro_batch = policy, ref, estimator, micro_batch
+        self.old_scores = old_scores  # (a ratio-free objective reads no old-policy scores)
         self.nfe = estimator.nfe
 
     def prepare(self, ro: Rollout, num_iterations: int, generator: torch.Generator, entropy: bool = False,
-                rows: torch.Tensor | None = None) -> OldScores:
-        """Draw the plans; score old (updates 2..μ) and reference (every update) under no grad.
+                rows: torch.Tensor | None = None, advantages: torch.Tensor | None = None) -> OldScores:
+        """Draw the plans (:meth:`~dlmrl.estimators.scoring.PlanEstimator.rollout_plan`, with the rollout's
+        trajectory and ``advantages`` ``(B,)`` of its rows); score old (updates 2..μ) and reference (every
+        update) under no grad.
 
         ``rows``: ``(K,)`` long, score only these rows of ``ro`` (one process's share); the plans are drawn
         for all of ``ro`` and cut to them, so a row's masks do not depend on which process scores it.
         """
-        plans = [self.estimator.make_plan(ro.completion_mask, generator, ro.prompt_mask)
+        plans = [self.estimator.rollout_plan(ro.completion_mask, generator, ro.prompt_mask,
+                                             reveal_step=ro.reveal_step, advantages=advantages)
                  for _ in range(num_iterations)]
         if rows is not None:
             ro, plans = ro.rows(rows), [plan.rows(rows) for plan in plans]
         self.ro, self.plans = ro, plans
+        passes = plans[0].forward_passes()
+        self.nfe = int(passes) if passes == int(passes) else round(passes, 3)
         args = (ro.prompt_ids, ro.prompt_mask, ro.completion, ro.completion_mask)
         ent = None
         with torch.no_grad():
-            old = [None] + [score(self.policy, *args, plan, self.micro_batch).per_token for plan in self.plans[1:]]
+            old = [None] + [score(self.policy, *args, plan, self.micro_batch).per_token if self.old_scores else None
+                            for plan in self.plans[1:]]
             ref = ([score(self.ref, *args, plan, self.micro_batch).per_token for plan in self.plans]
                    if self.ref is not None else [None] * num_iterations)
             if entropy:
@@ -266,8 +283,9 @@ class ARScorer:
         self.nfe = 1
 
     def prepare(self, ro: Rollout, num_iterations: int, generator: torch.Generator, entropy: bool = False,
-                rows: torch.Tensor | None = None) -> OldScores:
-        """Score old and reference log-probs under no grad (``rows``: only these rows of ``ro``)."""
+                rows: torch.Tensor | None = None, advantages: torch.Tensor | None = None) -> OldScores:
+        """Score old and reference log-probs under no grad (``rows``: only these rows of ``ro``; ``advantages``
+        unused: exact log-probs need no plan)."""
         ro = ro if rows is None else ro.rows(rows)
         self.ro = ro
         args = (ro.prompt_ids, ro.prompt_mask, ro.completion, ro.completion_mask)
@@ -408,7 +426,8 @@ def first_rows(ids: list) -> list[int]:
 
 def add_anchors(ro: Rollout, task, anchor_threshold: float, num_generations: int, kind: str,
                 eos_token_id: int | None, pad_id: int,
-                shape: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> tuple[Rollout, int]:
+                shape: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                reveal_steps: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[Rollout, int]:
     """DaGRPO's off-policy anchors: each group with no task reward above ``anchor_threshold`` gets the
     example's reference solution as one extra row (``anchor`` True, same group id, same prompt).
 
@@ -427,6 +446,8 @@ def add_anchors(ro: Rollout, task, anchor_threshold: float, num_generations: int
         eos_token_id: appended to AR anchors, fills a diffusion canvas after a short reference (``None``:
             nothing appended; ``pad_id`` fills). pad_id: AR padding.
         shape: ``(rewards (K,), lengths (K,)) -> (K,)`` training rewards of the anchors.
+        reveal_steps: ``completion_mask (K, L) -> (K, L)`` the anchors' trajectory when ``ro`` carries one
+            (the trainer: :func:`dlmrl.models.sampler.left_to_right_reveal_steps` with the sampler's schedule).
     Returns:
         The rollout with the anchor rows appended (``group_ids``, ``trajectory_ids`` and ``anchor`` set)
         and the number of anchors added.
@@ -480,6 +501,11 @@ def add_anchors(ro: Rollout, task, anchor_threshold: float, num_generations: int
     train = shape(rewards, mask.sum(-1).cpu()).float()
     trajs = ro.trajectories()
     K = len(rows)
+    steps = None
+    if ro.reveal_step is not None:
+        if reveal_steps is None:
+            raise ValueError("add_anchors: the rollout carries reveal steps; pass reveal_steps for the anchors")
+        steps = torch.cat([ro.reveal_step, reveal_steps(mask).to(ro.reveal_step)])
     out = Rollout(
         ro.examples + examples, torch.cat([ro.prompt_ids, ro.prompt_ids[index]]),
         torch.cat([ro.prompt_mask, ro.prompt_mask[index]]), torch.cat([ro.completion, comp]),
@@ -487,5 +513,5 @@ def add_anchors(ro: Rollout, task, anchor_threshold: float, num_generations: int
         torch.cat([trajs, int(trajs.max()) + 1 + torch.arange(K, device=trajs.device)]),
         torch.cat([ro.anchors(), torch.ones(K, dtype=torch.bool, device=dev)]),
         torch.cat([ro.rewards, rewards.to(ro.rewards)]), torch.cat([ro.train_rewards, train.to(ro.train_rewards)]),
-        ro.sampling_passes())
+        ro.sampling_passes(), steps)
     return out, K

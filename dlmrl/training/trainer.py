@@ -41,7 +41,7 @@ from dlmrl.config import (
     Config,
     ConfigError,
     build_preset,
-    estimator_name,
+    estimator_settings,
     flatten,
     load_yaml,
     save_yaml,
@@ -59,6 +59,7 @@ from dlmrl.models.lora import (
     register_adapter_checkpointing,
     save_final_model,
 )
+from dlmrl.models.sampler import left_to_right_reveal_steps
 from dlmrl.objectives.advantage_registry import AdvantageInputs
 from dlmrl.objectives.objective import GroupObjective
 from dlmrl.objectives.pairwise import ngram_jaccard
@@ -151,7 +152,8 @@ def build_task(cfg: Config, policy):
 def build_estimator(cfg: Config):
     """The training estimator of the config's ``estimator`` section (``estimator.name`` null: the algorithm
     preset's recipe estimator, else sdmc; see :func:`dlmrl.config.estimator_name`)."""
-    return estimator_from_config(cfg.estimator, estimator_name(cfg))
+    name, settings = estimator_settings(cfg)
+    return estimator_from_config(settings, name, cfg.sampling)
 
 
 def group_loss_fn(objective: GroupObjective, old: torch.Tensor | None, advantages: torch.Tensor,
@@ -177,7 +179,7 @@ def can_skip_zero_rows(objective: GroupObjective, advantages: torch.Tensor) -> b
     mean over rows (``grpo``, ``dr_grpo``, ``segment_mean``: rescaled by ``rows kept / rows``) that no
     other row's term depends on (fixed clip ranges, no weighting, no KL, one advantage per row)."""
     o = objective
-    return (o.loss_type in ("grpo", "dr_grpo", "segment_mean") and o.beta == 0 and advantages.dim() == 1
+    return (o.loss_type in ("grpo", "dr_grpo", "segment_mean", "sequence_sum") and o.beta == 0 and advantages.dim() == 1
             and o.clip_rule == "fixed" and o.weighting == "none" and o.hapo_advantage_beta == 0)
 
 
@@ -340,15 +342,17 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
     if preset.objective.clip_rule == "espo" and preset.objective.vocab_size is None:
         preset = preset.with_overrides(vocab_size=len(policy.tokenizer))
     objective = preset.objective
-    ref = None  # the frozen initial model for the KL term
-    if objective.beta > 0 and is_peft_model(policy.model):
+    ref = None  # the frozen initial model for the KL term (not for a KL toward the rollout policy)
+    wants_ref = "logp_ref" in objective.required_inputs
+    if wants_ref and is_peft_model(policy.model):
         ref = AdapterDisabledPolicy(policy)  # LoRA: the base itself, adapter disabled (no second copy)
-    elif objective.beta > 0:
+    elif wants_ref:
         ref = load_configured_policy(cfg)
         ref.model.requires_grad_(False).eval().to(accelerator.device)
     task = build_task(cfg, policy)
     scorer = (ARScorer(policy, ref) if is_ar
-              else DiffusionScorer(policy, ref, build_estimator(cfg), cfg.estimator.micro_batch or None))
+              else DiffusionScorer(policy, ref, build_estimator(cfg), cfg.estimator.micro_batch or None,
+                                   old_scores=objective.needs_old_scores))
     needs = preset.required_inputs
     delimiters = delimiter_token_ids(policy.tokenizer) if "segment_ids" in needs else None
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=tr.learning_rate, betas=(tr.adam_beta1, tr.adam_beta2),
@@ -443,7 +447,9 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
             if preset.anchor_threshold is not None and len(ro):
                 ro, anchors = add_anchors(ro, task, preset.anchor_threshold, G, cfg.model.kind,
                                           getattr(policy, "eos_token_id", None), pad_id,
-                                          lambda r, n: shaped_rewards(preset, r, n, max_length))
+                                          lambda r, n: shaped_rewards(preset, r, n, max_length),
+                                          lambda m: left_to_right_reveal_steps(m, cfg.sampling.block_length,
+                                                                               cfg.sampling.steps))
             group_ids = ro.groups(G)  # (B,) groups need not be G consecutive rows (anchors, episodes)
             # 3. advantages; the rows to score (A = 0 rows when that cannot change the loss). Entropy-based
             #    advantages wait for the old scores (step 4).
@@ -473,7 +479,8 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
             mine = sub if local is None else sub.rows(local)
             mine_rows = rows if local is None else rows[local]  # this process's rows of ro
             # 4. old (and reference) scores, once per rollout batch (diffusion: on the μ MaskPlans)
-            old = (scorer.prepare(sub, tr.num_iterations, gen, entropy="entropy" in needs, rows=local) if len(rows)
+            old = (scorer.prepare(sub, tr.num_iterations, gen, entropy="entropy" in needs, rows=local,
+                                  advantages=adv[rows] if adv is not None else None) if len(rows)
                    else None)  # (no row to score: this batch carries no signal)
             entropy = old.entropy if old is not None else None  # (K, L) this process's rows
             if entropy is not None and local is not None:

@@ -636,3 +636,33 @@ def test_infinite_variance_is_flagged_and_survives_json(lab):
         assert value(clean, "mse") == value(rec, "mse") or math.isinf(value(rec, "mse")) and math.isinf(
             value(clean, "mse")
         )
+
+
+def test_the_labs_trajectory_record_is_the_trajectory_score_against_the_exact_elbo():
+    """The lab's trajectory value equals the trajectory estimator's score of the row along the lab's order (the
+    sampled steps after one first step for the maskable cells the sampler did not write), and its gap is that
+    minus the exact ELBO from enumeration."""
+    from dlmrl.estimators import exact_elbo, score, trajectory_plan
+    from dlmrl.estimators.analysis import LabBatch, LabConfig, lab_trajectory_order, run_lab
+    from dlmrl.models.sampler import generate
+    from tests.conftest import make_toy_policy
+
+    policy = make_toy_policy()
+    g = torch.Generator().manual_seed(0)
+    prompt_ids, prompt_mask = torch.randint(0, 6, (2, 3), generator=g), torch.ones(2, 3, dtype=torch.bool)
+    canvas = torch.full((2, 6), policy.mask_token_id)
+    canvas[:, 0] = 2  # a given cell, maskable in the lab but not written by the sampler
+    out = generate(policy, prompt_ids, prompt_mask, gen_length=6, block_length=6, steps=3, temperature=1.0,
+                   canvas=canvas, generator=g)
+    maskable = torch.ones(2, 6, dtype=torch.bool)
+    batch = LabBatch(6, prompt_ids, prompt_mask, out.canvas, maskable, reveal_step=out.reveal_step)
+    order = lab_trajectory_order(batch)
+    assert order[:, 0].tolist() == [0, 0] and (order[:, 1:] == out.reveal_step[:, 1:] + 1).all()
+    cfg = LabConfig(budgets=(2,), repetitions=10, model_repetitions=2, num_directions=1, trajectory_merges=(1,))
+    rec = next(r for r in run_lab(policy, [batch], cfg) if r["estimator"] == "trajectory")
+    with torch.no_grad():
+        value = score(policy, prompt_ids, prompt_mask, out.canvas, maskable, trajectory_plan(maskable, order, 1, 1.0)).sequence
+        exact = exact_elbo(policy, prompt_ids, prompt_mask, out.canvas, maskable).sequence
+    assert rec["values"] == pytest.approx(value.tolist(), abs=1e-4)
+    assert rec["gaps"] == pytest.approx((value - exact).tolist(), abs=1e-4)
+    assert rec["nfe"] == 4.0 and rec["variance"] == 0.0  # 1 extra first step + 3 sampling steps

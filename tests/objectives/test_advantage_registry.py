@@ -18,7 +18,7 @@ from dlmrl.objectives.advantage_registry import advantage_options
 def test_every_estimator_is_registered_with_its_options():
     assert ADVANTAGES.names() == sorted(
         ["group", "batch", "none", "rloo", "srpo_passk", "dagrpo", "hapo_token_group", "gtpo", "grpo_s",
-         "flow_grpo"]
+         "flow_grpo", "wd1"]
     )
     assert advantage_options("srpo_passk") == {"k": 4}
     assert advantage_options("dagrpo") == {"tau": 0.1, "lam": 0.5}

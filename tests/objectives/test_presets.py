@@ -65,7 +65,8 @@ def run(preset: AlgorithmPreset, d_rows, adv, **inputs):
 
 def test_registry_holds_every_preset_with_its_reference():
     expected = {"grpo", "dr_grpo", "dapo", "gspo", "gspo_token", "rloo", "gdpo", "diffu_grpo", "sspo", "espo",
-                "egsw", "gtpo", "grpo_s", "hapo", "srpo", "dagrpo", "flow_grpo"}
+                "egsw", "gtpo", "grpo_s", "hapo", "srpo", "dagrpo", "flow_grpo", "tracerl", "just_grpo", "wd1",
+                "spg", "espo_dllm"}
     assert set(ALGORITHMS.names()) == expected
     for name in ALGORITHMS:
         with pytest.warns(UserWarning) if name == "grpo_s" else _nothing():
@@ -360,6 +361,90 @@ def test_flow_grpo():
     m = 2 / 3
     s = math.sqrt((2 * (1 - m) ** 2 + m**2) / 2) + 1e-4
     assert close(turn, [(1 - m) / s, (1 - m) / s, -m / s, 0, 0], abs=1e-6)
+
+
+def test_tracerl_clips_tokens_and_takes_its_kl_toward_the_rollout_policy():
+    preset = get_algorithm("tracerl")
+    assert preset.estimator == "trajectory" and preset.policies == ("diffusion",)
+    assert "logp_ref" not in preset.required_inputs  # no reference model: the KL is toward logp_old
+    adv = preset.advantages(AdvantageInputs(REWARDS, 2))
+    assert close(adv, [A_HALF, -A_HALF, 0.0, 0.0]) and adv[2:].tolist() == [0.0, 0.0]
+    new, old, _, mask = batch(D_ROWS)
+    out = preset.objective.compute(new, old, adv, mask)  # no logp_ref given
+    pol = aggregate_rows(policy_rows(D_ROWS, adv.tolist(), 0.2, 0.2), "grpo")
+    kl = aggregate_rows(kl_rows(D_ROWS), "grpo")  # k3 of old − new (ref = old)
+    assert out.loss.item() == pytest.approx(pol + 0.01 * kl, abs=1e-6)
+
+
+def test_just_grpo_is_grpo_without_kl_on_the_left_to_right_likelihood():
+    preset = get_algorithm("just_grpo")
+    assert preset.estimator == "trajectory" and dict(preset.estimator_options) == {"order": "left_to_right"}
+    adv = preset.advantages(AdvantageInputs(REWARDS, 2))
+    out = run(preset, D_ROWS, adv)
+    assert out.loss.item() == pytest.approx(aggregate_rows(policy_rows(D_ROWS, adv.tolist(), 0.2, 0.2), "grpo"),
+                                            abs=1e-6)
+    assert out.metrics["kl"] == 0.0
+
+
+def test_wd1_by_hand():
+    preset = get_algorithm("wd1")
+    assert preset.estimator == "one_step" and not preset.objective.needs_old_scores
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.5, 0.2, 0.8, 0.5])  # groups of 2, 2 and 3 by id (interleaved)
+    ids = torch.tensor([0, 0, 1, 1, 2, 2, 2])
+    perm = torch.tensor([4, 0, 2, 5, 1, 3, 6])
+    adv = preset.advantages(AdvantageInputs(rewards[perm], 2, group_ids=ids[perm]))
+    # group 0: A = ±0.5, w+ = softmax(0.5, -0.5), w- = softmax(-0.5, 0.5), A' = 2 (w+ - w-)
+    w = 1 / (1 + math.exp(-1.0))
+    g0 = [2 * (w - (1 - w)), 2 * ((1 - w) - w)]
+    # group 2: A = (-0.3, 0.3, 0), A' = 3 (softmax(A) - softmax(-A))
+    e = [math.exp(x) for x in (-0.3, 0.3, 0.0)]
+    f = [math.exp(-x) for x in (-0.3, 0.3, 0.0)]
+    g2 = [3 * (e[i] / sum(e) - f[i] / sum(f)) for i in range(3)]
+    expected = {0: g0[0], 1: g0[1], 2: 0.0, 3: 0.0, 4: g2[0], 5: g2[1], 6: g2[2]}
+    assert close(adv, [expected[i] for i in perm.tolist()], abs=1e-6)
+    assert adv[perm.tolist().index(2)] == 0.0 and adv[perm.tolist().index(3)] == 0.0  # equal rewards: exactly 0
+    # the loss: mean over rows of -A'_i · Σ_t log p (ratio-free), i.e. the mean over groups of the group sums
+    # Σ_i (w-_i - w+_i) ℓ_i
+    rows = [[-1.0, -2.0], [-0.5], [-1.5, -0.5]]
+    logp = pad(rows).requires_grad_(True)
+    mask = pad([[1, 1], [1, 0], [1, 1]]).bool()
+    a = torch.tensor([g0[0], g0[1], 0.0])
+    out = preset.objective.compute(logp, logp.detach() + 5.0, a, mask)  # logp_old is not read
+    sums = [sum(r) for r in rows]
+    assert out.loss.item() == pytest.approx(-(g0[0] * sums[0] + g0[1] * sums[1]) / 3, abs=1e-6)
+    out.loss.backward()
+    assert close(logp.grad, [[-g0[0] / 3] * 2, [-g0[1] / 3, 0.0], [0.0, 0.0]])
+    assert out.metrics["ratio_mean"] == 1.0 and out.metrics["clip_frac_low"] == 0.0
+
+
+def test_spg_loss_is_the_advantage_weighted_bound_over_the_batch_tokens():
+    preset = get_algorithm("spg")
+    assert preset.estimator == "spg" and dict(preset.estimator_options) == {"samples_per_node": 2}
+    adv = preset.advantages(AdvantageInputs(REWARDS, 2))
+    assert adv.tolist() == [0.5, -0.5, 0.0, 0.0]
+    rows = [[-1.0, -2.0], [-0.5, -0.25, -4.0], [-1.0], [-1.0, -1.0, -1.0]]  # per-token bound terms
+    logp = pad(rows).requires_grad_(True)
+    mask = pad([[1] * len(r) for r in rows]).bool()
+    out = preset.objective.compute(logp, logp.detach(), adv, mask, num_tokens=9)
+    # −Σ_i A_i Σ_t c_it / Σ_i |y_i|
+    assert out.loss.item() == pytest.approx(-(0.5 * -3.0 - 0.5 * -4.75) / 9, abs=1e-6)
+
+
+def test_espo_dllm_by_hand():
+    preset = get_algorithm("espo_dllm")
+    assert preset.estimator == "stratified_coupled" and dict(preset.estimator_options) == {"samples_per_node": 2}
+    adv = preset.advantages(AdvantageInputs(REWARDS, 2))
+    assert adv.tolist() == [1.0, -1.0, 0.0, 0.0]  # leave-one-out
+    d = [[0.4, 0.2], [-0.9, 0.0, 0.0], [0.2], [0.0, 0.0, 0.0]]
+    new, old, ref, mask = batch(d)
+    ref = ref + torch.where(mask, torch.tensor(0.1), 0.0)  # the reference 0.1 nats per token above old
+    out = preset.objective.compute(new, old, adv, mask, logp_ref=ref)
+    # ratios exp(0.3) (> 1.2, A > 0: clipped to 1.2) and exp(-0.3) (< 0.8, A < 0: clipped to 0.8)
+    pol = (-1.2 + 0.8) / 4
+    # k2 of the sequence sums / length: Δ_i = Σ (ref − new) = 0.1·n_i − Σ d_i
+    deltas = [(0.2 - 0.6, 2), (0.3 + 0.9, 3), (0.1 - 0.2, 1), (0.3, 3)]
+    kl = sum(0.5 * x**2 / n for x, n in deltas) / 4
+    assert out.loss.item() == pytest.approx(pol + 0.01 * kl, abs=1e-6)
 
 
 def test_with_overrides_validates_names():

@@ -22,7 +22,8 @@ from tests.training.test_trainer import params, small_config
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*_sudoku_tiny*.yaml"))
 REJECTED = {("gdpo", "ar"): "runs on diffusion policies only", ("diffu_grpo", "ar"): "runs on diffusion",
-            ("hapo", "diffusion"): "runs on ar policies only", ("flow_grpo", "diffusion"): "runs on ar"}
+            ("hapo", "diffusion"): "runs on ar policies only", ("flow_grpo", "diffusion"): "runs on ar",
+            **{(a, "ar"): "runs on diffusion policies only" for a in ("tracerl", "just_grpo", "wd1", "spg", "espo_dllm")}}
 PAIRS = [(a, k) for a in ALGORITHMS.names() for k in ("diffusion", "ar") if (a, k) not in REJECTED]
 
 

@@ -106,13 +106,22 @@ def test_run_estimator_lab_writes_its_files(shipped, tmp_path):
         "mse",
         "grad_variance",
     )
-    assert {r["estimator"] for r in records} >= {"double_mc", "sdmc", "coupled_sdmc"}
+    assert {r["estimator"] for r in records} >= {"double_mc", "sdmc", "coupled_sdmc", "trajectory"}
+    trajectory = [r for r in records if r["estimator"] == "trajectory"]
+    records = [r for r in records if r["estimator"] != "trajectory"]
     for r in records:
         assert set(keys) <= set(r), r
         assert r["length"] == 4 and r["nfe"] == 3 and r["rows"] == 1 and r["target"] == "exact"
         # strict JSON: an infinite variance is null
         assert r["variance"] is None or math.isfinite(r["variance"])
     assert any(r["variance"] is None for r in records)  # Bernoulli double MC
+    # the trajectory likelihood per merge factor: deterministic given the rollout, its MSE the squared gap
+    assert [r["merge"] for r in trajectory] == [1, 2, 4]
+    for r in trajectory:
+        assert r["variance"] == 0 and r["grad_variance"] == 0 and r["target"] == "exact"
+        assert len(r["values"]) == len(r["gaps"]) == 1
+        assert r["mse"] == pytest.approx(r["gaps"][0] ** 2) and r["bias"] == pytest.approx(r["gaps"][0])
+    assert trajectory[0]["nfe"] >= trajectory[1]["nfe"] >= trajectory[2]["nfe"] >= 1
     saved = json.loads((out / "lab.json").read_text())
     assert saved == json.loads(json.dumps(lab))
     assert saved["lengths"] == [4] and saved["rows"] == 1 and saved["config"]["repetitions"] == 20

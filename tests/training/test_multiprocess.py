@@ -85,6 +85,16 @@ def test_two_processes_match_one_process_gdpo(tmp_path):
     assert_same_run(tmp_path / "two", tmp_path / "one")
 
 
+def test_two_processes_match_one_process_with_trajectory_scoring(tmp_path):
+    """TraceRL's trajectory estimator: each process scores its rows along their own sampled orders (the record is
+    gathered with the rollout), micro-batched, μ = 2."""
+    overrides = [*COMMON, "eval.after=false", "algorithm=tracerl", "num_iterations=2", "estimator.micro_batch=5"]
+    launch(["-m", "dlmrl.cli"], overrides, tmp_path / "two")
+    one_process(overrides, tmp_path / "one")
+    assert_same_run(tmp_path / "two", tmp_path / "one")
+    assert all(r["nfe_scoring"] <= 4 for r in rows(tmp_path / "one"))
+
+
 def test_two_processes_match_one_process_ar_grpo_through_the_console_script(tmp_path):
     """An AR preset with a KL term (GRPO, β 0.04) launched through the ``dlmrl`` script, evaluation after."""
     overrides = [*COMMON, *AR, "algorithm=grpo", "eval.num_puzzles=16"]

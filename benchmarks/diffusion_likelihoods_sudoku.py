@@ -1,0 +1,103 @@
+"""Which likelihood should a diffusion LM be trained with? Every diffusion objective on 4x4 Sudoku, side by side.
+
+On the shipped tiny diffusion default at the equal rollout budget of ``benchmarks/algorithms_sudoku.py``
+(81,920 completions: 160 steps of 64 prompts x G = 8), three seeds each:
+
+- ``gdpo`` with its SDMC ELBO (N = 3) and ``diffu_grpo`` with d1's one-step estimator (the baselines);
+- ``gdpo`` with the ``trajectory`` estimator: the exact likelihood of the order the sampler took (m = 1) and with
+  consecutive steps merged in pairs (m = 2, TraceRL's shrink);
+- ``tracerl``, ``just_grpo`` (left-to-right rollouts and likelihood), ``wd1``, ``spg``, ``espo_dllm``;
+- ``--extra``: further configurations, e.g. the two best with 8 rollout steps instead of 4.
+
+Each run is ``dlmrl train --config <config> [overrides]`` with the preset's own parts and the shared defaults for
+the rest; held-out cell accuracy every ``--eval-every`` steps, rollout reward, scoring forward passes, and
+seconds per step of each configuration timed one after another in one call (``--timing-steps``). Writes
+``benchmarks/results/diffusion_likelihoods_sudoku.json`` and ``.png`` (gain against wall time). Runs that
+finished in ``--runs-dir`` are read back, not rerun (``benchmarks/sudoku_runs.py``).
+
+    python benchmarks/diffusion_likelihoods_sudoku.py                    # 9 configurations x 3 seeds (hours)
+    python benchmarks/diffusion_likelihoods_sudoku.py --only gdpo_traj_m1 tracerl --seeds 0
+    python benchmarks/diffusion_likelihoods_sudoku.py --extra tracerl_s8 gdpo_traj_m1_s8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sudoku_runs import RunSpec, add_timing, aggregate, machine, plot, run_one, time_steps
+
+TRAJECTORY = ("estimator.name=trajectory", "estimator.order=sampled")
+RUNS = (
+    RunSpec("gdpo", "diffusion", "configs/gdpo_sudoku_tiny.yaml", label="gdpo (SDMC, N = 3)"),
+    RunSpec("diffu_grpo", "diffusion", "configs/diffu_grpo_sudoku_tiny.yaml", label="diffu_grpo (one-step)"),
+    RunSpec("gdpo_traj_m1", "diffusion", "configs/gdpo_sudoku_tiny.yaml", (*TRAJECTORY, "estimator.merge=1"),
+            label="gdpo (trajectory, m = 1)"),
+    RunSpec("gdpo_traj_m2", "diffusion", "configs/gdpo_sudoku_tiny.yaml", (*TRAJECTORY, "estimator.merge=2"),
+            label="gdpo (trajectory, m = 2)"),
+    RunSpec("tracerl", "diffusion", "configs/tracerl_sudoku_tiny.yaml", label="tracerl (trajectory)"),
+    RunSpec("just_grpo", "diffusion", "configs/just_grpo_sudoku_tiny.yaml", label="just_grpo (left to right)"),
+    RunSpec("wd1", "diffusion", "configs/wd1_sudoku_tiny.yaml", label="wd1 (one-step)"),
+    RunSpec("spg", "diffusion", "configs/spg_sudoku_tiny.yaml", label="spg (ELBO / EUBO mixture)"),
+    RunSpec("espo_dllm", "diffusion", "configs/espo_dllm_sudoku_tiny.yaml", label="espo_dllm (stratified pairs)"),
+)
+
+
+def extra_spec(name: str) -> RunSpec:
+    """``<base>_s8``: a base configuration with 8 rollout steps; ``<base>_group``: with group-std advantages."""
+    base_name, _, variant = name.rpartition("_")
+    base = next((r for r in RUNS if r.name == base_name), None)
+    variants = {"s8": (("sampling.steps=8",), "8 rollout steps"),
+                "group": (("train.scale_rewards=group",), "A / group std")}
+    if base is None or variant not in variants:
+        raise SystemExit(f"--extra {name!r}: use <configuration>_s8 or <configuration>_group with one of "
+                         f"{', '.join(r.name for r in RUNS)}")
+    overrides, what = variants[variant]
+    if variant == "s8" and base.name == "just_grpo":
+        raise SystemExit("just_grpo's rollouts decode one blank per step (16 steps); an 8-step variant reveals two")
+    return RunSpec(name, base.kind, base.config, (*base.overrides, *overrides), label=f"{base.describe()}, {what}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--only", nargs="+", choices=[r.name for r in RUNS], help="run only these configurations")
+    p.add_argument("--extra", nargs="*", default=[], help="variants: <configuration>_s8 or <configuration>_group")
+    p.add_argument("--budget", type=int, default=160 * 64 * 8,
+                   help="completions sampled per run (default 81,920: 160 steps of 64 prompts x G 8)")
+    p.add_argument("--eval-every", type=int, default=16, help="held-out evaluation every this many steps")
+    p.add_argument("--runs-dir", default="runs/bench_diffusion_likelihoods")
+    p.add_argument("--timing-steps", type=int, default=11,
+                   help="also time this many steps of each configuration side by side (0 = skip)")
+    p.add_argument("--output", default="benchmarks/results/diffusion_likelihoods_sudoku.json")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="extra overrides for every run")
+    args = p.parse_args()
+    specs = [r for r in RUNS if args.only is None or r.name in args.only] + [extra_spec(n) for n in args.extra]
+    runs = [run_one(spec, seed, args.budget, args.eval_every, args.runs_dir, args.overrides)
+            for seed in args.seeds for spec in specs]
+    table = aggregate(runs, specs)
+    timing = time_steps(specs, args.timing_steps, args.runs_dir, args.overrides) if args.timing_steps > 1 else {}
+    add_timing(table, timing)
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = {"benchmark": "diffusion_likelihoods_sudoku", "budget_completions": args.budget, "seeds": args.seeds,
+              "eval_every": args.eval_every, "overrides": args.overrides, "table": table, "timing": timing,
+              "runs": runs, "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), "machine": machine()}
+    out.write_text(json.dumps(result, indent=2))
+    plot(runs, specs, out.with_suffix(".png"), "4x4 Sudoku, tiny diffusion default: which likelihood to train with "
+         "(81,920 completions; one line per seed)", timing=timing or None)
+    print(f"{'configuration':<34} {'gain (pts) mean ± sd (min … max)':>34} {'reward':>13} {'NFE/row':>7} "
+          f"{'s/step':>7}")
+    for r in table:
+        print(f"{r['label']:<34} {100 * r['gain_mean']:+7.2f} ± {100 * r['gain_sd']:4.2f} "
+              f"({100 * r['gain_min']:+.2f} … {100 * r['gain_max']:+.2f})   "
+              f"{r['reward_first']:.3f}->{r['reward_last']:.3f} {r['nfe_scoring_per_row']:7.2f} "
+              f"{r.get('seconds_per_step', float('nan')):7.2f}")
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
