@@ -622,7 +622,6 @@ def _check_algorithm(cfg: Config) -> None:
 def _check_rollout_parts(cfg: Config, preset) -> None:
     """Dynamic sampling, anchors and episodes: combinations the trainer runs, the environment, the advantage."""
     from dlmrl.envs import ENVS, default_env
-    from dlmrl.objectives.presets import GROUP_ID_ADVANTAGES
 
     tr, algo = cfg.train, cfg.train.algorithm
     if preset.multi_turn:
@@ -638,10 +637,8 @@ def _check_rollout_parts(cfg: Config, preset) -> None:
         _check(isinstance(tr.max_turns, int) and tr.max_turns >= 1, "train.max_turns", "must be an integer >= 1")
     else:
         _check(tr.env is None, "train.env", f"only multi-turn presets (flow_grpo) play episodes; {algo!r} is not one")
-    if preset.multi_turn or preset.anchor_threshold is not None:
-        _check(preset.advantage in GROUP_ID_ADVANTAGES, "train.advantage",
-               f"{algo!r} makes groups that are not G consecutive rows ({'episodes' if preset.multi_turn else 'anchors'});"
-               f" its advantage must read group ids: {', '.join(GROUP_ID_ADVANTAGES)}, got {preset.advantage!r}")
+    # (every advantage estimator reads the rows' group ids, so anchors' groups of G + 1 and episodes' turns are
+    # grouped right whatever the advantage; on episodes any but flow_grpo pools the turns of a question)
 
 
 def _check_data_files(t: TaskConfig) -> int | float:

@@ -1,8 +1,9 @@
 """Group-relative advantages from scalar rewards (GRPO / Dr. GRPO / RLOO / HAPO / Flow-GRPO).
 
 Rows are grouped consecutively (rows ``g·G .. g·G+G−1`` answer prompt ``g``) unless a function takes
-explicit ``group_ids``. Every estimator gives exactly 0 to a group whose finite rewards are all equal
-and to NaN rewards (excluded from the statistics, with a warning).
+explicit ``group_ids`` (the registry, :mod:`dlmrl.objectives.advantage_registry`, regroups rows by their ids
+for the consecutive ones). Every estimator gives exactly 0 to a group whose finite rewards are all equal
+and to non-finite rewards (NaN or ±inf: excluded from the statistics, with a warning).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ SCALE_REWARDS = ("group", "batch", "none")
 
 
 def _grouped(rewards: torch.Tensor, num_generations: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rewards as ``(B/G, G)`` float64 and the finite-mask; validates shapes, warns on NaN."""
+    """Rewards as ``(B/G, G)`` float64 and the finite-mask; validates shapes, warns on NaN or ±inf."""
     rewards = torch.as_tensor(rewards)
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be (B,), got shape {tuple(rewards.shape)}")
@@ -26,10 +27,11 @@ def _grouped(rewards: torch.Tensor, num_generations: int) -> tuple[torch.Tensor,
             f"batch size {rewards.shape[0]} is not divisible by num_generations {num_generations}"
         )
     r = rewards.double().reshape(-1, num_generations)  # (B/G, G)
-    valid = ~torch.isnan(r)  # (B/G, G)
+    valid = torch.isfinite(r)  # (B/G, G)
     if not valid.all():
         warnings.warn(
-            f"{int((~valid).sum())} NaN reward(s): excluded from their group's statistics, advantage 0",
+            f"{int((~valid).sum())} non-finite (NaN or inf) reward(s): excluded from their group's statistics, "
+            "advantage 0",
             stacklevel=3,
         )
     return r, valid
@@ -68,8 +70,8 @@ def group_advantages(
       (the mean is still the group's).
     - ``none``: ``A_i = R_i − mean_g`` (Dr. GRPO; GDPO and d1 use this).
 
-    A group whose finite rewards are all equal gets exactly 0 (as does a group of one); NaN
-    rewards are left out of their group's statistics and get advantage 0, with a warning.
+    A group whose finite rewards are all equal gets exactly 0 (as does a group of one); non-finite
+    rewards (NaN, ±inf) are left out of their group's statistics and get advantage 0, with a warning.
 
     Args:
         rewards: ``(B,)`` float rewards, ``B = num_prompts · G``.
@@ -104,7 +106,7 @@ def group_advantages(
 def rloo_advantages(rewards: torch.Tensor, num_generations: int) -> torch.Tensor:
     """Leave-one-out baseline: ``A_i = R_i − mean_{j≠i} R_j`` within each group.
 
-    NaN rewards are left out (advantage 0, with a warning); a group with fewer than two finite
+    Non-finite rewards are left out (advantage 0, with a warning); a group with fewer than two finite
     rewards, or with all rewards equal, gets 0.
 
     Args:
@@ -166,13 +168,14 @@ def group_stats_by_ids(values: torch.Tensor, ids: torch.Tensor) -> dict[str, tor
     """Per-group statistics of the finite values, groups given by ids (any integers, any sizes).
 
     Args:
-        values: ``(N,)`` float (NaN = excluded). ids: ``(N,)`` integer group ids.
+        values: ``(N,)`` float (NaN, ±inf = excluded). ids: ``(N,)`` integer group ids.
     Returns:
         float64 tensors ``index`` ``(N,)`` (dense group index of each element), ``count``, ``mean``,
         ``std`` (Bessel) and bool ``flat`` (all finite values equal, or fewer than two), each ``(k,)``.
     """
     v = values.double()
-    finite = ~torch.isnan(v)
+    finite = torch.isfinite(v)
+    v = torch.where(finite, v, 0.0)  # (excluded below; a zero keeps inf out of the sums)
     _, g = torch.unique(ids, return_inverse=True)
     k = int(g.max()) + 1 if g.numel() else 0
     zeros = torch.zeros(k, dtype=v.dtype, device=v.device)
@@ -186,7 +189,8 @@ def group_stats_by_ids(values: torch.Tensor, ids: torch.Tensor) -> dict[str, tor
 
 
 def zscore_by_ids(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """``(v − mean) / (Bessel std + 1e-4)`` within each id; equal groups, groups of one and NaN get 0.
+    """``(v − mean) / (Bessel std + 1e-4)`` within each id; equal groups, groups of one and non-finite values
+    get 0.
 
     Args:
         values: ``(N,)`` float. ids: ``(N,)`` integer group ids (any values).
@@ -194,10 +198,11 @@ def zscore_by_ids(values: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         ``(N,)`` float64.
     """
     v = values.double()
-    finite = ~torch.isnan(v)
+    finite = torch.isfinite(v)
     if not finite.all():
         warnings.warn(
-            f"{int((~finite).sum())} NaN reward(s): excluded from their group's statistics, advantage 0",
+            f"{int((~finite).sum())} non-finite (NaN or inf) reward(s): excluded from their group's statistics, "
+            "advantage 0",
             stacklevel=3,
         )
     st = group_stats_by_ids(v, ids)
@@ -246,7 +251,7 @@ def flow_grpo_advantages(
         0, t, arange, "amin"
     )
     r = rewards.double()
-    same_reward = (r == r[first][t]) | (torch.isnan(r) & torch.isnan(r[first][t]))
+    same_reward = (r == r[first][t]) | (~torch.isfinite(r) & ~torch.isfinite(r[first][t]))
     if not (same_reward.all() and (group_ids == group_ids[first][t]).all()):
         raise ValueError("every turn of a trajectory must carry the same reward and group id")
     traj_adv = zscore_by_ids(r[first], group_ids[first])  # (T,)
@@ -262,7 +267,7 @@ def wd1_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tens
     (``ratio_level="none"``) aggregated as ``sequence_sum`` (the mean over rows of ``A'_i ℓ_i``) is that loss:
     the factor ``n_g`` turns the mean over rows into the mean over groups of the group sums
     (**dlmrl interpretation** of the grouping for groups of unequal size). A group whose finite rewards are all
-    equal gets exactly 0; NaN rewards get 0 and are left out of their group's softmax, with a warning.
+    equal gets exactly 0; non-finite rewards get 0 and are left out of their group's softmax, with a warning.
 
     Args:
         rewards: ``(B,)`` float. group_ids: ``(B,)`` integer group ids (any values, any order).
@@ -275,10 +280,10 @@ def wd1_advantages(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tens
     if r.dim() != 1 or torch.as_tensor(group_ids).shape != r.shape:
         raise ValueError(f"rewards and group_ids must be (B,), got {tuple(r.shape)} and "
                          f"{tuple(torch.as_tensor(group_ids).shape)}")
-    finite = ~torch.isnan(r)
+    finite = torch.isfinite(r)
     if not finite.all():
-        warnings.warn(f"{int((~finite).sum())} NaN reward(s): excluded from their group's weights, advantage 0",
-                      stacklevel=2)
+        warnings.warn(f"{int((~finite).sum())} non-finite (NaN or inf) reward(s): excluded from their group's "
+                      "weights, advantage 0", stacklevel=2)
     st = group_stats_by_ids(r, group_ids)
     g = st["index"]
     a = torch.where(finite, r - st["mean"][g], -torch.inf)  # (B,) NaN rows drop out of the softmax

@@ -77,7 +77,9 @@ def clipped_surrogate(
     upper = 1.0 + _as_range(eps_high, "eps_high", ratio)
     adv = advantages.to(ratio.dtype)
     unclipped = ratio if delta is None else ratio.clamp(max=delta)
-    clipped = torch.minimum(torch.maximum(ratio, lower), upper)
+    # torch.clamp passes the whole gradient at a bound (r == 1 − ε_low or 1 + ε_high), as TRL and verl do;
+    # minimum(maximum(r, lo), hi) would split it between the ratio and the constant at a tie
+    clipped = torch.clamp(ratio, lower.expand_as(ratio), upper.expand_as(ratio))
     surrogate = torch.minimum(unclipped * adv, clipped * adv)  # (B, L)
     if dual_clip is not None:
         surrogate = torch.where(adv < 0, torch.maximum(surrogate, dual_clip * adv), surrogate)

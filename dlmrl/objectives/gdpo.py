@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from dlmrl.objectives.kl import kl_estimate
+from dlmrl.objectives.ratios import LOG_RATIO_BOUND
 
 
 def gdpo_loss(
@@ -68,7 +69,7 @@ def gdpo_loss(
     length = lengths.clamp(min=1).to(elbo_new.dtype)  # (B,)
     adv = advantages.to(elbo_new.dtype)
     log_ratio = torch.where(valid, (elbo_new - elbo_old.detach()) / length, 0.0)  # (B,)
-    ratio = torch.exp(log_ratio)
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     surrogate = torch.minimum(ratio * adv, clipped * adv)  # (B,)
     num_valid = valid.sum().clamp(min=1)

@@ -8,6 +8,10 @@ from dlmrl.objectives.segments import check_token_tensors
 
 KL_KINDS = ("k1", "k2", "k3")
 
+#: ``|Δ|`` above which ``k3`` is evaluated at the bound (verl's ``kl_penalty`` clamps the log-ratio to ±20 the
+#: same way): ``e^Δ`` overflows float32 past about 88 nats, which ELBO terms weighted by ``L/k`` reach easily
+K3_LOG_RATIO_BOUND = 20.0
+
 
 def kl_estimate(logp_new: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3") -> torch.Tensor:
     """Per-element estimate of ``KL(π_new ‖ π_ref)`` from log-probabilities of samples of ``π_new``.
@@ -16,6 +20,10 @@ def kl_estimate(logp_new: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3"
     unbiased, GRPO's default). Minimising ``k2`` or ``k3`` moves each ``logp_new`` toward its
     ``logp_ref``; ``k1``'s gradient is the constant +1 (zero in expectation over on-policy samples), so
     as a loss term it only lowers ``logp_new`` and does not pull toward the reference.
+
+    Finite for any finite input: ``k3`` takes ``Δ`` clamped to ``±20`` nats (:data:`K3_LOG_RATIO_BOUND`, as
+    verl's ``core_algos.kl_penalty`` does; beyond it the value stays at the bound's and the gradient is 0), so
+    it never overflows; ``k1`` and ``k2`` are polynomials in ``Δ``.
 
     Args:
         logp_new: any shape, nats (differentiable).
@@ -32,6 +40,7 @@ def kl_estimate(logp_new: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3"
     if kind == "k2":
         return 0.5 * delta**2
     if kind == "k3":
+        delta = delta.clamp(-K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND)
         return torch.expm1(delta) - delta
     raise ValueError(f"kind must be one of {', '.join(repr(k) for k in KL_KINDS)}; got {kind!r}")
 

@@ -21,7 +21,7 @@ from dlmrl.objectives.entropy import (
     sspo_clip_epsilon,
 )
 from dlmrl.objectives.kl import KL_KINDS, KL_LEVELS, kl_term
-from dlmrl.objectives.ratios import RATIO_LEVELS, SEQUENCE_LEVELS, log_ratio
+from dlmrl.objectives.ratios import LOG_RATIO_BOUND, RATIO_LEVELS, SEQUENCE_LEVELS, log_ratio
 from dlmrl.objectives.segments import check_token_tensors
 
 CLIP_RULES = ("fixed", "sspo", "espo", "hapo")
@@ -287,7 +287,10 @@ class GroupObjective:
         ratio_segments = {"sentence": segment_ids, "entropy_group": groups}.get(self.ratio_level)
         agg_segments = next((s for s in (ratio_segments, groups, segment_ids) if s is not None), None)
 
-        ratio = torch.exp(log_ratio(self.ratio_level, logp_new, old, mask, ratio_segments))  # (B, L)
+        # the log-ratio is clamped to ±LOG_RATIO_BOUND nats before exp (verl clamps at ±20 too), so a diverged row
+        # gives a large finite ratio, never inf (whose A < 0 surrogate would make the loss infinite)
+        lr = log_ratio(self.ratio_level, logp_new, old, mask, ratio_segments)
+        ratio = torch.exp(lr.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))  # (B, L)
 
         eps_low, eps_high, h_hat = self._clip_ranges(entropy, mask, segment_ids, groups, dtype)
         if self.hapo_advantage_beta > 0:

@@ -80,9 +80,11 @@ def dagrpo_advantages(
     J = torch.zeros(B, B, dtype=torch.float64) if similarity is None else similarity.double()
     if s.shape != (B,) or J.shape != (B, B):
         raise ValueError(f"scores must be (B,) and similarity (B, B) with B = {B}")
-    finite = ~torch.isnan(r)
+    finite = torch.isfinite(r)
     if not finite.all():
-        warnings.warn(f"{int((~finite).sum())} NaN reward(s): excluded from their group, advantage 0", stacklevel=2)
+        warnings.warn(f"{int((~finite).sum())} non-finite (NaN or inf) reward(s): excluded from their group, "
+                      "advantage 0", stacklevel=2)
+    r = torch.where(finite, r, 0.0)
     st = group_stats_by_ids(r, group_ids)
     g = st["index"]
     same = g[:, None] == g[None, :]
@@ -104,7 +106,8 @@ def groups_needing_anchor(rewards: torch.Tensor, group_ids: torch.Tensor, anchor
 
     Reference: DaGRPO arXiv 2512.06337 (off-policy data augmentation), **(dlmrl interpretation)**.
     """
-    r = torch.nan_to_num(torch.as_tensor(rewards).double(), nan=-torch.inf)
+    r = torch.as_tensor(rewards).double()
+    r = torch.where(torch.isfinite(r), r, -torch.inf)  # (a non-finite reward counts as none)
     _, g = torch.unique(group_ids, return_inverse=True)
     k = int(g.max()) + 1 if g.numel() else 0
     best = torch.full((k,), -torch.inf, dtype=torch.float64).scatter_reduce(0, g, r, "amax")

@@ -24,9 +24,6 @@ from dlmrl.objectives.objective import GroupObjective
 from dlmrl.registry import Registry
 
 POLICIES = ("ar", "diffusion")
-#: advantage estimators that read groups by id (any sizes, any order), as DaGRPO's anchors (groups of G + 1)
-#: and Flow-GRPO's episodes (one row per turn) need; the others take consecutive groups of G rows
-GROUP_ID_ADVANTAGES = ("dagrpo", "flow_grpo", "wd1")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,9 @@ from dlmrl.objectives.segments import check_token_tensors, segment_mean
 RATIO_LEVELS = ("token", "sequence", "sequence_token", "sentence", "entropy_group", "none")
 SEQUENCE_LEVELS = ("sequence", "sequence_token")
 SEGMENT_LEVELS = ("sentence", "entropy_group")
+#: bound (nats) on a log importance ratio before ``exp`` in the losses: ``e^20 ≈ 4.9e8`` stays finite in float32,
+#: so a diverged row gives a large finite ratio, never inf (verl clamps its log-ratio at ±20 the same way)
+LOG_RATIO_BOUND = 20.0
 
 
 def sequence_log_ratio(logp_new: torch.Tensor, logp_old: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -74,3 +74,13 @@ def test_invalid_arguments():
         clipped_surrogate(r, a, 0.2, torch.ones(3))
     with pytest.raises(ValueError, match="match"):
         clipped_surrogate(r, torch.ones(2), 0.2, 0.2)
+
+
+def test_a_ratio_exactly_on_a_clip_bound_gets_the_whole_gradient_as_trl_and_verl():
+    """r = 1 − ε in float32 with A = −1 (and r = 1 + ε with A = +1): the surrogate's gradient is −1 (+1), as
+    ``torch.clamp`` gives in TRL and verl; a ``minimum(maximum(r, lo), hi)`` clip splits it (−0.75)."""
+    lo = (torch.tensor([1.0]) - torch.tensor([0.2])).requires_grad_(True)
+    hi = (torch.tensor([1.0]) + torch.tensor([0.2])).requires_grad_(True)
+    clipped_surrogate(lo, torch.tensor([-1.0]), 0.2, 0.2).surrogate.sum().backward()
+    clipped_surrogate(hi, torch.tensor([1.0]), 0.2, 0.2).surrogate.sum().backward()
+    assert lo.grad.item() == -1.0 and hi.grad.item() == 1.0

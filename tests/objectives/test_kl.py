@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from dlmrl.objectives.kl import kl_term
+from dlmrl.objectives.kl import kl_estimate, kl_term
 from tests.objectives.util import close
 
 T, F = True, False
@@ -52,3 +52,25 @@ def test_errors():
         kl_term(torch.tensor(NEW), REF, MASK, level="row")
     with pytest.raises(ValueError, match="kind"):
         kl_term(torch.tensor(NEW), REF, MASK, kind="k4")
+
+
+@pytest.mark.parametrize("kind", ["k1", "k2", "k3"])
+@pytest.mark.parametrize("delta", [88.5, 500.0, -500.0, 3.0e4])
+def test_every_kl_estimator_is_finite_for_any_finite_log_ratio(kind, delta):
+    """e^Δ overflows float32 past about 88 nats; ELBO terms weighted by L/k reach that. The loss and its
+    gradient must stay finite (k3 is taken at Δ clamped to ±20, as verl does)."""
+    new = torch.zeros(1, 2, requires_grad=True)
+    ref = torch.full((1, 2), delta)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    kl = kl_term(new, ref, mask, kind, "token")
+    kl.sum().backward()
+    assert torch.isfinite(kl).all() and torch.isfinite(new.grad).all()
+    if kind == "k3":
+        bound = min(abs(delta), 20.0) * (1 if delta > 0 else -1)
+        assert kl[0, 0].item() == pytest.approx(math.expm1(bound) - bound, rel=1e-6)
+
+
+def test_k3_is_unchanged_inside_the_bound():
+    d = torch.tensor([-5.0, -0.1, 0.0, 0.3, 19.9], dtype=torch.float64)
+    expected = torch.tensor([math.expm1(x) - x for x in d.tolist()], dtype=torch.float64)
+    torch.testing.assert_close(kl_estimate(torch.zeros_like(d), d, "k3"), expected, rtol=1e-12, atol=1e-12)

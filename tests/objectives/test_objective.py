@@ -227,3 +227,16 @@ def test_configuration_errors():
         GroupObjective()(x, x, torch.zeros(3), m)
     with pytest.raises(ValueError, match="shape"):
         GroupObjective()(x, torch.zeros(2, 2), torch.zeros(2), m)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence", "sequence_token"])
+def test_a_huge_log_ratio_gives_a_finite_loss_and_gradient(level):
+    """A row whose log-probs diverged by hundreds of nats from the rollout's (and a KL term): finite loss and
+    gradient (the log-ratio is clamped to ±20 nats before exp, k3 likewise)."""
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    new = torch.tensor([[400.0, 0.0, 0.0], [-400.0, 0.0, 0.0]], requires_grad=True)
+    old = torch.zeros(2, 3)
+    objective = GroupObjective(level, beta=0.1)
+    out = objective.compute(new, old, torch.tensor([-1.0, 1.0]), mask, logp_ref=torch.full((2, 3), -300.0))
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and torch.isfinite(new.grad).all()

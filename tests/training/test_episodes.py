@@ -118,7 +118,6 @@ def test_observations_encode_like_the_task():
     (["algorithm=grpo", "env=sudoku_retry"], "train.env", "only multi-turn presets"),
     (["model.kind=diffusion", "model.name_or_path=tiny-sudoku", "task.answer_mode=infill"], "train.algorithm",
      "runs on ar"),
-    (["advantage=group"], "train.advantage", "must read group ids"),
 ])
 def test_env_settings_are_validated(overrides, key, match):
     cfg = Config()
