@@ -119,3 +119,21 @@ def test_accelerate_configs_are_valid_launch_files(name):
         env = prepare_multi_gpu_env(args)
         assert env["FSDP_SHARDING_STRATEGY"] == "FULL_SHARD" and env["FSDP_USE_ORIG_PARAMS"] == "true"
         assert env["FSDP_TRANSFORMER_CLS_TO_WRAP"] == "LLaDALlamaBlock"
+
+
+def test_dry_run_checks_the_split_for_the_processes_the_run_will_start(tmp_path, capsys, offline, monkeypatch):
+    """Under ``accelerate launch --cpu --num_processes 3`` (which starts one process; ``dlmrl train`` starts the 3)
+    the dry run must check the split as the run will, not report 1 process and "valid"."""
+    from dlmrl.training import distributed
+
+    path = CONFIGS / "gdpo_sudoku_tiny.yaml"
+    monkeypatch.setattr(distributed, "requested_cpu_processes", lambda: 3)
+    assert cli.main(["train", "--config", str(path), "--dry-run", "--output-dir", str(tmp_path / "r")]) == 2
+    assert "64 prompts do not split over 3 processes" in capsys.readouterr().err
+    plan = dry_run(path, tmp_path, capsys, "prompts_per_step=63")
+    assert plan["accelerate"]["processes_the_run_trains_with"] == 3
+    assert plan["sizes"]["completions_per_process"] == 63 * 8 // 3
+    monkeypatch.setattr(distributed, "requested_cpu_processes", lambda: None)
+    monkeypatch.setenv("WORLD_SIZE", "5")  # (a torchrun launch: the run checks WORLD_SIZE too)
+    assert cli.main(["train", "--config", str(path), "--dry-run", "--output-dir", str(tmp_path / "r")]) == 2
+    assert "do not split over 5 processes" in capsys.readouterr().err

@@ -100,7 +100,7 @@ class SudokuTextTask(TextTask):
         """``cell_accuracy`` (correct blanks / all blanks over the split, d1's metric), ``solve_rate``,
         ``mean_reward`` (with format components, if any), ``num_examples``."""
         rewards = self.rewards(examples, texts)
-        acc = [self.correctness(e, t) for e, t in zip(examples, texts)]
+        acc = [self.scored_correctness(e, t) for e, t in zip(examples, texts)]
         blanks = [len(e.blanks) for e in examples]
         n = max(len(examples), 1)
         return {"cell_accuracy": sum(round(a * b) for a, b in zip(acc, blanks)) / max(sum(blanks), 1),

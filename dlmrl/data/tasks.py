@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dlmrl.data.encoding import encode_prompts
 from dlmrl.data.sudoku import (
     SudokuExample,
     generate_examples,
@@ -76,6 +77,11 @@ class SudokuTask:
         self.train_examples = load_sudoku_file(train_file) if train_file else None
         self.test_examples = load_sudoku_file(test_file) if test_file else load_test_split()
         vocab = tokenizer.get_vocab()
+        missing = [str(d) for d in range(10) if str(d) not in vocab]
+        if missing:
+            raise ValueError(f"the Sudoku task writes one cell per token, but this tokenizer has no token for the "
+                             f"digit(s) {', '.join(missing)}; use a tokenizer with single-digit tokens (or a text "
+                             "task: task.answer_mode text)")
         self._digit_ids = [vocab[str(d)] for d in range(10)]
         # One canvas position is one cell: a non-digit token becomes "?" (a wrong cell), so a sampled
         # newline or separator can never be stripped by the reward's parser and shift later cells.
@@ -130,9 +136,8 @@ class SudokuTask:
 
     # -- encoding -----------------------------------------------------------------------------
     def encode(self, examples: Sequence[SudokuExample], device: str | torch.device = "cpu") -> TaskBatch:
-        tok = self.tokenizer
-        enc = tok([tok.bos_token + e.puzzle + "=" for e in examples], add_special_tokens=False,
-                  padding=True, return_tensors="pt")
+        """``[BOS] puzzle =`` prompts (no BOS when the tokenizer has none) and the 16-cell canvas."""
+        prompt_ids, prompt_mask = encode_prompts(self.tokenizer, [e.puzzle + "=" for e in examples], device)
         digits = torch.tensor(self._digit_ids)
         puzzles = torch.tensor([[int(c) for c in e.puzzle] for e in examples]).reshape(len(examples), 16)
         if self.answer_mode == "infill":
@@ -140,8 +145,8 @@ class SudokuTask:
             canvas = torch.where(blank, torch.tensor(self.mask_token_id), digits[puzzles])
         else:
             canvas = torch.full_like(puzzles, self.mask_token_id)
-        return TaskBatch(list(examples), enc["input_ids"].to(device), enc["attention_mask"].bool().to(device),
-                         canvas.to(device), (canvas == self.mask_token_id).to(device))
+        return TaskBatch(list(examples), prompt_ids, prompt_mask, canvas.to(device),
+                         (canvas == self.mask_token_id).to(device))
 
     def decode(self, canvas: torch.Tensor) -> list[str]:
         """Canvas rows → answer strings, one character per position; stops at EOS; any non-digit token

@@ -13,7 +13,7 @@ naming the file (or dataset and split), the line (or row) and the field.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dlmrl.data.loading import DataError, Records, field_error
 from dlmrl.rewards.gsm8k import gsm8k_gold
@@ -31,6 +31,7 @@ class _QuestionAnswer:
     answer: str
     solution: str = ""
     split: str = "train"
+    where: str = field(default="", compare=False, repr=False)  # the record's file and line (for messages)
 
     def fields(self) -> dict:
         return {"question": self.question}
@@ -57,6 +58,7 @@ class MathExample(_QuestionAnswer):
         answer: the final answer in LaTeX, unboxed (``"\\frac{14}{3}"``).
         solution: the worked solution (empty if the record has none).
         split: ``"train"`` or ``"test"``.
+        where: the record's file (or dataset) and line.
     """
 
 
@@ -176,7 +178,7 @@ def math_examples(records: Records, split: str = "train") -> list[MathExample]:
                 gold = math_gold(solution)
             except ValueError as e:
                 raise field_error(where, "solution", str(e)) from None
-        out.append(MathExample(problem, gold, solution, split))
+        out.append(MathExample(problem, gold, solution, split, where))
     return out
 
 

@@ -22,16 +22,19 @@ from __future__ import annotations
 
 import random
 import re
+import warnings
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
 
+from dlmrl.data.encoding import left_pad, pad_token_id
 from dlmrl.data.loading import DataError, is_local_file, load_records
 from dlmrl.data.prompts import PromptTemplate, check_template, get_template, render_prompt, uses_chat_template
 from dlmrl.data.tasks import TASKS, TaskBatch
 from dlmrl.data.text_examples import countdown_examples, gsm8k_examples, math_examples
 from dlmrl.rewards.countdown import CORRECT as COUNTDOWN_CORRECT
+from dlmrl.rewards.extract import UNFILLED
 from dlmrl.rewards.countdown import countdown_score
 from dlmrl.rewards.format import FORMAT_COMPONENTS
 from dlmrl.rewards.gsm8k import gsm8k_correctness
@@ -106,8 +109,7 @@ class TextTask:
         self._orders: dict[tuple[int, int], list[int]] = {}
         vocab = tokenizer.get_vocab()
         self._stop_ids = {i for i in [tokenizer.eos_token_id] + [vocab.get(t) for t in _STOP_TOKENS] if i is not None}
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.pad_token_id = pad if pad is not None else 0
+        self.pad_token_id = pad_token_id(tokenizer)
 
     # -- construction from a TaskConfig ------------------------------------------------------------
     @classmethod
@@ -255,38 +257,47 @@ class TextTask:
         """Left-padded prompts and a canvas of ``gen_length`` mask tokens, all of it written and scored."""
         # the chat template writes its own special tokens (BOS); plain text gets the tokenizer's
         ids = [self.tokenizer(self.prompt_text(e), add_special_tokens=not self.chat)["input_ids"] for e in examples]
-        width = max(len(i) for i in ids)
-        prompt_ids = torch.full((len(ids), width), self.pad_token_id, dtype=torch.long)  # (B, P)
-        prompt_mask = torch.zeros((len(ids), width), dtype=torch.bool)  # (B, P)
-        for row, seq in enumerate(ids):
-            prompt_ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
-            prompt_mask[row, width - len(seq):] = True
+        prompt_ids, prompt_mask = left_pad(ids, self.pad_token_id)  # (B, P)
         fill = self.mask_token_id if self.mask_token_id is not None else self.pad_token_id
         canvas = torch.full((len(ids), self.gen_length), fill, dtype=torch.long)  # (B, L)
         return TaskBatch(list(examples), prompt_ids.to(device), prompt_mask.to(device), canvas.to(device),
                          torch.ones_like(canvas, dtype=torch.bool).to(device))
 
     def decode(self, canvas: torch.Tensor) -> list[str]:
-        """Canvas rows → text, up to the first end token, special tokens skipped."""
+        """Canvas rows → text, up to the first end token, special tokens skipped, except the mask token: a
+        position still holding it is written as :data:`~dlmrl.rewards.extract.UNFILLED` (which earns no reward),
+        never dropped (dropping it would read ``4[MASK]2`` as ``42``)."""
         out = []
         for row in canvas.tolist():
             cut = next((i for i, t in enumerate(row) if t in self._stop_ids), len(row))
-            out.append(self.tokenizer.decode(row[:cut], skip_special_tokens=True))
+            row, parts, start = row[:cut], [], 0
+            for i, t in enumerate(row):
+                if t == self.mask_token_id:
+                    parts.append(self.tokenizer.decode(row[start:i], skip_special_tokens=True))
+                    start = i + 1
+            parts.append(self.tokenizer.decode(row[start:], skip_special_tokens=True))
+            out.append(UNFILLED.join(parts))
         return out
 
     # -- rewards ----------------------------------------------------------------------------------------
     def correctness(self, example, text: str) -> float:
         raise NotImplementedError
 
+    def scored_correctness(self, example, text: str) -> float:
+        """:meth:`correctness`, but 0 for a completion with an unfilled (mask) position
+        (:data:`~dlmrl.rewards.extract.UNFILLED`): an unfinished canvas is never a right answer."""
+        return 0.0 if UNFILLED in text else self.correctness(example, text)
+
     def is_correct(self, example, text: str) -> bool:
-        return self.correctness(example, text) == self.CORRECT
+        return self.scored_correctness(example, text) == self.CORRECT
 
     def rewards(self, examples: Sequence, texts: Sequence[str]) -> list[float]:
         """Correctness plus the configured format components, one float per completion. The format
         components see the answer as the model wrote it: the template's assistant prefix (``d1_eval``'s
-        ``<reasoning>``, placed in the prompt) and then the completion."""
-        return [self.correctness(e, t) + sum(FORMAT_COMPONENTS[c](self.answer_prefix(e) + t)
-                                             for c in self.format_rewards)
+        ``<reasoning>``, placed in the prompt) and then the completion. A completion with an unfilled (mask)
+        position (:data:`~dlmrl.rewards.extract.UNFILLED`) scores 0."""
+        return [0.0 if UNFILLED in t else
+                self.correctness(e, t) + sum(FORMAT_COMPONENTS[c](self.answer_prefix(e) + t) for c in self.format_rewards)
                 for e, t in zip(examples, texts)]
 
     def answer_prefix(self, example) -> str:
@@ -343,6 +354,31 @@ class MathTask(TextTask):
 
     def correctness(self, example, text: str) -> float:
         return math_correctness(text, example.answer, self.verifier)
+
+    @classmethod
+    def check_config(cls, cfg) -> int | None:
+        """As :meth:`TextTask.check_config`, and warn about the gold answers of local files that math-verify cannot
+        read as math (they score 0 for every completion), naming the file and line.
+
+        Warns:
+            UserWarning: listing the first such records.
+        """
+        cls.check_text_config(cfg)
+        test_size = None
+        verifier = None
+        for which, (source, _, _, key) in cls.sources(cfg).items():
+            if not is_local_file(source):
+                continue
+            examples = cls.load_split(cfg, which)
+            test_size = len(examples) if which == "test" else test_size
+            verifier = verifier or default_verifier(cfg.verify_timeout, cfg.verify_workers)
+            bad = [e for e in examples if not verifier.parsable(e.answer)]
+            if bad:
+                shown = "; ".join(f"{e.where}: {e.answer[:40]!r}" for e in bad[:5])
+                warnings.warn(f"{key}: {len(bad)} of {len(examples)} gold answers are not math that math-verify can "
+                              f"parse, so they score 0 for every completion: {shown}"
+                              f"{' ...' if len(bad) > 5 else ''}", UserWarning, stacklevel=2)
+        return test_size
 
     def sft_answer(self, example) -> str:
         """d1's format around MATH's worked solution and the boxed answer."""

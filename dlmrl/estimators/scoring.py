@@ -70,6 +70,16 @@ def check_plan(
             raise ValueError("plan prompt_masks mask a padding position of the prompt")
 
 
+def _check_decoded(completion: torch.Tensor, completion_mask: torch.Tensor, mask_token_id: int) -> None:
+    """Raise ``ValueError`` if a scored position holds the mask token: a canvas the sampler did not finish has no
+    likelihood to score (``log p([MASK])`` is not the probability of a written token)."""
+    left = (completion == mask_token_id) & completion_mask.bool()
+    if left.any():
+        b, i = left.nonzero()[0].tolist()
+        raise ValueError(f"completion row {b} still holds the mask token at position {i}: only fully decoded "
+                         "completions can be scored")
+
+
 def _check_micro_batch(micro_batch: int | None) -> None:
     if micro_batch is not None and (isinstance(micro_batch, bool) or not isinstance(micro_batch, int)
                                     or micro_batch < 1):
@@ -231,6 +241,7 @@ def score(
     """
     _check_micro_batch(micro_batch)
     check_plan(plan, completion, completion_mask, prompt_mask)
+    _check_decoded(completion, completion_mask, policy.mask_token_id)
     plan = plan.to(completion.device)
     linear = upper_sum = None
     ent_sum = torch.zeros(completion.shape, dtype=torch.float32, device=completion.device)  # (B, L)

@@ -3,8 +3,8 @@
 Run as ``python _math_worker.py FD``: FD is a UNIX socket to the pool. The *template* imports and warms up
 math-verify, sends ``ready`` (or ``error <message>`` and exits), then for each ``fork`` message (which carries
 a new socket) forks a *worker* and answers with its pid. A worker reads ``[gold, pred]`` JSON lines from its
-socket and answers ``1`` if ``verify(parse(gold), parse(pred))`` holds, else ``0``; it exits when its socket
-closes. When the pool's socket closes, the template kills its workers and exits.
+socket and answers ``1`` if ``verify(parse(gold), parse(pred))`` holds and the gold parses as math (not only
+as its own string), else ``0``; it exits when its socket closes. When the pool's socket closes, the template kills its workers and exits.
 
 Both strings are parsed with math-verify's LaTeX extraction only (``LatexExtractionConfig``: latex2sympy's
 ANTLR grammar). Its plain-expression extraction is not used because it hands the text to sympy's
@@ -49,7 +49,10 @@ def make_check():
     def check(gold: str, pred: str) -> bool:
         try:
             g, p = parsed(gold), parsed(pred)
-            return bool(g) and bool(p) and bool(verify(g, p, timeout_seconds=None))
+            # a gold math-verify cannot read as math parses to its bare string only ("???" -> ['???']), which
+            # would then match an identical string: such a gold matches nothing
+            is_math = any(not isinstance(x, str) for x in g)
+            return is_math and bool(p) and bool(verify(g, p, timeout_seconds=None))
         except (Exception, MemoryError):  # noqa: BLE001 (MemoryError, RecursionError, anything math-verify raises: not equivalent)
             return False
 

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ANSWER_CLOSE", "ANSWER_OPEN", "completion_text", "d1_answer", "last_answer_pair", "last_boxed"]
+__all__ = ["ANSWER_CLOSE", "ANSWER_OPEN", "UNFILLED", "completion_text", "d1_answer", "last_answer_pair",
+           "last_boxed"]
 
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
+#: what a task's ``decode`` writes for a position that still holds the mask token (an unfinished canvas): a
+#: completion containing it earns no reward, so "4[MASK]2" never reads as the answer "42"
+UNFILLED = "\u27e6MASK\u27e7"
 _BOXED = ("\\boxed", "\\fbox")
 
 

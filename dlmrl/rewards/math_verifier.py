@@ -313,7 +313,9 @@ class MathVerifier:
     def equivalent(self, gold: str, pred: str) -> bool:
         """Whether math-verify finds ``pred`` equal to ``gold`` (both LaTeX, e.g. ``\\boxed{\\frac{1}{2}}``).
 
-        False for oversize or too-costly inputs, unparsable ones, and checks past ``timeout``.
+        False for oversize or too-costly inputs, unparsable ones (a gold that math-verify reads only as its
+        own string, such as ``???``, matches nothing), and checks past ``timeout``. Answers are cached; a check
+        that timed out or lost its worker is not (the next call checks again).
 
         Raises:
             MathVerifierError: if no worker can be started.
@@ -350,12 +352,19 @@ class MathVerifier:
             elif not keep:  # (the worker is gone: its pid may already be reaped, so no kill)
                 worker.close()
             with self._cond:
-                if answered:
+                if healthy:  # (a timeout or a lost worker says nothing about the pair: never cached)
                     self._cache[key] = result
                     if len(self._cache) > self._cache_size:
                         self._cache.popitem(last=False)
                 self._cond.notify_all()
         return result
+
+
+    def parsable(self, gold: str) -> bool:
+        """Whether math-verify reads ``gold`` (LaTeX, unboxed) as math, i.e. whether any answer can match it:
+        :meth:`equivalent` of its boxed form with itself."""
+        boxed = "\\boxed{" + gold + "}"
+        return self.equivalent(boxed, boxed)
 
 
 _DEFAULT: dict[tuple, MathVerifier] = {}

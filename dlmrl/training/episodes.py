@@ -13,23 +13,15 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from dlmrl.data.encoding import encode_prompts
 from dlmrl.training.rollout import Rollout, first_rows
 
 
 def encode_observations(tokenizer, texts: Sequence[str], device: str | torch.device = "cpu"):
-    """Observation texts → left-padded prompt ids ``(N, P)`` long and mask ``(N, P)`` bool.
-
-    The tokenizer's BOS token (when it has one) is prepended and no other special token is added: the
-    encoding :meth:`dlmrl.data.tasks.SudokuTask.encode` gives ``"<puzzle>="``. Padding uses the
-    tokenizer's pad id (EOS when it has none) on the left.
-    """
-    bos = tokenizer.bos_token or ""
-    rows = [tokenizer(bos + t, add_special_tokens=False)["input_ids"] for t in texts]
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    width = max(len(r) for r in rows)
-    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long)  # (N, P)
-    mask = torch.tensor([[False] * (width - len(r)) + [True] * len(r) for r in rows])  # (N, P)
-    return ids.to(device), mask.to(device)
+    """Observation texts → left-padded prompt ids ``(N, P)`` long and mask ``(N, P)`` bool: the encoding
+    :meth:`dlmrl.data.tasks.SudokuTask.encode` gives ``"<puzzle>="`` (:func:`dlmrl.data.encoding.encode_prompts`:
+    the tokenizer's BOS when it has one, padding with its pad id, else EOS, else 0, on the left)."""
+    return encode_prompts(tokenizer, texts, device)
 
 
 def rollout_episodes(policy, task, make_env: Callable[[], object], examples: Sequence, num_generations: int,

@@ -214,14 +214,33 @@ def _tracker_section(cfg: Config) -> dict:
     return out
 
 
+def run_processes(accel: dict) -> int:
+    """The processes the run will train with: ``accelerate launch --cpu --num_processes N`` without mpirun starts
+    this process alone and ``dlmrl train`` then starts the N itself; otherwise the launch's ``WORLD_SIZE`` or
+    accelerate's process count, whichever is larger (the run refuses a launch accelerate did not join)."""
+    from dlmrl.training.distributed import launched_processes, requested_cpu_processes
+
+    return requested_cpu_processes() or max(launched_processes(), int(accel.get("num_processes", 1)))
+
+
 def build_plan(cfg: Config) -> dict:
     """The run's plan: sections ``model``, ``algorithm``, ``estimator``, ``task``, ``sampler``, ``sizes``,
     ``tracker``, ``accelerate``, ``output`` (plain values, YAML-printable). ``cfg`` must be validated
     (:func:`dlmrl.config.validate`); nothing is loaded but local ``config.json`` files and local data files.
+
+    Raises:
+        ConfigError: what the run would refuse before loading a model, for the processes it would start (a batch
+            that does not split over them, a preset that needs one process).
     """
+    from dlmrl.training.distributed import check_process_split
+
     preset = build_preset(cfg)
     estimator = _estimator_section(cfg)
     accel = _accelerate_section()
+    processes = run_processes(accel)
+    check_process_split(cfg, processes)  # (the run's own check, with the run's process count)
+    if processes != accel.get("num_processes", processes):
+        accel["processes_the_run_trains_with"] = processes
     out_dir = Path(cfg.output_dir)
     holds_run = (out_dir / "config.yaml").exists() or (out_dir / "checkpoints").is_dir()
     return {
@@ -230,7 +249,7 @@ def build_plan(cfg: Config) -> dict:
         "estimator": estimator,
         "task": _task_section(cfg),
         "sampler": _sampler_section(cfg),
-        "sizes": _sizes_section(cfg, estimator["nfe"], accel.get("num_processes", 1)),
+        "sizes": _sizes_section(cfg, estimator["nfe"], processes),
         "tracker": _tracker_section(cfg),
         "accelerate": accel,
         "output": {"output_dir": str(out_dir),

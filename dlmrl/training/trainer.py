@@ -49,6 +49,7 @@ from dlmrl.config import (
     validate,
 )
 from dlmrl.config import build_estimator as estimator_from_config
+from dlmrl.data.encoding import pad_token_id
 from dlmrl.envs import default_env, make_env
 from dlmrl.models.ar import EntropyStats, HapoTemperature, hapo_entropy_stats
 from dlmrl.models.loading import load_policy
@@ -420,7 +421,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
         # (dlmrl interpretation) DAPO's cache sits past the answer: L_max = (L + 1) / (1 − fraction), so a
         # complete answer is never punished and only tokens beyond it are
         max_length = math.ceil(max_length / (1 - preset.overlong_cache_fraction))
-    pad_id = policy.tokenizer.pad_token_id if policy.tokenizer.pad_token_id is not None else 0
+    pad_id = pad_token_id(policy.tokenizer)  # (prompt padding: the pad id, else EOS, else 0)
     env = (tr.env or default_env(cfg.task.name)) if preset.multi_turn else None
 
     def budget_spent() -> bool:

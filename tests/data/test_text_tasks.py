@@ -82,7 +82,10 @@ def test_decode_stops_at_end_tokens():
             body + [tok.mask_token_id] * 5 + junk]
     width = max(map(len, rows))
     canvas = torch.tensor([r + [tok.eos_token_id] * (width - len(r)) for r in rows])
-    assert task.decode(canvas) == [WELL_FORMED, WELL_FORMED, WELL_FORMED + "junk"]
+    from dlmrl.rewards.extract import UNFILLED
+
+    # (mask tokens are not end tokens: they stay visible as unfilled positions)
+    assert task.decode(canvas) == [WELL_FORMED, WELL_FORMED, WELL_FORMED + UNFILLED * 5 + "junk"]
 
 
 def test_train_batches_deterministic_and_one_pass_per_epoch():
@@ -218,3 +221,41 @@ def test_validate_reports_bad_records_before_any_model(tmp_path):
                           f"task.cache_dir={tmp_path / 'cache'}"])
     with pytest.raises(ConfigError, match=rf"'task.train_file': {bad} line 2: field 'answer': missing or null"):
         validate(cfg)
+
+
+def test_unparsable_math_golds_in_local_files_are_reported_when_the_config_is_checked(tmp_path):
+    pytest.importorskip("math_verify")
+    rows = [{"problem": "p1", "answer": "\\frac{1}{2}"}, {"problem": "p2", "answer": "???"},
+            {"problem": "p3", "answer": "42"}]
+    data = write_jsonl(tmp_path / "math.jsonl", rows)
+    cfg = TaskConfig(name="math", train_file=data, test_file=data, cache_dir=str(tmp_path / "cache"))
+    with pytest.warns(UserWarning, match=r"1 of 3 gold answers .* score 0 .*math.jsonl line 2: '\?\?\?'"):
+        assert _check_data_files(cfg) == 3
+
+
+@pytest.mark.parametrize("name", ["gsm8k", "sudoku_text"])
+def test_a_completion_holding_the_mask_token_never_reads_as_a_valid_answer(name):
+    """'4[MASK]2' must not decode to '42' (rewarded as right): the mask position is kept as a marker and the
+    completion scores 0, with no cell or digit shifted."""
+    from dlmrl.data.sudoku import SudokuExample
+    from dlmrl.data.sudoku_text import SudokuTextTask, _as_text
+    from dlmrl.rewards.extract import UNFILLED
+
+    tok = text_tokenizer()
+    M = tok.mask_token_id
+    if name == "gsm8k":
+        task = GSM8KTask(tok, M, gen_length=24, train_examples=[EX])
+        example, answer = GSM8KExample("q", "42"), "<answer>4{}2</answer>"
+    else:
+        task = SudokuTextTask(tok, M, gen_length=40)
+        example = _as_text([SudokuExample("0234341221434321", "1234341221434321")], "test")[0]
+        answer = "<answer>{}234341221434321</answer>"
+    ids = [tok.convert_tokens_to_ids(c) if c != "{" else M for c in answer.replace("{}", "{")]
+    (text,) = task.decode(torch.tensor([ids]))
+    assert UNFILLED in text and text.replace(UNFILLED, "") == answer.replace("{}", "")
+    assert task.rewards([example], [text]) == [0.0]
+    assert not task.is_correct(example, text)
+    clean = answer.replace("{}", "1" if name != "gsm8k" else "")
+    assert task.rewards([example], [clean])[0] > 0  # (the same answer without the mask scores)
+    metric = "accuracy" if name == "gsm8k" else "cell_accuracy"
+    assert task.metrics([example], [text])[metric] == 0.0

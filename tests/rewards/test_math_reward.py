@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from dlmrl.rewards import math_verifier
-from dlmrl.rewards.math_reward import math_answer, math_correctness, math_gold, math_reward
+from dlmrl.rewards.math_reward import CORRECT, math_answer, math_correctness, math_gold, math_reward
 from dlmrl.rewards.math_verifier import MathVerifier, MathVerifierError, too_costly
 
 pytest.importorskip("math_verify")
@@ -122,3 +122,21 @@ def test_worker_never_evaluates_completion_text(monkeypatch):
     assert [s for s in sources if any(m in s for m in markers)] == []
     numbers = re.compile(r"(Integer|Float|Rational) \('?[0-9.]+'? \)")
     assert any(numbers.fullmatch(s) for s in sources)  # (the spy did see sympy's own calls)
+
+
+def test_an_unparsable_gold_matches_nothing_not_even_itself(verifier):
+    """math-verify reads '???' only as its own string; an identical completion must not score 2.0 against it."""
+    assert math_correctness(r"<answer>\boxed{???}</answer>", "???", verifier) == 0.0
+    assert not verifier.parsable("???") and verifier.parsable(r"\frac{1}{2}") and verifier.parsable("42")
+    assert math_correctness(r"<answer>\boxed{42}</answer>", "42", verifier) == CORRECT
+
+
+def test_a_timed_out_check_is_not_cached():
+    v = MathVerifier(timeout=0.3, num_workers=2).start()
+    try:
+        slow = (r"\boxed{1}", r"\boxed{(10^{10})!}")
+        assert v.equivalent(*slow) is False and v.timeouts == 1
+        assert v.equivalent(*slow) is False and v.timeouts == 2  # checked again, not read from the cache
+        assert slow not in v._cache
+    finally:
+        v.close()
