@@ -340,9 +340,12 @@ def main(argv: list[str] | None = None) -> int:
 
         cpu_processes = requested_cpu_processes()
         if cpu_processes:  # `accelerate launch --cpu --num_processes N` without mpirun started this process alone
-            try:
+            from dlmrl.training.trainer import check_run_folder
+
+            try:  # (what the processes would refuse, refused here once: no error printed N times over a traceback)
                 check_process_split(cfg, cpu_processes)
-            except ConfigError as e:
+                check_run_folder(cfg, args.resume)
+            except (ConfigError, FileNotFoundError) as e:
                 print(f"dlmrl train: {e}", file=sys.stderr)
                 return 2
             import subprocess

@@ -341,6 +341,25 @@ def _yaml_line(path: Path, dotted: str) -> str:
     return f"{path}: "
 
 
+def _yaml_error_place(e: yaml.YAMLError) -> str:
+    """`` line N, column M`` of a YAML parse error (1-based), or ``""``."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    return f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """The parse error in one line, with the likely cause for the indentation errors YAML reports cryptically."""
+    problem = " ".join(str(getattr(e, "problem", None) or e).split())
+    context = getattr(e, "context", None)
+    text = f"{problem} ({' '.join(context.split())})" if context else problem
+    if "block end" in text or "mapping values are not allowed" in text or "could not find expected ':'" in text:
+        text += "; check the indentation of this line against the lines above (every key of a section indented the " \
+                "same, with spaces)"
+    if "\\t" in problem or "tab" in problem:
+        text += "; YAML does not allow tabs for indentation"
+    return text
+
+
 def _key_in(message: str) -> str:
     return message.split("'")[1] if "'" in message else ""
 
@@ -353,7 +372,7 @@ def load_yaml(cfg: Any, path: str | Path) -> None:
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: invalid YAML: {e}") from e
+        raise ConfigError(f"{path}{_yaml_error_place(e)}: invalid YAML: {_yaml_problem(e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     try:

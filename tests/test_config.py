@@ -150,3 +150,16 @@ def test_eval_larger_than_split_is_rejected(tmp_path):
     apply_overrides(cfg, ["eval.num_puzzles=1000"])
     with pytest.raises(ConfigError, match="eval.num_puzzles"):
         validate(cfg)
+
+
+@pytest.mark.parametrize(("text", "line", "hint"), [
+    ("train:\n  algorithm: gdpo\n learning_rate: 1e-4\n", 3, "indentation"),
+    ("train:\n  algorithm: gdpo\n    learning_rate: 1e-4\n", 3, "indentation"),
+    ("train:\n\talgorithm: gdpo\n", 2, "tabs"),
+])
+def test_a_yaml_syntax_error_names_the_file_line_and_the_likely_cause(tmp_path, text, line, hint):
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=rf"bad\.yaml line {line}, column \d+: invalid YAML: .*{hint}") as err:
+        load_yaml(Config(), p)
+    assert "<unicode string>" not in str(err.value) and "\n" not in str(err.value)

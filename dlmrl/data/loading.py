@@ -105,8 +105,9 @@ def _jsonl_lines(path: Path) -> list[int] | None:
 
 
 def _csv_lines(path: Path) -> tuple[list[str], list[int]]:
-    """The header and the line each record starts on (blank lines skipped, quoted newlines followed)."""
-    with open(path, newline="", encoding="utf-8") as f:
+    """The header and the line each record starts on (blank lines skipped, quoted newlines followed). A UTF-8
+    byte-order mark (spreadsheet exports write one) is read past, as the CSV builder is told to."""
+    with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         try:
             header = next(reader)
@@ -166,6 +167,7 @@ def load_records(source: str, split: str = "train", subset: str | None = None, c
         elif builder == "csv":
             header, lines = _csv_lines(path)
             kwargs["features"] = datasets.Features({c: datasets.Value("string") for c in header})
+            kwargs["encoding"] = "utf-8-sig"  # (a byte-order mark would otherwise stick to the first column's name)
             label = lambda i: f"{source} line {lines[i]}"
         else:
             lines = None

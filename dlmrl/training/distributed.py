@@ -84,12 +84,13 @@ def requested_cpu_processes() -> int | None:
 
 
 def cpu_relaunch_command(argv: list[str], num_processes: int) -> list[str]:
-    """The ``torch.distributed.run`` command that runs ``python -m dlmrl.cli <argv>`` as ``num_processes``
-    local CPU processes (gloo) at accelerate's ``MASTER_ADDR`` / ``MASTER_PORT``."""
+    """The command that runs ``python -m dlmrl.cli <argv>`` as ``num_processes`` local CPU processes (gloo) at
+    accelerate's ``MASTER_ADDR`` / ``MASTER_PORT``: ``torch.distributed.run`` through
+    :mod:`dlmrl.training.cpu_launch`, which reports failed processes in one line instead of a traceback."""
     import sys
 
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(num_processes),
-            "--master_addr", os.environ.get("MASTER_ADDR", "127.0.0.1"),
+    return [sys.executable, "-m", "dlmrl.training.cpu_launch", "--nnodes", "1", "--nproc_per_node",
+            str(num_processes), "--master_addr", os.environ.get("MASTER_ADDR", "127.0.0.1"),
             "--master_port", os.environ.get("MASTER_PORT", "29500"), "-m", "dlmrl.cli", *argv]
 
 

@@ -136,6 +136,26 @@ def check_same_config(cfg: Config, saved_path: Path) -> None:
                           + "; ".join(diff))
 
 
+def check_run_folder(cfg: Config, resume: bool) -> Path | None:
+    """The output folder's state against ``--resume``: the checkpoint to resume from (``None`` for a new run).
+
+    Raises:
+        FileNotFoundError: ``resume`` with no checkpoint in ``output_dir``.
+        ConfigError: a new run into a folder that holds one, or a resume with other settings
+            (:func:`check_same_config`).
+    """
+    out = Path(cfg.output_dir)
+    ckpt = latest_checkpoint(out) if resume else None
+    if resume and ckpt is None:
+        raise FileNotFoundError(f"--resume: no checkpoint under {out / 'checkpoints'}")
+    if not resume and (latest_checkpoint(out) is not None or (out / "config.yaml").exists()):
+        raise ConfigError(f"output_dir {out} already holds a run; "
+                          "continue that run with --resume or choose a new --output-dir")
+    if resume and (out / "config.yaml").exists():
+        check_same_config(cfg, out / "config.yaml")
+    return ckpt
+
+
 def step_generator(seed: int, step: int) -> torch.Generator:
     """The generator all randomness of one step comes from."""
     return torch.Generator().manual_seed(seed * 1_000_003 + step)
@@ -316,14 +336,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
     validate(cfg)
     check_process_split(cfg, launched_processes())  # (accelerate launch: the batch must split over the processes)
     tr, out = cfg.train, Path(cfg.output_dir)
-    ckpt = latest_checkpoint(out) if resume else None
-    if resume and ckpt is None:
-        raise FileNotFoundError(f"--resume: no checkpoint under {out / 'checkpoints'}")
-    if not resume and (latest_checkpoint(out) is not None or (out / "config.yaml").exists()):
-        raise ConfigError(f"output_dir {out} already holds a run; "
-                          "continue that run with --resume or choose a new --output-dir")
-    if resume and (out / "config.yaml").exists():
-        check_same_config(cfg, out / "config.yaml")
+    ckpt = check_run_folder(cfg, resume)
     out.mkdir(parents=True, exist_ok=True)
     # (the schedule moves once per update whatever the process count: the global batch is the 1-process batch)
     accelerator = Accelerator(log_with=None if tr.report_to == "none" else tr.report_to, project_dir=str(out),

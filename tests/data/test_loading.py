@@ -100,6 +100,16 @@ def test_csv_lines_follow_quoted_newlines_and_keep_text(tmp_path, cache):
     assert gsm8k_examples(load_records(path, cache_dir=cache))[0].answer == "0012"  # read as text
 
 
+def test_a_csv_with_a_byte_order_mark_reads_its_first_column(tmp_path, cache):
+    """Spreadsheets write a UTF-8 BOM; it must not become part of the first column's name (KeyError '\ufeffquestion')."""
+    path = tmp_path / "bom.csv"
+    path.write_text("\ufeffquestion,answer\nQ1?,#### 12\nQ2?,#### twelve\n", encoding="utf-8")
+    records = load_records(str(path), cache_dir=cache)
+    assert set(records.columns) == {"question", "answer"}
+    with pytest.raises(DataError, match=re.escape(f"{path} line 3: field 'answer'")):  # (lines still counted)
+        gsm8k_examples(records)
+
+
 def test_parquet_and_json_array_name_records(tmp_path, cache):
     import datasets
 

@@ -125,3 +125,32 @@ def test_processes_that_accelerate_did_not_join_are_refused(tmp_path, monkeypatc
     monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
     with pytest.raises(ConfigError, match="2 processes were launched"):
         one_process([*COMMON, "max_steps=1", "prompts_per_step=2"], tmp_path / "run")
+
+
+def test_an_error_inside_the_processes_is_one_message_not_a_launcher_traceback(tmp_path):
+    """A checkpoint folder whose config is readable but whose weights are missing fails in every CPU process: each
+    prints its message and the launcher sums up in one line, without torch.distributed's ChildFailedError
+    traceback (accelerate's own launcher still reports the failed command); a folder that holds a run is refused
+    once, before any process starts."""
+    import shutil
+
+    from dlmrl.models.loading import TINY_DEFAULT, resolve_model_path
+
+    broken = tmp_path / "no_weights"
+    broken.mkdir()
+    shutil.copy(Path(resolve_model_path(TINY_DEFAULT)) / "config.json", broken / "config.json")  # (no weights)
+    cmd = [str(BIN / "accelerate"), "launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+           "-m", "dlmrl.cli", "train", f"output_dir={tmp_path / 'run'}", "--no-progress", *COMMON,
+           f"model.name_or_path={broken}"]
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode != 0
+    assert done.stderr.count("cannot be loaded") >= 1 and "CPU process(es) stopped (process" in done.stderr
+    assert "exit code 2" in done.stderr and "ChildFailedError" not in done.stderr, done.stderr[-3000:]
+    (tmp_path / "held").mkdir()
+    (tmp_path / "held" / "config.yaml").write_text("{}\n")
+    cmd = [c if not c.startswith("output_dir=") else f"output_dir={tmp_path / 'held'}" for c in cmd[:-1]]
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode != 0 and done.stderr.count("already holds a run") == 1, done.stderr[-3000:]
+    assert "starting the 2 CPU processes" not in done.stderr
