@@ -181,6 +181,10 @@ def _run_estimators(args) -> int:
     if out.exists() and not out.is_dir():
         print(f"dlmrl estimators: --output-dir {out} exists and is not a folder", file=sys.stderr)
         return 2
+    if out.is_dir() and any(out.iterdir()):  # (as dlmrl train: never write over an earlier study)
+        print(f"dlmrl estimators: --output-dir {out} is not empty (it may hold an earlier study); choose a new "
+              "folder or remove it", file=sys.stderr)
+        return 2
     try:
         policy = load_policy(args.model, args.family, args.trust_remote_code)
     except (OSError, ValueError, KeyError) as e:
@@ -307,7 +311,15 @@ def _run_eval(cfg: Config, lengths: tuple[int, ...] | None) -> int:
     return 0
 
 
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    """Warnings on the command line as one plain line (no source path and line of the library)."""
+    return f"dlmrl: {category.__name__}: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
+    warnings.formatwarning = _format_warning
     parser = _parser()
     # key=value overrides may come after flags too (argparse's subparsers stop at the first flag).
     args, extra = parser.parse_known_args(argv)

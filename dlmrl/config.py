@@ -529,6 +529,7 @@ def validate(cfg: Config, for_training: bool = True) -> None:
            "the trajectory estimator scores the sampler's own token distribution, but with classifier-free "
            "guidance the sampler draws from guided logits the scorer does not compute; set cfg_scale 0 or use an "
            "ELBO estimator")
+    _warn_estimator_fields(cfg, name, e)
     _check(not (name == "double_mc" and e.masking == "reference"), "estimator.masking",
            "double_mc with 'reference' masking has infinite expectation (weight 1/t near t = 0); "
            "use exact_count or bernoulli")
@@ -561,6 +562,31 @@ def validate(cfg: Config, for_training: bool = True) -> None:
     _check(ev.eval_steps >= 0, "eval.eval_steps", "must be >= 0")
     _check(ev.num_puzzles >= 0, "eval.num_puzzles", "must be >= 0 (0 = the whole held-out split)")
     _check(ev.batch_size >= 1, "eval.batch_size", "must be >= 1")
+
+
+def _warn_estimator_fields(cfg: Config, name: str, e: EstimatorConfig) -> None:
+    """Warn about ``estimator`` fields set away from their defaults that ``name`` does not read (they would be
+    ignored silently), and about training with an estimator of infinite variance."""
+    import warnings
+
+    from dlmrl.estimators.factory import FIELDS_USED
+
+    if cfg.model.kind != "diffusion" or name not in FIELDS_USED:
+        return
+    defaults = EstimatorConfig()
+    ignored = [f.name for f in dataclasses.fields(e) if f.name not in ("name", "micro_batch")
+               and f.name not in FIELDS_USED[name] and getattr(e, f.name) != getattr(defaults, f.name)]
+    if ignored:
+        warnings.warn(f"config keys {', '.join(f'estimator.{k}' for k in ignored)} do not apply to the {name!r} "
+                      f"estimator (it reads {', '.join(sorted(FIELDS_USED[name])) or 'none of them'}) and are "
+                      "ignored", UserWarning, stacklevel=3)
+    bernoulli_dmc = name == "double_mc" and e.masking == "bernoulli"
+    bernoulli_coupled = name == "coupled" and e.masking == "bernoulli" and (e.t_min == 0 or e.t_max == 1)
+    if bernoulli_dmc or bernoulli_coupled:
+        warnings.warn(f"estimator {name!r} with bernoulli masking{'' if bernoulli_dmc else ' and t reaching 0 or 1'} "
+                      "has infinite variance (a lone masked token weighs 1/t as t -> 0): its gradients are heavy-"
+                      "tailed; exact_count masking (or sdmc) is unbiased with finite variance", UserWarning,
+                      stacklevel=3)
 
 
 def preset_overrides(tr: TrainConfig) -> dict:

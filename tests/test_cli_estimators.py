@@ -171,3 +171,12 @@ def test_dlmrl_eval_of_a_run_folder_uses_the_runs_own_config(tmp_path, capsys):
     result = json.loads(capsys.readouterr().out)
     assert result["num_examples"] == 8
     assert result["max_new_tokens"] == 17  # (left-to-right decoding of the AR policy: 16 cells + EOS)
+
+
+def test_estimators_refuses_a_folder_that_holds_files(tmp_path, capsys):
+    out = tmp_path / "lab"
+    out.mkdir()
+    (out / "estimators.json").write_text("[]")
+    assert main(["estimators", "--output-dir", str(out), *SMALL]) == 2
+    assert "is not empty" in capsys.readouterr().err
+    assert (out / "estimators.json").read_text() == "[]"  # untouched

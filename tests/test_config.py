@@ -163,3 +163,23 @@ def test_a_yaml_syntax_error_names_the_file_line_and_the_likely_cause(tmp_path, 
     with pytest.raises(ConfigError, match=rf"bad\.yaml line {line}, column \d+: invalid YAML: .*{hint}") as err:
         load_yaml(Config(), p)
     assert "<unicode string>" not in str(err.value) and "\n" not in str(err.value)
+
+
+def test_estimator_fields_that_do_not_apply_and_infinite_variance_warn():
+    cfg = Config()
+    apply_overrides(cfg, ["estimator.name=sdmc", "estimator.merge=2", "estimator.t_min=0.1"])
+    with pytest.warns(UserWarning, match=r"estimator\.t_min, estimator\.merge do not apply to the 'sdmc'"):
+        validate(cfg)
+    cfg = Config()
+    apply_overrides(cfg, ["estimator.name=double_mc", "estimator.masking=bernoulli"])
+    with pytest.warns(UserWarning, match="infinite variance"):
+        validate(cfg)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the default recipe, and a preset's own recipe estimator: no warning
+        validate(Config())
+        for algorithm in ("spg", "just_grpo", "espo_dllm"):
+            cfg = Config()
+            apply_overrides(cfg, [f"algorithm={algorithm}"])
+            validate(cfg)

@@ -6,6 +6,19 @@ from dlmrl.estimators.scoring import PlanEstimator
 
 TRAINABLE = ("sdmc", "double_mc", "coupled_sdmc", "coupled", "one_step", "trajectory", "spg", "stratified_coupled")
 
+#: the ``estimator`` config fields each estimator reads (``micro_batch`` applies to all); the others are ignored
+FIELDS_USED: dict[str, frozenset[str]] = {
+    "sdmc": frozenset({"num_nodes", "samples_per_node", "masking"}),
+    "coupled_sdmc": frozenset({"num_nodes", "samples_per_node", "masking"}),
+    "double_mc": frozenset({"num_nodes", "samples_per_node", "masking", "stratified"}),
+    "coupled": frozenset({"samples_per_node", "masking", "t_min", "t_max"}),
+    "stratified_coupled": frozenset({"samples_per_node"}),
+    "one_step": frozenset({"samples_per_node", "p_mask_prompt"}),
+    "trajectory": frozenset({"merge", "order"}),
+    "spg": frozenset({"samples_per_node", "p_mask_prompt", "eubo_beta", "mix_weight", "mask_block_length"}),
+    "exact": frozenset(),
+}
+
 
 def make_estimator(
     name: str,
