@@ -50,6 +50,9 @@ __all__ = [
 _STRICT = re.compile(r"^<reasoning>\n.*?\n</reasoning>\n<answer>\n.*?\n</answer>\n$")
 _R_OPEN, _R_CLOSE = "<reasoning>", "</reasoning>"
 _SPACES = re.compile(r"\s*")
+#: a closing reasoning tag, whitespace other than a newline, an opening answer tag (one literal prefix per match
+#: attempt and disjoint whitespace runs: linear)
+_CLOSE_THEN_ANSWER = re.compile(r"</reasoning>[^\S\n]*<answer>")
 
 
 def xml_count(text: str) -> float:
@@ -71,33 +74,30 @@ def xml_count(text: str) -> float:
 def soft_format(text: str) -> float:
     """0.5 iff ``re.match(r"<reasoning>.*?</reasoning>\\s*<answer>.*?</answer>", text)`` (no DOTALL), else 0.0.
 
-    Checked without the regex: the pattern can backtrack over every ``</reasoning>`` of the first line, which
-    is quadratic on adversarial text. Equivalent rule: the text starts with ``<reasoning>``; some
-    ``</reasoning>`` on the first line is followed by whitespace (newlines included), then ``<answer>``, then a
-    ``</answer>`` later on that same line.
+    Checked without that regex, which can backtrack over every ``</reasoning>`` of the first line (quadratic on
+    adversarial text), in a few linear, C-level scans. Without DOTALL the pattern needs: the text starts with
+    ``<reasoning>``; a ``</reasoning>`` on the first line; whitespace; ``<answer>`` at some ``q``; a ``</answer>``
+    after ``q`` on ``q``'s line. Two kinds of candidates exist: ``q`` on the first line (the whitespace holds no
+    newline: the earliest such ``q`` is the best, since every later one sees fewer ``</answer>`` after it), and at
+    most one ``q`` past the first newline (only one whitespace run can contain the first newline).
     """
     if not text.startswith(_R_OPEN):
         return 0.0
     first_nl = text.find("\n")
     line_end = len(text) if first_nl < 0 else first_nl
-    last_close: dict[int, int] = {}  # end of a line -> last '</answer>' ending before it (one scan per line)
-    nl = -2  # the first newline at or after the latest `start` (-1: none); starts only increase
-    pos = len(_R_OPEN)
-    while True:
-        p = text.find(_R_CLOSE, pos, line_end)
-        if p < 0:
-            return 0.0
-        q = _SPACES.match(text, p + len(_R_CLOSE)).end()  # greedy \s*: "<answer>" cannot start with a space
-        if text.startswith(ANSWER_OPEN, q):
-            start = q + len(ANSWER_OPEN)
-            if nl == -2 or (nl != -1 and nl < start):
-                nl = text.find("\n", start)
-            end = len(text) if nl < 0 else nl
-            if end not in last_close:
-                last_close[end] = text.rfind(ANSWER_CLOSE, text.rfind("\n", 0, start) + 1, end)
-            if last_close[end] >= start:
-                return 0.5
-        pos = p + 1
+    m = _CLOSE_THEN_ANSWER.search(text, len(_R_OPEN), line_end)  # the earliest q on the first line
+    if m is not None and text.rfind(ANSWER_CLOSE, m.end(), line_end) >= 0:
+        return 0.5
+    if first_nl < 0:
+        return 0.0
+    r = len(text[:first_nl].rstrip())  # the whitespace run holding the first newline starts at r
+    if r - len(_R_CLOSE) < len(_R_OPEN) or not text.startswith(_R_CLOSE, r - len(_R_CLOSE)):
+        return 0.0
+    q = _SPACES.match(text, r).end()
+    if not text.startswith(ANSWER_OPEN, q):
+        return 0.0
+    nl = text.find("\n", q)
+    return 0.5 if text.find(ANSWER_CLOSE, q + len(ANSWER_OPEN), len(text) if nl < 0 else nl) >= 0 else 0.0
 
 
 def strict_format(text: str) -> float:
