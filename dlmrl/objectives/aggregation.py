@@ -73,7 +73,7 @@ def aggregate(
         length = mask.shape[1] if max_completion_length is None else max_completion_length
         if length < 1:
             raise ValueError(f"max_completion_length must be >= 1, got {length}")
-        return masked.sum() / (mask.shape[0] * length)
+        return masked.sum() / max(mask.shape[0] * length, 1)  # (an empty batch: 0, not 0/0)
     if loss_type == "segment_mean":
         if segment_ids is None:
             raise ValueError("loss_type 'segment_mean' needs segment_ids (B, L)")

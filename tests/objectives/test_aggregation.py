@@ -62,3 +62,11 @@ def test_errors():
         aggregate(per_token(), MASK, "segment_mean")
     with pytest.raises(ValueError, match="max_completion_length"):
         aggregate(per_token(), MASK, "dr_grpo", max_completion_length=0)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dapo", "dr_grpo", "sequence_sum"])
+def test_an_empty_batch_aggregates_to_zero_not_nan(loss_type):
+    per_token = torch.zeros(0, 4, requires_grad=True)
+    out = aggregate(per_token, torch.zeros(0, 4, dtype=torch.bool), loss_type)
+    out.backward()
+    assert out.item() == 0.0 and torch.isfinite(out)
