@@ -34,8 +34,8 @@ from dlmrl.data.prompts import PromptTemplate, check_template, get_template, ren
 from dlmrl.data.tasks import TASKS, TaskBatch
 from dlmrl.data.text_examples import countdown_examples, gsm8k_examples, math_examples
 from dlmrl.rewards.countdown import CORRECT as COUNTDOWN_CORRECT
-from dlmrl.rewards.extract import UNFILLED
 from dlmrl.rewards.countdown import countdown_score
+from dlmrl.rewards.extract import UNFILLED
 from dlmrl.rewards.format import FORMAT_COMPONENTS
 from dlmrl.rewards.gsm8k import gsm8k_correctness
 from dlmrl.rewards.math_reward import math_correctness

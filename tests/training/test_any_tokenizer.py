@@ -4,7 +4,6 @@ a text task encode, and ``dlmrl train`` runs on a BERT-style masked LM and a Dre
 from __future__ import annotations
 
 import pytest
-import torch
 
 from dlmrl import cli
 from dlmrl.data.sudoku import SudokuExample
