@@ -89,7 +89,7 @@ class SudokuTextTask(TextTask):
         return _as_text(generate_examples(self.train_grids, n, self.min_blanks, self.max_blanks, rng), "train")
 
     def correctness(self, example: SudokuTextExample, text: str) -> float:
-        """Fraction of the blank cells right (SPEC §7)."""
+        """Fraction of the blank cells right (d1's Sudoku reward)."""
         return sudoku_cell_accuracy(example.puzzle, example.solution, text)
 
     def sft_answer(self, example: SudokuTextExample) -> str:

@@ -163,7 +163,7 @@ class SudokuTask:
         return out
 
     def rewards(self, examples: Sequence[SudokuExample], texts: Sequence[str]) -> list[float]:
-        """Fraction of blank cells right (SPEC §7), one float per completion."""
+        """Fraction of blank cells right (d1's Sudoku reward, arXiv 2504.12216), one float per completion."""
         return sudoku_reward(None, list(texts), puzzle=[e.puzzle for e in examples],
                              solution=[e.solution for e in examples])
 

@@ -1,4 +1,4 @@
-"""GSM8K, MATH and Countdown as tasks: d1-format prompts, a canvas of ``gen_length`` masks, SPEC §7 rewards.
+"""GSM8K, MATH and Countdown as tasks: d1-format prompts, a canvas of ``gen_length`` masks, d1's rewards (arXiv 2504.12216).
 
 Each task has the interface the trainer uses on :class:`~dlmrl.data.tasks.SudokuTask`: ``train_batch(n,
 seed, step)``, ``test_batch(n)``, ``encode(examples, device) -> TaskBatch``, ``decode(canvas)``,

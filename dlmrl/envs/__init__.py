@@ -1,4 +1,4 @@
-"""Multi-turn environments for episode rollouts (Flow-GRPO, SPEC "Seed algorithms").
+"""Multi-turn environments for episode rollouts (Flow-GRPO, AgentFlow arXiv 2510.05592).
 
 An environment plays one episode: ``reset(example) -> observation`` (the prompt text of the first
 turn), then ``step(response_text) -> StepResult(observation, done, reward)`` per turn. ``ENVS`` maps

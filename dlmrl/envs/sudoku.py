@@ -16,7 +16,7 @@ class SudokuRetryEnv:
       of the next turn's puzzle (the verifier's feedback written into the puzzle); wrong cells stay blank.
 
     A turn's reward is the task reward of the attempt against the *original* puzzle (fraction of its
-    blanks right; SPEC §7); the episode ends when an attempt solves the puzzle (reward 1) or after
+    blanks right, d1's Sudoku reward); the episode ends when an attempt solves the puzzle (reward 1) or after
     ``max_turns`` attempts, and the trajectory's final reward is that of the last attempt.
     **(dlmrl interpretation)**: a small built-in environment for Flow-GRPO (arXiv 2510.05592), which asks
     for one but defines none for Sudoku.

@@ -26,7 +26,7 @@ Units: nats per sequence (variances in nats²); gradient variance in (nats per u
 norm)². Records are plain dicts (see :data:`RECORD_FIELDS`); ``inf`` becomes ``None`` in JSON.
 
 Reference: GDPO arXiv 2510.08554 §4 (variance of double MC vs SDMC); VRPO arXiv 2505.19223
-(common random numbers); SPEC §1–2.
+(common random numbers).
 """
 
 from __future__ import annotations

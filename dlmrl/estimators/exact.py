@@ -32,7 +32,7 @@ def enumeration_masks(num_positions: int) -> tuple[torch.Tensor, torch.Tensor]:
         ``(subsets (2^n − 1, n) bool, weights (2^n − 1,) float64)`` with weight
         ``1 / (k · C(n, k))`` for a subset of size ``k``.
 
-    Reference: SPEC §1; LLaDA arXiv 2502.09992 (likelihood evaluation, discrete form).
+    Reference: LLaDA arXiv 2502.09992 (likelihood evaluation, discrete form).
     """
     n = num_positions
     codes = torch.arange(1, 2**n, dtype=torch.long)  # (S,)
@@ -83,7 +83,7 @@ def exact_elbo(
     Raises:
         ValueError: if some ``L_b > max_length``.
 
-    Reference: SPEC §1 (exact ELBO); LLaDA arXiv 2502.09992 (likelihood evaluation).
+    Reference: the exact ELBO of LLaDA arXiv 2502.09992 (likelihood evaluation).
     """
     check_positive_int(batch_size, "batch_size")
     allowed = completion_mask.bool()  # (B, L)
@@ -112,7 +112,7 @@ def exact_elbo(
 
 @dataclass(frozen=True)
 class Exact(PlanEstimator):
-    """Exact enumeration of §1 as an estimator: ``2^{L_b} − 1`` forward passes per sequence.
+    """Exact enumeration of the ELBO over every mask, as an estimator: ``2^{L_b} − 1`` forward passes per sequence.
 
     :meth:`estimate` handles any batch (rows may differ); :meth:`make_plan` builds one shared
     enumeration plan and therefore needs every row to have the same allowed positions.
@@ -121,7 +121,7 @@ class Exact(PlanEstimator):
         max_length: refuse canvases with more than this many allowed positions (default 16).
         batch_size: masked canvases per forward call in :meth:`estimate`.
 
-    Reference: SPEC §1; LLaDA arXiv 2502.09992 (likelihood evaluation).
+    Reference: LLaDA arXiv 2502.09992 (likelihood evaluation).
     """
 
     max_length: int = DEFAULT_MAX_LENGTH

@@ -79,7 +79,7 @@ def mask_table(
     Raises:
         ValueError: if ``n > max_length``.
 
-    Reference: SPEC §1 (exact ELBO); LLaDA arXiv 2502.09992 (likelihood evaluation).
+    Reference: the exact ELBO of LLaDA arXiv 2502.09992 (likelihood evaluation).
     """
     p_ids, p_mask, comp, c_mask = (x.reshape(1, -1) for x in (prompt_ids, prompt_mask, completion, completion_mask))
     allowed = c_mask[0].bool()

@@ -12,7 +12,7 @@ size). Variances are split by the law of total variance into the part due to the
 ``t`` (``Var_t E[X|t]``) and the part due to the mask given ``t`` (``E_t Var[X|t]``), the split
 GDPO §4 uses to motivate SDMC.
 
-Reference: SPEC §1–2; GDPO arXiv 2510.08554 §4 (variance decomposition).
+Reference: LLaDA arXiv 2502.09992 (the discrete ELBO); GDPO arXiv 2510.08554 §4 (variance decomposition).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class SizeStats:
 
     @property
     def elbo(self) -> float:
-        """``Σ_{k≥1} h(k)/k``: the exact ELBO (SPEC §1, discrete form)."""
+        """``Σ_{k≥1} h(k)/k``: the exact ELBO (LLaDA's discrete form)."""
         return float(sum(self.h[k] / k for k in range(1, self.n + 1)))
 
 

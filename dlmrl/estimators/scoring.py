@@ -26,7 +26,7 @@ class Estimate:
             over the samples where it was masked (0 where it never was, and outside the mask); ``None``
             unless :func:`score` was asked for it.
 
-    Reference: SPEC §1 per-token contributions (dlmrl interpretation); GDPO arXiv 2510.08554 §4.
+    Reference: per-token contributions of the ELBO (dlmrl interpretation); GDPO arXiv 2510.08554 §4.
     """
 
     sequence: torch.Tensor

@@ -250,7 +250,7 @@ class AutoregressivePolicy:
         Returns:
             ``logp`` ``(B, L)`` float32 nats (differentiable) and ``entropy`` ``(B, L)`` float32 nats
             (``−Σ_v p log p`` of the same distribution, detached); both 0 outside ``completion_mask``.
-        Reference: SPEC §4 (token log-probs, entropy); GRPO arXiv 2402.03300 (token ratio inputs).
+        Reference: GRPO arXiv 2402.03300 (token ratio inputs).
         """
         _check_left_padded(prompt_mask)
         length = completion.shape[1]
@@ -379,7 +379,7 @@ def hapo_entropy_stats(entropy: torch.Tensor, mask: torch.Tensor, pivot_quantile
 
     Args:
         entropy: ``(B, L)`` nats; ``mask`` ``(B, L)`` bool, the valid tokens (at least one).
-    Reference: HAPO arXiv 2509.16591 (SPEC "HAPO"; the authors' code).
+    Reference: HAPO arXiv 2509.16591 (the authors' code).
     """
     e = entropy[mask.bool()].float().clamp(min=1e-8).log()  # (N,)
     if e.numel() == 0:

@@ -1,5 +1,5 @@
-"""Entropy-driven parts of the §6 presets: SSPO and ESPO clip ranges, ESPO groups, HAPO's normalised
-entropy (temperature, adaptive clip, advantage redistribution) and EGSW weights.
+"""Entropy-driven parts of the SSPO, ESPO, EGSW and HAPO presets: SSPO and ESPO clip ranges, ESPO groups,
+HAPO's normalised entropy (temperature, adaptive clip, advantage redistribution) and EGSW weights.
 
 Entropies are per-token entropies of the policy's predictive distribution, in nats, detached.
 """
@@ -37,7 +37,7 @@ def sspo_clip_epsilon(
     Returns:
         ``(B, L)`` float ε per token (``ε`` at invalid positions).
 
-    Reference: SSPO arXiv 2511.04256; the formula is a **(dlmrl interpretation)** (SPEC "Seed
+    Reference: SSPO arXiv 2511.04256; the formula is a **(dlmrl interpretation)** (of the
     algorithms" / SSPO).
     """
     sums, counts, flat = segment_stats(entropy.detach(), mask, segment_ids)  # (B, S)
@@ -152,8 +152,8 @@ def hapo_entropy_stats(entropy: torch.Tensor, mask: torch.Tensor, pivot_quantile
 def hapo_normalized_entropy(entropy: torch.Tensor, mask: torch.Tensor, pivot_quantile: float = 0.8) -> torch.Tensor:
     """HAPO's ``ĥ ∈ [−1, 1]`` per token: ``h / max(h)`` for ``h > 0``, ``h / |min(h)|`` otherwise.
 
-    Follows SPEC's ``|min|`` (the authors' released code divides by ``min(h) < 0``, which flips the
-    sign of negative ``h``; SPEC and the paper's intent keep ``ĥ ≤ 0`` for low-entropy tokens).
+    Divides by ``|min|`` (the authors' released code divides by ``min(h) < 0``, which flips the
+    sign of negative ``h``; the paper's intent keeps ``ĥ ≤ 0`` for low-entropy tokens).
 
     Args:
         entropy: ``(B, L)`` nats (detached). mask: ``(B, L)`` bool. pivot_quantile: 0.8 in HAPO.

@@ -1,5 +1,5 @@
 """``GroupObjective``: the group optimizer's loss, composed from ratio level, clip rule, advantages
-redistribution, weighting, KL and aggregation (SPEC §4)."""
+redistribution, weighting, KL and aggregation (GRPO arXiv 2402.03300, TRL's ``GRPOConfig`` parts)."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ class ObjectiveOutput:
 
 @dataclass(frozen=True)
 class GroupObjective:
-    """The clipped group-relative policy loss, composed from parts (SPEC §4, §5, "Seed algorithms").
+    """The clipped group-relative policy loss, composed from parts (GRPO, GSPO, DAPO, GDPO and the papers each part cites).
 
     ``loss = agg(−w · min(r·A, clip(r, 1−ε_low, 1+ε_high)·A)) + β · agg(kl)`` with the ratio ``r`` at
     ``ratio_level`` (:func:`dlmrl.objectives.ratios.log_ratio`), the clip ranges from ``clip_rule``,
@@ -117,7 +117,7 @@ class GroupObjective:
             [2, 4], advantages [−1, +1] and ratio 1 give −1/3 (``grpo`` gives 0).
 
     Reference: GRPO arXiv 2402.03300; GSPO arXiv 2507.18071; DAPO arXiv 2503.14476; Dr. GRPO
-    arXiv 2503.20783; GDPO arXiv 2510.08554; and the §6 papers cited by each part.
+    arXiv 2503.20783; GDPO arXiv 2510.08554; and the papers each part cites.
     """
 
     ratio_level: str = "token"

@@ -1,7 +1,7 @@
 """DaGRPO: distinctiveness-masked pairwise advantages and off-policy anchors.
 
 DaGRPO (arXiv 2512.06337) is public as an abstract only; everything here is a **(dlmrl
-interpretation)** written down in SPEC "Seed algorithms" / DaGRPO.
+interpretation)** from DaGRPO's abstract (arXiv 2512.06337).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def ngram_jaccard(
     get 0 (they are never used).
 
     Args:
-        token_ids: ``(B, L)`` integer ids. mask: ``(B, L)`` bool. group_ids: ``(B,)``. n: 3 in SPEC.
+        token_ids: ``(B, L)`` integer ids. mask: ``(B, L)`` bool. group_ids: ``(B,)``. n: 3 (token 3-grams, dlmrl interpretation).
     Returns:
         ``(B, B)`` float32 similarities (diagonal 1).
     """

@@ -145,7 +145,7 @@ def get_algorithm(name: str, **overrides) -> AlgorithmPreset:
 
 
 # ---------------------------------------------------------------------------------------------
-# The GRPO family, GDPO and diffu-GRPO (SPEC §4, §5)
+# The GRPO family, GDPO and diffu-GRPO
 
 
 @ALGORITHMS.register("grpo")
@@ -317,7 +317,7 @@ def espo_dllm() -> AlgorithmPreset:
 
 
 # ---------------------------------------------------------------------------------------------
-# The seed papers' algorithms (SPEC "Seed algorithms")
+# The seed papers' algorithms
 
 
 @ALGORITHMS.register("sspo")

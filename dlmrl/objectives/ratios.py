@@ -1,4 +1,5 @@
-"""Importance-ratio levels (TRL's ``importance_sampling_level`` and the §6 levels), as log-ratios.
+"""Importance-ratio levels (TRL's ``importance_sampling_level``, plus SSPO's sentence and ESPO's entropy-group
+levels), as log-ratios.
 
 Every level returns a ``(B, L)`` log-ratio ``log r[i, t]`` whose ``exp`` is the ratio applied to token
 ``t`` of row ``i`` and whose gradient is the level's. For a diffusion policy the "log-probs" are the

@@ -81,7 +81,7 @@ def sentence_segments(is_delimiter: torch.Tensor, mask: torch.Tensor) -> torch.T
         ``(B, L)`` long segment ids.
 
     Reference: SSPO arXiv 2511.04256 (sentence-level ratio); the segmentation rule is a
-    (dlmrl interpretation), SPEC "Seed algorithms" / SSPO.
+    (dlmrl interpretation of SSPO, arXiv 2511.04256).
     """
     check_token_tensors(mask, is_delimiter=is_delimiter)
     closes = (is_delimiter.bool() & mask).long()  # (B, L)
@@ -102,7 +102,7 @@ def delimiter_token_ids(tokenizer, subsentence: bool = False, ends: Iterable[str
     Returns:
         ``(n,)`` long tensor of token ids.
 
-    Reference: (dlmrl interpretation) of SSPO's sentences, SPEC "Seed algorithms" / SSPO.
+    Reference: (dlmrl interpretation) of SSPO's sentences, arXiv 2511.04256.
     """
     endings = tuple(ends) if ends is not None else SENTENCE_ENDS + (SUBSENTENCE_ENDS if subsentence else ())
     special = set(getattr(tokenizer, "all_special_ids", []) or [])

@@ -1,6 +1,6 @@
 """Reward functions in TRL's shape, ``f(prompts, completions, **columns) -> list[float | None]``.
 
-``REWARDS`` maps a name to its reward function (SPEC §7): the task rewards ``sudoku``, ``gsm8k``, ``math``,
+``REWARDS`` maps a name to its reward function (d1, arXiv 2504.12216, and its code's values): the task rewards ``sudoku``, ``gsm8k``, ``math``,
 ``countdown`` and d1's format components ``xmlcount``, ``soft_format``, ``strict_format``, ``int_format``,
 ``boxed_in_answer``. Every text reward returns a float for any completion string, quickly, without
 evaluating it (MATH within its verifier's timeout).

@@ -1,4 +1,4 @@
-"""Countdown reward: a safe arithmetic check, never ``eval`` (SPEC §7; d1, arXiv 2504.12216).
+"""Countdown reward: a safe arithmetic check, never ``eval`` (d1, arXiv 2504.12216, and its reward code).
 
 Values as d1's ``compute_score`` (``dllm-reasoning/d1``, ``diffu-grpo/reward_func.py``): **1.0** if the
 answer expression uses each given number exactly once (as a multiset) and equals the target

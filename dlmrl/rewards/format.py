@@ -1,4 +1,4 @@
-"""d1's optional format rewards for the ``<reasoning>``/``<answer>`` format (SPEC §7).
+"""d1's optional format rewards for the ``<reasoning>``/``<answer>`` format (d1, arXiv 2504.12216: ``diffu-grpo/reward_func.py``).
 
 Values are those of d1's code (arXiv 2504.12216; ``dllm-reasoning/d1``, ``diffu-grpo/reward_func.py``:
 ``xmlcount_reward_func``, ``soft_format_reward_func``, ``strict_format_reward_func``, ``int_reward_func``;

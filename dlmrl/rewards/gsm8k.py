@@ -1,4 +1,4 @@
-"""GSM8K correctness reward (SPEC §7; d1, arXiv 2504.12216).
+"""GSM8K correctness reward (d1, arXiv 2504.12216, and its reward code).
 
 - **Gold**: the text after ``####`` in GSM8K's ``answer`` field, commas removed (``"#### 1,234"`` → ``"1234"``);
   :func:`gsm8k_gold`.

@@ -1,4 +1,4 @@
-"""MATH reward: the last ``\\boxed{...}`` checked against the gold answer by math-verify (SPEC §7).
+"""MATH reward: the last ``\\boxed{...}`` checked against the gold answer by math-verify (d1, arXiv 2504.12216; math-verify instead of d1's string match).
 
 - **Prediction**: the content of the completion's last ``\\boxed{...}`` with balanced braces
   (:func:`~dlmrl.rewards.extract.last_boxed`); without any box, the stripped inside of the last

@@ -1,4 +1,4 @@
-"""4x4 Sudoku reward: cell accuracy over the puzzle's blank cells (d1, arXiv 2504.12216; SPEC §7).
+"""4x4 Sudoku reward: cell accuracy over the puzzle's blank cells (d1, arXiv 2504.12216, and its reward code).
 
 Parse rule (the only one; :func:`parse_sudoku_answer` implements it):
 
