@@ -346,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "train":
         from dlmrl.training.distributed import (
             check_process_split,
+            check_sharding_backend,
             cpu_relaunch_command,
             requested_cpu_processes,
         )
@@ -356,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
 
             try:  # (what the processes would refuse, refused here once: no error printed N times over a traceback)
                 check_process_split(cfg, cpu_processes)
+                check_sharding_backend()
                 check_run_folder(cfg, args.resume)
             except (ConfigError, FileNotFoundError) as e:
                 print(f"dlmrl train: {e}", file=sys.stderr)

@@ -42,17 +42,11 @@ def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def requested_cpu_processes() -> int | None:
-    """The process count ``N`` of an ``accelerate launch --cpu --num_processes N`` that started this process
-    alone, or ``None``.
-
-    accelerate starts several CPU processes only through ``mpirun`` (a hostfile in its config); otherwise
-    ``--cpu`` runs the script once, with ``ACCELERATE_USE_CPU`` and ``MASTER_ADDR`` set (the latter only
-    when more than one process was asked for) and no ``WORLD_SIZE``. Then ``N`` is read from the launching
-    ``accelerate`` command line (``/proc/<parent>/cmdline``, parsed with accelerate's own parser; ``N`` from
-    its config file when the flag is absent). ``None`` when this process was not started that way, ``N <= 1``,
-    several machines were asked for, or the command line cannot be read.
-    """
+def _cpu_launch() -> tuple[object, object] | None:
+    """``(launch arguments, launch config or None)`` of the ``accelerate launch --cpu`` that started this process
+    alone (no ``WORLD_SIZE``; ``ACCELERATE_USE_CPU`` and ``MASTER_ADDR`` set), read from its command line
+    (``/proc/<parent>/cmdline``, parsed with accelerate's own parser) and config file; ``None`` otherwise or when
+    they cannot be read."""
     env = os.environ
     if env.get("WORLD_SIZE") or not _truthy(env.get("ACCELERATE_USE_CPU")) or "MASTER_ADDR" not in env:
         return None
@@ -69,18 +63,74 @@ def requested_cpu_processes() -> int | None:
 
     try:
         args, _ = launch_command_parser().parse_known_args(argv[at + 1 :])
-        n, machines = args.num_processes, args.num_machines
-        if n is None or machines is None:
-            path = args.config_file or default_config_file
-            if os.path.isfile(path):
-                config = load_config_from_file(path)
-                n = n if n is not None else config.num_processes
-                machines = machines if machines is not None else config.num_machines
+        path = args.config_file or default_config_file
+        config = load_config_from_file(path) if os.path.isfile(path) else None
     except (SystemExit, ValueError, OSError, KeyError, TypeError):  # (unreadable: run as launched)
         return None
+    return args, config
+
+
+def requested_cpu_processes() -> int | None:
+    """The process count ``N`` of an ``accelerate launch --cpu --num_processes N`` that started this process
+    alone, or ``None``.
+
+    accelerate starts several CPU processes only through ``mpirun`` (a hostfile in its config); otherwise
+    ``--cpu`` runs the script once, with ``ACCELERATE_USE_CPU`` and ``MASTER_ADDR`` set (the latter only
+    when more than one process was asked for) and no ``WORLD_SIZE``. Then ``N`` is read from the launching
+    ``accelerate`` command line (``N`` from its config file when the flag is absent). ``None`` when this process
+    was not started that way, ``N <= 1``, several machines were asked for, or the command line cannot be read.
+    """
+    launch = _cpu_launch()
+    if launch is None:
+        return None
+    args, config = launch
+    n, machines = args.num_processes, args.num_machines
+    if config is not None:
+        n = n if n is not None else config.num_processes
+        machines = machines if machines is not None else config.num_machines
     if n is None or n <= 1 or (machines or 1) > 1:
         return None
     return int(n)
+
+
+def _accelerator_device_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+
+
+def check_sharding_backend() -> None:
+    """Refuse FSDP or DeepSpeed on a machine without accelerator devices, before any model is loaded.
+
+    accelerate (1.15) enables FSDP only for multi-GPU/XPU/NPU/... process groups (``AcceleratorState``: the FSDP
+    branch lists no ``MULTI_CPU``; its FSDP plugin also needs a device for ``sync_module_states``) and turns
+    DeepSpeed off on CPU (``ACCELERATE_USE_DEEPSPEED ... and not cpu``); ``accelerate launch --cpu`` with an
+    FSDP or DeepSpeed config drops the config's backend. Either way the run would train as plain data
+    parallelism without a word; this says so instead.
+
+    Raises:
+        ConfigError: FSDP or DeepSpeed asked for (environment, or the ``--cpu`` launch's flags and config) and no
+            CUDA/XPU device present.
+    """
+    if _accelerator_device_available():
+        return
+    asked = [name for name, var in (("FSDP", "ACCELERATE_USE_FSDP"), ("DeepSpeed", "ACCELERATE_USE_DEEPSPEED"))
+             if _truthy(os.environ.get(var))]
+    launch = _cpu_launch()
+    if launch is not None:
+        args, config = launch
+        kind = str(getattr(config, "distributed_type", "")) if config is not None else ""
+        if getattr(args, "use_fsdp", False) or kind.endswith("FSDP"):
+            asked.append("FSDP")
+        if getattr(args, "use_deepspeed", False) or kind.endswith("DEEPSPEED"):
+            asked.append("DeepSpeed")
+    if asked:
+        what = " and ".join(dict.fromkeys(asked))
+        raise ConfigError(f"{what} was asked for, but this machine has no GPU (or other accelerator): accelerate "
+                          f"enables FSDP only on accelerator devices and turns DeepSpeed off on CPU, so the run would "
+                          "silently train as plain data parallelism. On CPU drop the FSDP/DeepSpeed config and launch "
+                          "with accelerate launch --cpu --num_processes N (see the README, Multi-process and "
+                          "multi-GPU)")
 
 
 def cpu_relaunch_command(argv: list[str], num_processes: int) -> list[str]:

@@ -232,13 +232,14 @@ def build_plan(cfg: Config) -> dict:
         ConfigError: what the run would refuse before loading a model, for the processes it would start (a batch
             that does not split over them, a preset that needs one process).
     """
-    from dlmrl.training.distributed import check_process_split
+    from dlmrl.training.distributed import check_process_split, check_sharding_backend
 
     preset = build_preset(cfg)
     estimator = _estimator_section(cfg)
     accel = _accelerate_section()
     processes = run_processes(accel)
     check_process_split(cfg, processes)  # (the run's own check, with the run's process count)
+    check_sharding_backend()
     if processes != accel.get("num_processes", processes):
         accel["processes_the_run_trains_with"] = processes
     out_dir = Path(cfg.output_dir)

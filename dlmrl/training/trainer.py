@@ -70,6 +70,7 @@ from dlmrl.training.checkpoint import atomic_dir, latest_checkpoint, staging_dir
 from dlmrl.training.distributed import (
     Processes,
     check_process_split,
+    check_sharding_backend,
     gather_rollout,
     group_share,
     launched_processes,
@@ -335,6 +336,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
     """
     validate(cfg)
     check_process_split(cfg, launched_processes())  # (accelerate launch: the batch must split over the processes)
+    check_sharding_backend()  # (FSDP / DeepSpeed on a machine without GPUs: refused, never silently plain DDP)
     tr, out = cfg.train, Path(cfg.output_dir)
     ckpt = check_run_folder(cfg, resume)
     out.mkdir(parents=True, exist_ok=True)

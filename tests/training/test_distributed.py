@@ -284,3 +284,27 @@ def test_sharded_sampling_gives_every_process_the_one_process_batch(kind, overri
         assert torch.equal(after, one[2])  # the step generator is where it is after a 1-process rollout
         if kind == "diffusion":
             assert stats.passes == one[1].passes
+
+
+@pytest.mark.parametrize("var", ["ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED"])
+def test_fsdp_and_deepspeed_are_refused_without_an_accelerator(var, monkeypatch):
+    """accelerate enables FSDP only on accelerator devices and turns DeepSpeed off on CPU: the run would train as
+    plain data parallelism without a word, so it is refused (also when accelerate launch --cpu drops the config's
+    backend)."""
+    from types import SimpleNamespace
+
+    from dlmrl.training import distributed
+
+    monkeypatch.setattr(distributed, "_accelerator_device_available", lambda: False)
+    monkeypatch.setenv(var, "true")
+    with pytest.raises(ConfigError, match="no GPU"):
+        distributed.check_sharding_backend()
+    monkeypatch.delenv(var)
+    distributed.check_sharding_backend()  # nothing asked: fine
+    config = SimpleNamespace(distributed_type="DistributedType.FSDP")
+    monkeypatch.setattr(distributed, "_cpu_launch", lambda: (SimpleNamespace(use_fsdp=False, use_deepspeed=False),
+                                                             config))
+    with pytest.raises(ConfigError, match="FSDP was asked for"):
+        distributed.check_sharding_backend()
+    monkeypatch.setattr(distributed, "_accelerator_device_available", lambda: True)
+    distributed.check_sharding_backend()  # (on GPUs accelerate runs them)
