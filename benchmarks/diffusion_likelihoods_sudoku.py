@@ -17,7 +17,7 @@ finished in ``--runs-dir`` are read back, not rerun (``benchmarks/sudoku_runs.py
 
     python benchmarks/diffusion_likelihoods_sudoku.py                    # 9 configurations x 3 seeds (hours)
     python benchmarks/diffusion_likelihoods_sudoku.py --only gdpo_traj_m1 tracerl --seeds 0
-    python benchmarks/diffusion_likelihoods_sudoku.py --extra tracerl_s8 gdpo_traj_m1_s8
+    python benchmarks/diffusion_likelihoods_sudoku.py --extra tracerl_s8 gdpo_traj_m2_s8 tracerl_mu2
 """
 
 from __future__ import annotations
@@ -46,26 +46,47 @@ RUNS = (
 )
 
 
+#: variant suffixes for ``--extra``: overrides and what they change (``mu<N>`` and ``lr<x>`` take a number)
+VARIANTS = {"s8": (("sampling.steps=8",), "8 rollout steps"), "s16": (("sampling.steps=16",), "16 rollout steps"),
+            "group": (("train.scale_rewards=group",), "A / group std")}
+
+
+def variant_overrides(variant: str) -> tuple[tuple[str, ...], str] | None:
+    """The overrides of one variant suffix (:data:`VARIANTS`, ``mu2`` = μ 2, ``lr1e-3`` = learning rate 1e-3)."""
+    if variant in VARIANTS:
+        return VARIANTS[variant]
+    if variant.startswith("mu") and variant[2:].isdigit():
+        return (f"train.num_iterations={int(variant[2:])}",), f"μ = {int(variant[2:])}"
+    if variant.startswith("lr"):
+        try:
+            return (f"train.learning_rate={float(variant[2:])}",), f"lr {float(variant[2:]):g}"
+        except ValueError:
+            return None
+    return None
+
+
 def extra_spec(name: str) -> RunSpec:
-    """``<base>_s8``: a base configuration with 8 rollout steps; ``<base>_group``: with group-std advantages."""
-    base_name, _, variant = name.rpartition("_")
-    base = next((r for r in RUNS if r.name == base_name), None)
-    variants = {"s8": (("sampling.steps=8",), "8 rollout steps"),
-                "group": (("train.scale_rewards=group",), "A / group std")}
-    if base is None or variant not in variants:
-        raise SystemExit(f"--extra {name!r}: use <configuration>_s8 or <configuration>_group with one of "
-                         f"{', '.join(r.name for r in RUNS)}")
-    overrides, what = variants[variant]
-    if variant == "s8" and base.name == "just_grpo":
-        raise SystemExit("just_grpo's rollouts decode one blank per step (16 steps); an 8-step variant reveals two")
-    return RunSpec(name, base.kind, base.config, (*base.overrides, *overrides), label=f"{base.describe()}, {what}")
+    """``<configuration>_<variant>[_<variant>...]``: a base configuration with variants (:func:`variant_overrides`),
+    e.g. ``tracerl_s8``, ``tracerl_mu2_lr1e-3``."""
+    base = next((r for r in sorted(RUNS, key=lambda r: -len(r.name)) if name.startswith(r.name + "_")), None)
+    parts = name[len(base.name) + 1:].split("_") if base is not None else []
+    found = [variant_overrides(v) for v in parts]
+    if base is None or not parts or any(f is None for f in found):
+        raise SystemExit(f"--extra {name!r}: use <configuration>_<variant>[_<variant>] with a configuration of "
+                         f"{', '.join(r.name for r in RUNS)} and variants {', '.join(VARIANTS)}, mu<N>, lr<x>")
+    if base.name == "just_grpo" and any(v.startswith("s") for v in parts):
+        raise SystemExit("just_grpo's rollouts decode one blank per step (16 steps); a step variant changes that")
+    overrides = tuple(o for f in found for o in f[0])
+    return RunSpec(name, base.kind, base.config, (*base.overrides, *overrides),
+                   label=f"{base.describe()}, {', '.join(f[1] for f in found)}")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--only", nargs="+", choices=[r.name for r in RUNS], help="run only these configurations")
-    p.add_argument("--extra", nargs="*", default=[], help="variants: <configuration>_s8 or <configuration>_group")
+    p.add_argument("--extra", nargs="*", default=[],
+                   help="variants: <configuration>_<variant>[_<variant>], variants s8, s16, group, mu<N>, lr<x>")
     p.add_argument("--budget", type=int, default=160 * 64 * 8,
                    help="completions sampled per run (default 81,920: 160 steps of 64 prompts x G 8)")
     p.add_argument("--eval-every", type=int, default=16, help="held-out evaluation every this many steps")
