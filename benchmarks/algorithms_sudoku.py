@@ -20,12 +20,11 @@ wall time are counted: ``benchmarks/sudoku_runs.py``).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sudoku_runs import RunSpec, add_timing, aggregate, machine, plot, run_one, time_steps
+from sudoku_runs import RunSpec, run_benchmark
 
 RUNS = (
     RunSpec("gdpo", "diffusion", "configs/gdpo_sudoku_tiny.yaml"),
@@ -50,19 +49,9 @@ def main() -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="extra overrides for every run")
     args = p.parse_args()
     specs = [r for r in RUNS if r.name in args.algorithms]
-    runs = [run_one(spec, seed, args.budget, args.eval_every, args.runs_dir, args.overrides)
-            for seed in args.seeds for spec in specs]
-    table = aggregate(runs, specs)
-    timing = time_steps(specs, args.timing_steps, args.runs_dir, args.overrides) if args.timing_steps > 1 else {}
-    add_timing(table, timing)
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    result = {"benchmark": "algorithms_sudoku", "budget_completions": args.budget, "seeds": args.seeds,
-              "eval_every": args.eval_every, "overrides": args.overrides, "table": table, "timing": timing,
-              "runs": runs, "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), "machine": machine()}
-    out.write_text(json.dumps(result, indent=2))
-    plot(runs, specs, out.with_suffix(".png"),
-         "4x4 Sudoku, tiny defaults: diffusion (gdpo, diffu_grpo) and AR (grpo, gspo, dapo); one line per seed")
+    result = run_benchmark("algorithms_sudoku", specs, args, "4x4 Sudoku, tiny defaults: diffusion (gdpo, diffu_grpo) "
+                           "and AR (grpo, gspo, dapo); one line per seed")
+    table, out = result["table"], Path(args.output)
     print(f"{'algorithm':<11} {'policy':<9} {'before':>7} {'after':>7} {'gain (pts)':>16} {'reward':>13} "
           f"{'NFE (M)':>8} {'s/step':>7}")
     for r in table:

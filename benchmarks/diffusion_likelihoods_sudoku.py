@@ -23,12 +23,11 @@ finished in ``--runs-dir`` are read back, not rerun (``benchmarks/sudoku_runs.py
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sudoku_runs import RunSpec, add_timing, aggregate, machine, plot, run_one, time_steps
+from sudoku_runs import RunSpec, run_benchmark
 
 TRAJECTORY = ("estimator.name=trajectory", "estimator.order=sampled")
 RUNS = (
@@ -97,19 +96,9 @@ def main() -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="extra overrides for every run")
     args = p.parse_args()
     specs = [r for r in RUNS if args.only is None or r.name in args.only] + [extra_spec(n) for n in args.extra]
-    runs = [run_one(spec, seed, args.budget, args.eval_every, args.runs_dir, args.overrides)
-            for seed in args.seeds for spec in specs]
-    table = aggregate(runs, specs)
-    timing = time_steps(specs, args.timing_steps, args.runs_dir, args.overrides) if args.timing_steps > 1 else {}
-    add_timing(table, timing)
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    result = {"benchmark": "diffusion_likelihoods_sudoku", "budget_completions": args.budget, "seeds": args.seeds,
-              "eval_every": args.eval_every, "overrides": args.overrides, "table": table, "timing": timing,
-              "runs": runs, "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), "machine": machine()}
-    out.write_text(json.dumps(result, indent=2))
-    plot(runs, specs, out.with_suffix(".png"), "4x4 Sudoku, tiny diffusion default: which likelihood to train with "
-         "(81,920 completions; one line per seed)", timing=timing or None)
+    result = run_benchmark("diffusion_likelihoods_sudoku", specs, args, "4x4 Sudoku, tiny diffusion default: which "
+                           "likelihood to train with (81,920 completions; one line per seed)", timing_axis=True)
+    table, out = result["table"], Path(args.output)
     print(f"{'configuration':<34} {'gain (pts) mean ± sd (min … max)':>34} {'reward':>13} {'NFE/row':>7} "
           f"{'s/step':>7}")
     for r in table:

@@ -27,8 +27,6 @@ Four studies, each printed as a table and written to ``benchmarks/results/reliab
 from __future__ import annotations
 
 import argparse
-import ast
-import builtins
 import json
 import os
 import random
@@ -38,7 +36,6 @@ import sys
 import tempfile
 import time
 import warnings
-from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,29 +118,6 @@ def kill_during_checkpoint(runs: int, work: Path, seed: int) -> dict:
 # -- 2. fuzzed inputs ----------------------------------------------------------------------------------------
 
 
-@contextmanager
-def no_code_evaluation(hits: list):
-    """``eval``/``exec`` and non-AST ``compile`` record a hit and raise while active."""
-    real_compile = builtins.compile
-
-    def refuse(*args, **kwargs):
-        hits.append(1)
-        raise AssertionError("model output reached eval/exec")
-
-    def ast_only(source, filename, mode, flags=0, *args, **kwargs):
-        if not flags & ast.PyCF_ONLY_AST:
-            hits.append(1)
-            raise AssertionError("model output reached compile")
-        return real_compile(source, filename, mode, flags, *args, **kwargs)
-
-    saved = builtins.eval, builtins.exec
-    builtins.eval, builtins.exec, builtins.compile = refuse, refuse, ast_only
-    try:
-        yield
-    finally:
-        (builtins.eval, builtins.exec), builtins.compile = saved, real_compile
-
-
 def _text_only(fn):
     """A TRL-shaped reward of the completion alone, as ``text -> rewards``."""
     return lambda t: fn(None, [t])
@@ -190,6 +164,8 @@ def fuzz_targets(verifier) -> dict:
 def _fuzz_one(call, kind: str, strategy, n: int, settings, given, data_error) -> dict:
     """Run ``call`` on ``n`` inputs drawn (derandomized) from ``strategy``; count what happened."""
     from hypothesis import HealthCheck
+
+    from dlmrl.audit import no_code_evaluation
 
     stats = {"calls": 0, "exceptions": 0, "refused_records": 0, "eval_reached": 0, "slowest_ms": 0.0,
              "slowest_cpu_ms": 0.0, "examples": []}

@@ -209,6 +209,25 @@ def plot(runs: list[dict], specs: list[RunSpec], path: Path, title: str, timing:
     plt.close(fig)
 
 
+def run_benchmark(name: str, specs: list[RunSpec], args, title: str, timing_axis: bool = False) -> dict:
+    """Every spec x seed (``args.seeds``, ``args.budget``, ``args.eval_every``, ``args.runs_dir``,
+    ``args.overrides``), the table, the side-by-side timing (``args.timing_steps``), ``args.output`` (JSON) and its
+    PNG; returns the written result. ``timing_axis``: plot wall time as steps x the side-by-side s/step."""
+    runs = [run_one(spec, seed, args.budget, args.eval_every, args.runs_dir, args.overrides)
+            for seed in args.seeds for spec in specs]
+    table = aggregate(runs, specs)
+    timing = time_steps(specs, args.timing_steps, args.runs_dir, args.overrides) if args.timing_steps > 1 else {}
+    add_timing(table, timing)
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = {"benchmark": name, "budget_completions": args.budget, "seeds": args.seeds,
+              "eval_every": args.eval_every, "overrides": args.overrides, "table": table, "timing": timing,
+              "runs": runs, "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), "machine": machine()}
+    out.write_text(json.dumps(result, indent=2))
+    plot(runs, specs, out.with_suffix(".png"), title, timing=(timing or None) if timing_axis else None)
+    return result
+
+
 def machine() -> dict:
     return {"platform": platform.platform(), "torch": torch.__version__, "cpus": os.cpu_count(),
             "threads": torch.get_num_threads()}

@@ -11,15 +11,13 @@ has a 50 ms timeout, so a check that hangs sympy still returns in time (its work
 
 from __future__ import annotations
 
-import ast
-import builtins
 import time
-from contextlib import contextmanager
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from dlmrl.audit import no_code_evaluation
 from dlmrl.rewards.countdown import countdown_reward
 from dlmrl.rewards.format import (
     boxed_in_answer_reward,
@@ -67,26 +65,6 @@ def verifier():
     time.sleep(0.1)  # (the second worker forked too)
     yield v
     v.close()
-
-
-@contextmanager
-def no_code_evaluation():
-    real_compile = builtins.compile
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a reward evaluated code")
-
-    def ast_only(source, filename, mode, flags=0, *args, **kwargs):
-        if not flags & ast.PyCF_ONLY_AST:
-            raise AssertionError("a reward compiled code")
-        return real_compile(source, filename, mode, flags, *args, **kwargs)
-
-    saved = builtins.eval, builtins.exec
-    builtins.eval, builtins.exec, builtins.compile = refuse, refuse, ast_only
-    try:
-        yield
-    finally:
-        (builtins.eval, builtins.exec), builtins.compile = saved, real_compile
 
 
 def check_all(text: str, verifier: MathVerifier) -> None:
