@@ -1,5 +1,5 @@
-"""Property tests: for any completion string, every text reward returns a float within 100 ms, never raises
-and never evaluates code.
+"""Property tests: for any completion string, every text reward returns a float within 100 ms of CPU time,
+never raises and never evaluates code.
 
 Strings come from hypothesis (arbitrary Unicode, and sequences of the fragments the parsers look at: tags,
 braces, operators, digits) plus fixed adversarial ones: exponent towers, deep nesting, 10^6 characters, many
@@ -7,6 +7,10 @@ unclosed tags. During each call ``builtins.eval``/``exec`` raise, and ``compile`
 builds an AST (``ast.parse``), so a reward that evaluated code would fail. The MATH reward's math-verify
 runs in a worker process; ``test_math_reward.py`` checks that process separately. The MATH verifier here
 has a 50 ms timeout, so a check that hangs sympy still returns in time (its worker is killed).
+
+The budget is this process's CPU time (``time.process_time``), which another job on the machine does not
+inflate; wall time is held to a loose bound that only a hang would pass. The figures to quote come from
+``benchmarks/reliability.py``, run alone.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from dlmrl.rewards.math_verifier import MathVerifier
 
 pytest.importorskip("math_verify")
 
-BUDGET_S = 0.1
+BUDGET_S = 0.1  # CPU seconds per call
+HANG_S = 5.0  # wall seconds per call: only a hang (or a verifier past its timeout) reaches it
 FRAGMENTS = ["<answer>", "</answer>", "<reasoning>", "</reasoning>", "\\boxed{", "\\boxed ", "{", "}", "(", ")",
              "**", "^", "!", "9", "30", "100", "93", "+", "-", "*", "/", "=", "####", ",", ".", "\n", " ", "$",
              "\\frac", "x", "é", "٣", "\x00", "\\times", "_"]
@@ -79,11 +84,12 @@ def check_all(text: str, verifier: MathVerifier) -> None:
         "boxed_in_answer": lambda: boxed_in_answer_reward(None, [text]),
     }
     for name, call in calls.items():
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with no_code_evaluation():
             out = call()
-        elapsed = time.perf_counter() - t0
-        assert elapsed < BUDGET_S, f"{name} took {elapsed * 1000:.0f} ms on {text[:60]!r}"
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        assert cpu < BUDGET_S, f"{name} took {cpu * 1000:.0f} ms of CPU on {text[:60]!r}"
+        assert wall < HANG_S, f"{name} took {wall:.1f} s on {text[:60]!r}"
         assert len(out) == 1 and type(out[0]) is float, (name, out)
 
 
