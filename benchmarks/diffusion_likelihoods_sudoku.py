@@ -93,16 +93,19 @@ def main() -> None:
     p.add_argument("--timing-steps", type=int, default=11,
                    help="also time this many steps of each configuration side by side (0 = skip)")
     p.add_argument("--output", default="benchmarks/results/diffusion_likelihoods_sudoku.json")
+    p.add_argument("--finished-only", action="store_true",
+                   help="tabulate and plot the runs that finished in --runs-dir; train nothing (the table gives "
+                        "each row's number of seeds)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="extra overrides for every run")
     args = p.parse_args()
     specs = [r for r in RUNS if args.only is None or r.name in args.only] + [extra_spec(n) for n in args.extra]
     result = run_benchmark("diffusion_likelihoods_sudoku", specs, args, "4x4 Sudoku, tiny diffusion default: which "
                            "likelihood to train with (81,920 completions; one line per seed)", timing_axis=True)
     table, out = result["table"], Path(args.output)
-    print(f"{'configuration':<34} {'gain (pts) mean ± sd (min … max)':>34} {'reward':>13} {'NFE/row':>7} "
-          f"{'s/step':>7}")
+    print(f"{'configuration':<34} {'seeds':>5} {'gain (pts) mean ± sd (min … max)':>34} {'reward':>13} "
+          f"{'NFE/row':>7} {'s/step':>7}")
     for r in table:
-        print(f"{r['label']:<34} {100 * r['gain_mean']:+7.2f} ± {100 * r['gain_sd']:4.2f} "
+        print(f"{r['label']:<34} {r['seeds']:>5} {100 * r['gain_mean']:+7.2f} ± {100 * r['gain_sd']:4.2f} "
               f"({100 * r['gain_min']:+.2f} … {100 * r['gain_max']:+.2f})   "
               f"{r['reward_first']:.3f}->{r['reward_last']:.3f} {r['nfe_scoring_per_row']:7.2f} "
               f"{r.get('seconds_per_step', float('nan')):7.2f}")

@@ -65,12 +65,16 @@ def forward_passes(record: dict, mu: int, old_passes: bool, with_ref: bool, batc
     return completions, sampling, scoring
 
 
-def run_one(spec: RunSpec, seed: int, budget: int, eval_every: int, runs_dir: str, extra: list[str]) -> dict:
+def run_one(spec: RunSpec, seed: int, budget: int, eval_every: int, runs_dir: str, extra: list[str],
+            train: bool = True) -> dict | None:
     """Train ``spec`` for ``budget`` completions with ``seed`` (or read the finished run back); its curve and
-    figures."""
+    figures. ``train=False``: only read finished runs back (None where the run has not finished)."""
     out = Path(runs_dir) / f"{spec.name}_seed{seed}"
     cfg = load_config(spec, extra)
     if not (out / "summary.json").exists():
+        if not train:
+            print(f"{spec.name} seed {seed}: not run (left out of the table)", flush=True)
+            return None
         if out.exists():
             raise SystemExit(f"{out} holds an unfinished run; remove it (or resume it with dlmrl train --resume)")
         steps = budget // (cfg.train.prompts_per_step * cfg.train.num_generations)
@@ -212,9 +216,12 @@ def plot(runs: list[dict], specs: list[RunSpec], path: Path, title: str, timing:
 def run_benchmark(name: str, specs: list[RunSpec], args, title: str, timing_axis: bool = False) -> dict:
     """Every spec x seed (``args.seeds``, ``args.budget``, ``args.eval_every``, ``args.runs_dir``,
     ``args.overrides``), the table, the side-by-side timing (``args.timing_steps``), ``args.output`` (JSON) and its
-    PNG; returns the written result. ``timing_axis``: plot wall time as steps x the side-by-side s/step."""
-    runs = [run_one(spec, seed, args.budget, args.eval_every, args.runs_dir, args.overrides)
+    PNG; returns the written result. ``args.finished_only``: tabulate the finished runs, train nothing.
+    ``timing_axis``: plot wall time as steps x the side-by-side s/step."""
+    train = not getattr(args, "finished_only", False)
+    runs = [run_one(spec, seed, args.budget, args.eval_every, args.runs_dir, args.overrides, train=train)
             for seed in args.seeds for spec in specs]
+    runs = [r for r in runs if r is not None]
     table = aggregate(runs, specs)
     timing = time_steps(specs, args.timing_steps, args.runs_dir, args.overrides) if args.timing_steps > 1 else {}
     add_timing(table, timing)
