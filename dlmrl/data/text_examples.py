@@ -97,6 +97,10 @@ def _text(where: str, field: str, value) -> str:
     return text
 
 
+#: the longest integer a record may hold (Python's int() refuses strings over 4300 digits by default)
+MAX_DIGITS = 1000
+
+
 def _int(where: str, field: str, value) -> int:
     if isinstance(value, bool) or value is None:
         raise field_error(where, field, f"expected an integer, got {value!r}")
@@ -105,6 +109,8 @@ def _int(where: str, field: str, value) -> int:
     if isinstance(value, int):
         return value
     if isinstance(value, str) and value.strip().lstrip("+-").isdigit() and value.strip().isascii():
+        if len(value.strip().lstrip("+-")) > MAX_DIGITS:  # int() refuses > 4300 digits with a bare ValueError
+            raise field_error(where, field, f"an integer of {len(value.strip())} digits (at most {MAX_DIGITS})")
         return int(value.strip())
     raise field_error(where, field, f"expected an integer, got {value!r}")
 
@@ -167,7 +173,10 @@ def math_examples(records: Records, split: str = "train") -> list[MathExample]:
         problem = _text(where, "problem", r["problem"])
         solution = "" if r["solution"] is None else str(r["solution"])
         if r["answer"] is not None:
-            gold = math_gold(_text(where, "answer", r["answer"]))
+            try:
+                gold = math_gold(_text(where, "answer", r["answer"]))
+            except ValueError as e:  # e.g. "\\boxed{ }": text, but no answer inside
+                raise field_error(where, "answer", str(e)) from None
         else:
             if "answer" in records.columns and "solution" not in records.columns:
                 raise field_error(where, "answer", "missing or null")

@@ -174,3 +174,17 @@ def test_source_errors(tmp_path, cache):
         load_records(path, "test", cache_dir=cache)
     with pytest.raises(DataError, match="no such file or folder"):
         load_records("./not/here", cache_dir=cache)  # (a path, never a hub download)
+
+
+def test_records_the_fuzzer_broke_are_refused_with_a_data_error(tmp_path, cache):
+    """Found by benchmarks/reliability.py: an answer whose box holds nothing, and a 5000-digit number, raised a
+    bare ValueError (no file, line or field) from deep inside the converters."""
+    empty_box = write_jsonl(tmp_path / "m.jsonl", [{"problem": "p", "answer": "\\boxed{ }"}])
+    with pytest.raises(DataError, match=re.escape(f"{empty_box} line 1: field 'answer': empty gold answer")):
+        math_examples(load_records(empty_box, cache_dir=cache))
+    huge = write_jsonl(tmp_path / "cd.jsonl", [{"nums": [1, 2], "target": "9" * 5000}])
+    with pytest.raises(DataError, match=re.escape(f"{huge} line 1: field 'target': an integer of 5000 digits")):
+        countdown_examples(load_records(huge, cache_dir=cache))
+    d1_style = write_jsonl(tmp_path / "countdown_cd3_test.jsonl", [{"input": "1," + "9" * 5000, "output": "3"}])
+    with pytest.raises(DataError, match="field 'input': an integer of 5000 digits"):
+        countdown_examples(load_records(d1_style, cache_dir=cache), "test")
