@@ -272,7 +272,9 @@ def _resolve_key(cls: type, key: str) -> str:
         raise ConfigError(f"config key {key!r} is ambiguous; use one of {leaf}")
     import difflib
 
-    close = difflib.get_close_matches(key, keys + [k.rsplit('.', 1)[-1] for k in keys], n=3)
+    # section names too: a misspelt section ("trian:") should point at "train", not at a leaf that looks alike
+    sections = sorted({k.split(".", 1)[0] for k in keys if "." in k})
+    close = difflib.get_close_matches(key, sections + keys + [k.rsplit('.', 1)[-1] for k in keys], n=3)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
     raise ConfigError(f"unknown config key {key!r}.{hint} (see --help for every key)")
 

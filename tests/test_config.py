@@ -39,6 +39,7 @@ def test_string_override_keeps_text():
     [
         ("nope=1", "unknown config key 'nope'"),
         ("learning_rat=1", "Did you mean"),
+        ("trian=1", "Did you mean train,"),  # a misspelt section suggests the section
         ("steps=3", "ambiguous"),
         ("train.max_steps=abc", "train.max_steps"),
         ("train.max_steps=1.5", "expects int"),
