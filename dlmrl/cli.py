@@ -222,6 +222,7 @@ def _eval_run_config(args) -> Path | None:
 def _build(args, cls):
     cfg = cls()
     saved = _resume_config(args) if getattr(args, "resume", False) else _eval_run_config(args)
+    args.config_source = str(saved or args.config or default_config_path())  # (errors and --dry-run name it)
     if cls is Config:
         load_yaml(cfg, saved or args.config or default_config_path())
     elif args.config:
@@ -238,12 +239,13 @@ def _build(args, cls):
     return cfg
 
 
-def _dry_run(cfg: Config, config_file: str | None) -> int:
-    """``dlmrl train --dry-run``: print the plan of a validated config (:mod:`dlmrl.training.plan`)."""
+def _dry_run(cfg: Config, config_file: str | None, resume: bool = False) -> int:
+    """``dlmrl train --dry-run``: print the plan of a validated config (:mod:`dlmrl.training.plan`); with
+    ``--resume``, of the run it would continue (its saved ``config.yaml``)."""
     from dlmrl.training.plan import build_plan, format_plan
 
     try:
-        plan = build_plan(cfg)
+        plan = build_plan(cfg, resume=resume)
     except (ConfigError, ValueError, OSError) as e:
         print(f"dlmrl train --dry-run: {e}", file=sys.stderr)
         return 2
@@ -338,11 +340,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = _build(args, PretrainConfig if args.command == "pretrain" else Config)
     except ConfigError as e:
-        e = locate_error(e, args.config)
+        e = locate_error(e, getattr(args, "config_source", args.config), args.overrides)
         print(f"dlmrl {args.command}: config error: {e}", file=sys.stderr)
         return 2
     if args.command == "train" and args.dry_run:
-        return _dry_run(cfg, args.config)
+        return _dry_run(cfg, args.config_source, resume=args.resume)
     if args.command == "train":
         from dlmrl.training.distributed import (
             check_process_split,

@@ -366,13 +366,28 @@ def _key_in(message: str) -> str:
     return message.split("'")[1] if "'" in message else ""
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` that refuses a key given twice in one mapping (YAML's default keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice (first on line {seen[key] + 1}); keep one",
+                    key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_yaml(cfg: Any, path: str | Path) -> None:
     """Update ``cfg`` from a YAML file; errors name the file and (when found) the line."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}{_yaml_error_place(e)}: invalid YAML: {_yaml_problem(e)}") from None
     if not isinstance(data, dict):
@@ -383,11 +398,18 @@ def load_yaml(cfg: Any, path: str | Path) -> None:
         raise ConfigError(f"{_yaml_line(path, _key_in(str(e)))}{e}") from None
 
 
-def locate_error(error: ConfigError, path: str | Path | None) -> ConfigError:
-    """Prefix a validation error with the YAML file and line that set its key, when there is one."""
+def locate_error(error: ConfigError, path: str | Path | None, overrides: list[str] = ()) -> ConfigError:
+    """Prefix a validation error with where its key was set: the command-line override that set it (overrides win
+    over the file), else the YAML file and line, when there is one."""
+    key = _key_in(str(error))
+    if key:
+        for o in overrides:
+            name = o.split("=", 1)[0].strip()
+            if name and (name == key or key.endswith("." + name) or name.endswith("." + key)):
+                return ConfigError(f"command-line override {o!r}: {error}")
     if path is None or str(error).startswith(str(path)):
         return error
-    return ConfigError(f"{_yaml_line(Path(path), _key_in(str(error)))}{error}")
+    return ConfigError(f"{_yaml_line(Path(path), key)}{error}")
 
 
 def apply_overrides(cfg: Any, overrides: list[str]) -> None:

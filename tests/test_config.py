@@ -116,6 +116,13 @@ def test_yaml_bare_leaf_and_empty_section(tmp_path):
     assert cfg.train.learning_rate == 3e-5 and cfg.eval.steps == 4
 
 
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("train:\n  max_steps: 4\n  epsilon: 0.2\n  max_steps: 9\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml line 4, column 3: .*'max_steps' is given twice \(first on line 2\)"):
+        load_yaml(Config(), p)
+
+
 def test_yaml_line_is_section_aware(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("sampling:\n  steps: 4\neval:\n  steps: abc\n")
@@ -128,6 +135,18 @@ def test_validation_error_from_yaml_names_file_and_line(tmp_path, capsys):
     p.write_text("train:\n  epsilon: 2.0\n")
     assert main(["train", "--config", str(p)]) == 2
     assert "c.yaml line 2" in capsys.readouterr().err
+
+
+def test_a_bad_override_is_blamed_on_the_override_not_on_the_file(tmp_path, capsys):
+    """The file sets a valid value on line 2; the bad one came from the command line (found by a new user)."""
+    p = tmp_path / "c.yaml"
+    p.write_text("train:\n  epsilon: 0.2\n  num_generations: 4\n")
+    assert main(["train", "--config", str(p), "--dry-run", "train.epsilon=2.0"]) == 2
+    err = capsys.readouterr().err
+    assert "command-line override 'train.epsilon=2.0'" in err and "line 2" not in err
+    assert main(["train", "--config", str(p), "--dry-run", "num_generations=1"]) == 2  # a bare leaf name
+    err = capsys.readouterr().err
+    assert "command-line override 'num_generations=1'" in err and "line 3" not in err
 
 
 def test_overrides_after_flags_and_non_finite_numbers(capsys):

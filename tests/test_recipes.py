@@ -137,3 +137,27 @@ def test_dry_run_checks_the_split_for_the_processes_the_run_will_start(tmp_path,
     monkeypatch.setenv("WORLD_SIZE", "5")  # (a torchrun launch: the run checks WORLD_SIZE too)
     assert cli.main(["train", "--config", str(path), "--dry-run", "--output-dir", str(tmp_path / "r")]) == 2
     assert "do not split over 5 processes" in capsys.readouterr().err
+
+
+def test_dry_run_with_resume_describes_the_run_it_continues(tmp_path, capsys, offline):
+    """``--resume --dry-run`` names the run's own config.yaml and its checkpoint, and refuses what the run refuses
+    (no checkpoint; settings other than the run's own)."""
+    out = tmp_path / "run"
+    assert cli.main(["train", "--dry-run", "--resume", "--output-dir", str(out)]) == 2
+    assert "no checkpoint" in capsys.readouterr().err
+    out.mkdir()
+    (out / "config.yaml").write_text(Path("configs/tracerl_sudoku_tiny.yaml").read_text())
+    cfg = Config()
+    load_yaml(cfg, out / "config.yaml")
+    cfg.output_dir = str(out)
+    from dlmrl.config import save_yaml
+
+    save_yaml(cfg, out / "config.yaml")
+    (out / "checkpoints" / "step-2").mkdir(parents=True)
+    assert cli.main(["train", "--dry-run", "--resume", "--output-dir", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith(f"# dlmrl train --dry-run: {out / 'config.yaml'} is valid")
+    assert yaml.safe_load(text)["output"]["state"] == f"resumes from {out / 'checkpoints' / 'step-2'}"
+    assert yaml.safe_load(text)["algorithm"]["name"] == "tracerl"
+    assert cli.main(["train", "--dry-run", "--resume", "--output-dir", str(out), "train.max_steps=7"]) == 2
+    assert "these differ" in capsys.readouterr().err

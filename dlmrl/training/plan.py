@@ -93,6 +93,8 @@ def _estimator_section(cfg: Config) -> dict:
     nfe = est.nfe if est.nfe is not None else est.nfe_for(cfg.sampling.gen_length)  # (at most, per sequence)
     out: dict = {"name": name, "nfe": nfe,
                  "chosen_by": "estimator.name" if cfg.estimator.name else "the preset's recipe"}
+    if est.nfe is None:  # (data-dependent: the trajectory's steps or tokens; the figure is the bound)
+        out["nfe_is"] = "at most, per completion (it depends on the rollout; the run logs nfe_scoring per step)"
     if name in ("sdmc", "coupled_sdmc"):
         out.update(num_nodes=e.num_nodes, samples_per_node=e.samples_per_node, masking=e.masking)
     elif name == "double_mc":
@@ -197,7 +199,7 @@ def _sizes_section(cfg: Config, nfe_scoring: int, processes: int) -> dict:
     out["completion_tokens_per_step"] = rows * length
     if cfg.model.kind == "diffusion":
         canvases = rows * nfe_scoring
-        out["scoring_canvases_per_update"] = canvases
+        out["scoring_canvases_per_update"] = canvases  # (at most, for data-dependent NFE)
         out["canvases_per_forward"] = min(e.micro_batch, canvases) if e.micro_batch else canvases
         out["scoring"] = ("two-pass chunks of estimator.micro_batch (memory of one chunk)"
                           if e.micro_batch and e.micro_batch < canvases else "one call with grad")
@@ -223,14 +225,18 @@ def run_processes(accel: dict) -> int:
     return requested_cpu_processes() or max(launched_processes(), int(accel.get("num_processes", 1)))
 
 
-def build_plan(cfg: Config) -> dict:
+def build_plan(cfg: Config, resume: bool = False) -> dict:
     """The run's plan: sections ``model``, ``algorithm``, ``estimator``, ``task``, ``sampler``, ``sizes``,
     ``tracker``, ``accelerate``, ``output`` (plain values, YAML-printable). ``cfg`` must be validated
     (:func:`dlmrl.config.validate`); nothing is loaded but local ``config.json`` files and local data files.
+    ``resume``: the output state says which checkpoint ``--resume`` would continue from (and the run's refusals
+    apply: no checkpoint, settings that differ from the run's own).
 
     Raises:
         ConfigError: what the run would refuse before loading a model, for the processes it would start (a batch
-            that does not split over them, a preset that needs one process).
+            that does not split over them, a preset that needs one process); with ``resume``, settings other than the
+            run's own.
+        FileNotFoundError: ``resume`` with no checkpoint in the output folder.
     """
     from dlmrl.training.distributed import check_process_split, check_sharding_backend
 
@@ -244,6 +250,12 @@ def build_plan(cfg: Config) -> dict:
         accel["processes_the_run_trains_with"] = processes
     out_dir = Path(cfg.output_dir)
     holds_run = (out_dir / "config.yaml").exists() or (out_dir / "checkpoints").is_dir()
+    if resume:  # the run's own check: a checkpoint to continue from, and the run's own settings
+        from dlmrl.training.trainer import check_run_folder
+
+        state = f"resumes from {check_run_folder(cfg, resume=True)}"
+    else:
+        state = "holds a run (use --resume or a new --output-dir)" if holds_run else "new"
     return {
         "model": _model_section(cfg),
         "algorithm": _algorithm_section(cfg, preset),
@@ -254,7 +266,7 @@ def build_plan(cfg: Config) -> dict:
         "tracker": _tracker_section(cfg),
         "accelerate": accel,
         "output": {"output_dir": str(out_dir),
-                   "state": "holds a run (use --resume or a new --output-dir)" if holds_run else "new"},
+                   "state": state},
     }
 
 
