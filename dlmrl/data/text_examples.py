@@ -13,6 +13,7 @@ naming the file (or dataset and split), the line (or row) and the field.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 from dlmrl.data.loading import DataError, Records, field_error
@@ -108,7 +109,7 @@ def _int(where: str, field: str, value) -> int:
         return int(value)
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and value.strip().lstrip("+-").isdigit() and value.strip().isascii():
+    if isinstance(value, str) and re.fullmatch(r"[+-]?[0-9]+", value.strip()):  # (one sign at most: "--5" is no int)
         if len(value.strip().lstrip("+-")) > MAX_DIGITS:  # int() refuses > 4300 digits with a bare ValueError
             raise field_error(where, field, f"an integer of {len(value.strip())} digits (at most {MAX_DIGITS})")
         return int(value.strip())

@@ -185,6 +185,9 @@ def test_records_the_fuzzer_broke_are_refused_with_a_data_error(tmp_path, cache)
     huge = write_jsonl(tmp_path / "cd.jsonl", [{"nums": [1, 2], "target": "9" * 5000}])
     with pytest.raises(DataError, match=re.escape(f"{huge} line 1: field 'target': an integer of 5000 digits")):
         countdown_examples(load_records(huge, cache_dir=cache))
+    signs = write_jsonl(tmp_path / "signs.jsonl", [{"nums": [1, 2], "target": "-" * 40 + "5"}])  # (int() raised)
+    with pytest.raises(DataError, match="field 'target': expected an integer"):
+        countdown_examples(load_records(signs, cache_dir=cache))
     d1_style = write_jsonl(tmp_path / "countdown_cd3_test.jsonl", [{"input": "1," + "9" * 5000, "output": "3"}])
     with pytest.raises(DataError, match="field 'input': an integer of 5000 digits"):
         countdown_examples(load_records(d1_style, cache_dir=cache), "test")
