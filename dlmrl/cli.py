@@ -222,9 +222,10 @@ def _eval_run_config(args) -> Path | None:
 def _build(args, cls):
     cfg = cls()
     saved = _resume_config(args) if getattr(args, "resume", False) else _eval_run_config(args)
-    args.config_source = str(saved or args.config or default_config_path())  # (errors and --dry-run name it)
+    source = saved or args.config or default_config_path()
+    args.config_source = str(source)  # (errors and --dry-run name it)
     if cls is Config:
-        load_yaml(cfg, saved or args.config or default_config_path())
+        load_yaml(cfg, source)
     elif args.config:
         load_yaml(cfg, args.config)
     apply_overrides(cfg, args.overrides)

@@ -109,10 +109,11 @@ def _int(where: str, field: str, value) -> int:
         return int(value)
     if isinstance(value, int):
         return value
-    if isinstance(value, str) and re.fullmatch(r"[+-]?[0-9]+", value.strip()):  # (one sign at most: "--5" is no int)
-        if len(value.strip().lstrip("+-")) > MAX_DIGITS:  # int() refuses > 4300 digits with a bare ValueError
-            raise field_error(where, field, f"an integer of {len(value.strip())} digits (at most {MAX_DIGITS})")
-        return int(value.strip())
+    text = value.strip() if isinstance(value, str) else None
+    if text is not None and re.fullmatch(r"[+-]?[0-9]+", text):  # (one sign at most: "--5" is no int)
+        if len(text.lstrip("+-")) > MAX_DIGITS:  # int() refuses > 4300 digits with a bare ValueError
+            raise field_error(where, field, f"an integer of {len(text)} digits (at most {MAX_DIGITS})")
+        return int(text)
     raise field_error(where, field, f"expected an integer, got {value!r}")
 
 

@@ -249,13 +249,14 @@ def build_plan(cfg: Config, resume: bool = False) -> dict:
     if processes != accel.get("num_processes", processes):
         accel["processes_the_run_trains_with"] = processes
     out_dir = Path(cfg.output_dir)
-    holds_run = (out_dir / "config.yaml").exists() or (out_dir / "checkpoints").is_dir()
     if resume:  # the run's own check: a checkpoint to continue from, and the run's own settings
         from dlmrl.training.trainer import check_run_folder
 
         state = f"resumes from {check_run_folder(cfg, resume=True)}"
+    elif (out_dir / "config.yaml").exists() or (out_dir / "checkpoints").is_dir():
+        state = "holds a run (use --resume or a new --output-dir)"
     else:
-        state = "holds a run (use --resume or a new --output-dir)" if holds_run else "new"
+        state = "new"
     return {
         "model": _model_section(cfg),
         "algorithm": _algorithm_section(cfg, preset),
