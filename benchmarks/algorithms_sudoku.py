@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sudoku_runs import RunSpec, run_benchmark
 
 RUNS = (
-    RunSpec("gdpo", "diffusion", "configs/gdpo_sudoku_tiny.yaml"),
+    RunSpec("gdpo", "diffusion", "configs/gdpo_sudoku_tiny.yaml", ("estimator.name=sdmc",)),  # GDPO's own estimator
     RunSpec("diffu_grpo", "diffusion", "configs/diffu_grpo_sudoku_tiny.yaml"),
     RunSpec("grpo", "ar", "configs/grpo_sudoku_tiny_ar.yaml"),
     RunSpec("gspo", "ar", "configs/gspo_sudoku_tiny_ar.yaml"),

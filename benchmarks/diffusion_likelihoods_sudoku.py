@@ -31,7 +31,8 @@ from sudoku_runs import RunSpec, run_benchmark
 
 TRAJECTORY = ("estimator.name=trajectory", "estimator.order=sampled")
 RUNS = (
-    RunSpec("gdpo", "diffusion", "configs/gdpo_sudoku_tiny.yaml", label="gdpo (SDMC, N = 3)"),
+    # GDPO's own estimator; the default recipe scores with the trajectory likelihood (m = 2) since this benchmark
+    RunSpec("gdpo", "diffusion", "configs/gdpo_sudoku_tiny.yaml", ("estimator.name=sdmc",), label="gdpo (SDMC, N = 3)"),
     RunSpec("diffu_grpo", "diffusion", "configs/diffu_grpo_sudoku_tiny.yaml", label="diffu_grpo (one-step)"),
     RunSpec("gdpo_traj_m1", "diffusion", "configs/gdpo_sudoku_tiny.yaml", (*TRAJECTORY, "estimator.merge=1"),
             label="gdpo (trajectory, m = 1)"),

@@ -10,6 +10,7 @@ Option names follow TRL's ``GRPOConfig`` where one exists.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -18,6 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+DEFAULT_TRAIN_CONFIG = "gdpo_sudoku_tiny.yaml"
+
+
+def default_config_path(name: str = DEFAULT_TRAIN_CONFIG) -> Path:
+    """The packaged recipe ``dlmrl/recipes/<name>`` (``dlmrl train`` with no ``--config`` runs it)."""
+    from importlib import resources
+
+    return Path(str(resources.files("dlmrl") / "recipes" / name))
 
 #: transformers schedules that need nothing beyond warm-up and total steps.
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
@@ -588,18 +598,27 @@ def validate(cfg: Config, for_training: bool = True) -> None:
     _check(ev.batch_size >= 1, "eval.batch_size", "must be >= 1")
 
 
+@functools.lru_cache(maxsize=1)
+def _default_recipe_estimator() -> EstimatorConfig:
+    recipe = Config()
+    load_yaml(recipe, default_config_path())
+    return recipe.estimator
+
+
 def _warn_estimator_fields(cfg: Config, name: str, e: EstimatorConfig) -> None:
     """Warn about ``estimator`` fields set away from their defaults that ``name`` does not read (they would be
-    ignored silently), and about training with an estimator of infinite variance."""
+    ignored silently), and about training with an estimator of infinite variance. A value of the dataclass
+    defaults or of the default recipe counts as unset, so ``dlmrl train estimator.name=sdmc`` does not blame
+    the user for the recipe's own ``merge: 2``."""
     import warnings
 
     from dlmrl.estimators.factory import FIELDS_USED
 
     if cfg.model.kind != "diffusion" or name not in FIELDS_USED:
         return
-    defaults = EstimatorConfig()
+    defaults = (EstimatorConfig(), _default_recipe_estimator())
     ignored = [f.name for f in dataclasses.fields(e) if f.name not in ("name", "micro_batch")
-               and f.name not in FIELDS_USED[name] and getattr(e, f.name) != getattr(defaults, f.name)]
+               and f.name not in FIELDS_USED[name] and all(getattr(e, f.name) != getattr(d, f.name) for d in defaults)]
     if ignored:
         warnings.warn(f"config keys {', '.join(f'estimator.{k}' for k in ignored)} do not apply to the {name!r} "
                       f"estimator (it reads {', '.join(sorted(FIELDS_USED[name])) or 'none of them'}) and are "

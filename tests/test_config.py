@@ -11,7 +11,9 @@ def test_default_recipe_loads_and_validates():
     assert cfg.model.name_or_path == "tiny-sudoku"
     from dlmrl.config import estimator_name
 
-    assert cfg.estimator.name is None and estimator_name(cfg) == "sdmc"  # null: gdpo's recipe estimator
+    # the default job scores with the trajectory likelihood, two sampling steps per canvas (README's benchmark)
+    assert estimator_name(cfg) == "trajectory" and (cfg.estimator.order, cfg.estimator.merge) == ("sampled", 2)
+    assert estimator_name(Config()) == "sdmc"  # a config naming no estimator: gdpo's own
 
 
 def test_recipe_in_configs_is_the_packaged_one():
@@ -105,6 +107,11 @@ def test_dataclass_defaults_are_the_default_recipe():
 
     recipe = Config()
     load_yaml(recipe, default_config_path())
+    # except the estimator: the recipe names trajectory (merge 2); the dataclass leaves it to the algorithm
+    # (estimator.name null = the preset's own), so a config that picks another algorithm gets that one's
+    assert (recipe.estimator.name, recipe.estimator.merge) == ("trajectory", 2)
+    assert (Config().estimator.name, Config().estimator.merge) == (None, 1)
+    recipe.estimator.name, recipe.estimator.merge = None, 1
     assert to_dict(recipe) == to_dict(Config())
 
 
@@ -187,7 +194,7 @@ def test_a_yaml_syntax_error_names_the_file_line_and_the_likely_cause(tmp_path, 
 
 def test_estimator_fields_that_do_not_apply_and_infinite_variance_warn():
     cfg = Config()
-    apply_overrides(cfg, ["estimator.name=sdmc", "estimator.merge=2", "estimator.t_min=0.1"])
+    apply_overrides(cfg, ["estimator.name=sdmc", "estimator.merge=3", "estimator.t_min=0.1"])
     with pytest.warns(UserWarning, match=r"estimator\.t_min, estimator\.merge do not apply to the 'sdmc'"):
         validate(cfg)
     cfg = Config()
@@ -199,7 +206,29 @@ def test_estimator_fields_that_do_not_apply_and_infinite_variance_warn():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the default recipe, and a preset's own recipe estimator: no warning
         validate(Config())
+        recipe = Config()
+        load_yaml(recipe, default_config_path())
+        validate(recipe)
+        # the default recipe's own merge: 2 is not the user's doing when they switch its estimator
+        apply_overrides(recipe, ["estimator.name=sdmc"])
+        validate(recipe)
         for algorithm in ("spg", "just_grpo", "espo_dllm"):
             cfg = Config()
             apply_overrides(cfg, [f"algorithm={algorithm}"])
             validate(cfg)
+
+
+def test_changing_the_default_recipes_algorithm_says_it_keeps_the_recipes_estimator(capsys):
+    """The default recipe names its estimator (trajectory), so ``dlmrl train algorithm=diffu_grpo`` would not be
+    diffu_grpo's published method (one_step) without a word; naming an estimator, or a preset whose own estimator
+    is the recipe's, is quiet."""
+    import warnings
+
+    with pytest.warns(UserWarning, match=r"keeps the recipe's estimator 'trajectory'; diffu_grpo's own is 'one_step'"):
+        assert main(["train", "--dry-run", "algorithm=diffu_grpo"]) == 0
+    for overrides in ([], ["algorithm=tracerl"], ["algorithm=diffu_grpo", "estimator.name=null"],
+                      ["algorithm=diffu_grpo", "estimator.name=trajectory"]):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert main(["train", "--dry-run", *overrides]) == 0, overrides
+    capsys.readouterr()
