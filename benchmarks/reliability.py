@@ -170,6 +170,7 @@ def _fuzz_one(call, kind: str, strategy, n: int, settings, given, data_error) ->
     stats = {"calls": 0, "exceptions": 0, "refused_records": 0, "eval_reached": 0, "slowest_ms": 0.0,
              "slowest_cpu_ms": 0.0, "examples": []}
     hits: list = []
+    slowest: list[tuple[float, str]] = []  # (CPU seconds, input) of the slowest calls, re-timed at the end
 
     @settings(max_examples=n, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
     @given(strategy)
@@ -193,11 +194,40 @@ def _fuzz_one(call, kind: str, strategy, n: int, settings, given, data_error) ->
         # wall time (what a caller waits, MATH's worker included) and this process's CPU time (what the call
         # costs, whatever else the machine runs)
         stats["slowest_ms"] = max(stats["slowest_ms"], 1000 * (time.perf_counter() - t0))
-        stats["slowest_cpu_ms"] = max(stats["slowest_cpu_ms"], 1000 * (time.process_time() - c0))
+        cpu = time.process_time() - c0
+        stats["slowest_cpu_ms"] = max(stats["slowest_cpu_ms"], 1000 * cpu)
         stats["eval_reached"] += len(hits) > before
+        slowest.append((cpu, t))
+        slowest.sort(key=lambda x: -x[0])
+        del slowest[5:]
 
     run()
+    # A single slow call can be the process's, not the input's (a garbage-collection pause among hypothesis's
+    # objects: the GSM8K loader's 425 ms call was 0.1 ms on the same input again). The cost of an input is its
+    # best of 3 re-timings with the collector off; report the worst input by that measure.
+    stats["slowest_input_cpu_ms"] = max((_retime(call, t) for _, t in slowest), default=0.0)
     return stats
+
+
+def _retime(call, text: str, repeats: int = 3) -> float:
+    """Best-of-``repeats`` CPU milliseconds of ``call(text)`` with garbage collection off."""
+    import gc
+
+    best = float("inf")
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            c0 = time.process_time()
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    call(text)
+            except Exception:  # noqa: BLE001 (counted in the timed run)
+                pass
+            best = min(best, time.process_time() - c0)
+    finally:
+        gc.enable()
+    return 1000 * best
 
 
 def fuzz_inputs(n: int, seed: int) -> dict:
@@ -225,15 +255,17 @@ def fuzz_inputs(n: int, seed: int) -> dict:
             stats = _fuzz_one(call, kind, text, n, settings, given, DataError)
             results[name] = stats
             print(f"  {name}: {stats['calls']} calls, {stats['exceptions']} exceptions, slowest "
-                  f"{stats['slowest_ms']:.1f} ms wall / {stats['slowest_cpu_ms']:.1f} ms CPU, eval reached "
-                  f"{stats['eval_reached']}", flush=True)
+                  f"{stats['slowest_ms']:.1f} ms wall / {stats['slowest_cpu_ms']:.1f} ms CPU (slowest input "
+                  f"re-timed: {stats['slowest_input_cpu_ms']:.1f} ms CPU), eval reached {stats['eval_reached']}",
+                  flush=True)
     finally:
         verifier.close()
     return {"per_target": n, "seed": seed, "targets": results,
             "exceptions": sum(s["exceptions"] for s in results.values()),
             "eval_reached": sum(s["eval_reached"] for s in results.values()),
             "slowest_ms": max(s["slowest_ms"] for s in results.values()),
-            "slowest_cpu_ms": max(s["slowest_cpu_ms"] for s in results.values())}
+            "slowest_cpu_ms": max(s["slowest_cpu_ms"] for s in results.values()),
+            "slowest_input_cpu_ms": max(s["slowest_input_cpu_ms"] for s in results.values())}
 
 
 # -- 3. bad configs and data --------------------------------------------------------------------------------
@@ -510,7 +542,7 @@ def main() -> None:
         f = result["fuzz"]
         print(f"fuzzed inputs: {len(f['targets'])} targets x {f['per_target']}: {f['exceptions']} exceptions, "
               f"{f['eval_reached']} reached eval/exec, slowest call {f['slowest_ms']:.1f} ms wall, "
-              f"{f['slowest_cpu_ms']:.1f} ms CPU")
+              f"{f['slowest_cpu_ms']:.1f} ms CPU; slowest input re-timed {f['slowest_input_cpu_ms']:.1f} ms CPU")
     if "configs" in result:
         c = result["configs"]
         print(f"bad configs and data: {c['stopped_before_model_load_with_key_and_line']}/{c['cases']} stopped before "
