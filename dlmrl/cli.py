@@ -23,6 +23,7 @@ from dlmrl.config import (
     help_text,
     load_yaml,
     locate_error,
+    use_the_algorithms_estimator,
     validate,
     validate_pretrain,
 )
@@ -228,31 +229,12 @@ def _build(args, cls):
         cfg.model.name_or_path = args.model
     if cls is Config:
         validate(cfg, for_training=args.command == "train")  # (eval trains nothing: any algorithm will do)
-        if source == default_config_path() and args.command == "train":
-            _warn_recipe_estimator_kept(cfg, args.overrides)
+        if source == default_config_path():
+            use_the_algorithms_estimator(cfg, args.overrides)
+            validate(cfg, for_training=args.command == "train")
     else:
         validate_pretrain(cfg)
     return cfg
-
-
-def _warn_recipe_estimator_kept(cfg: Config, overrides: list[str]) -> None:
-    """The default recipe names its estimator (``trajectory``, merge 2), so ``dlmrl train algorithm=X`` keeps it
-    instead of X's own (diffu_grpo: one_step); say so, since the run would not be X's method as published."""
-    import dataclasses
-    import warnings
-
-    from dlmrl.config import estimator_name
-
-    recipe = Config()
-    load_yaml(recipe, default_config_path())
-    if (cfg.model.kind != "diffusion" or cfg.train.algorithm == recipe.train.algorithm
-            or cfg.estimator.name != recipe.estimator.name or any(o.startswith("estimator.name=") for o in overrides)):
-        return
-    own = estimator_name(dataclasses.replace(cfg, estimator=dataclasses.replace(cfg.estimator, name=None)))
-    if own != cfg.estimator.name:
-        warnings.warn(f"train.algorithm={cfg.train.algorithm} on the default recipe keeps the recipe's estimator "
-                      f"{cfg.estimator.name!r}; {cfg.train.algorithm}'s own is {own!r} (add estimator.name=null for "
-                      "it)", UserWarning, stacklevel=2)
 
 
 def _dry_run(cfg: Config, config_file: str | None, resume: bool = False) -> int:

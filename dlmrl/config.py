@@ -598,6 +598,47 @@ def validate(cfg: Config, for_training: bool = True) -> None:
     _check(ev.batch_size >= 1, "eval.batch_size", "must be >= 1")
 
 
+def use_the_algorithms_estimator(cfg: Config, overrides: list[str]) -> bool:
+    """Give a config built on the default recipe its algorithm's own estimator when ``overrides`` change the
+    algorithm but name no ``estimator.*`` key; True if it did. Prints a line on stderr saying so.
+
+    The default recipe's estimator (``trajectory``, merge 2) is its GDPO's choice; ``dlmrl train
+    algorithm=diffu_grpo`` means diffu_grpo with its own estimator (``one_step``), as a config file naming no
+    estimator gets (``estimator.name: null`` = the preset's recipe estimator). Only for a diffusion model and an
+    estimator section the overrides left as the recipe has it.
+    """
+    import sys
+
+    recipe = Config()
+    load_yaml(recipe, default_config_path())
+    chosen = any(_resolve_key(Config, o.split("=", 1)[0].strip()).startswith("estimator.") for o in overrides)
+    if (cfg.model.kind != "diffusion" or cfg.train.algorithm == recipe.train.algorithm or chosen
+            or cfg.estimator != recipe.estimator):
+        return False
+    cfg.estimator = EstimatorConfig()
+    print(f"dlmrl: train.algorithm={cfg.train.algorithm}: the default recipe's estimator ({recipe.estimator.name}, "
+          f"merge {recipe.estimator.merge}) is its {recipe.train.algorithm}'s; using {cfg.train.algorithm}'s own "
+          f"({estimator_name(cfg)}; set an estimator.* key to choose another)", file=sys.stderr)
+    return True
+
+
+def default_job_config(overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """The validated config that ``dlmrl train key=value ...`` (no ``--config``) runs: the default recipe, the
+    overrides, and :func:`use_the_algorithms_estimator`. ``Config()`` alone differs from it in the estimator
+    (the dataclass leaves ``estimator.name`` null: the algorithm's own).
+
+    Raises:
+        ConfigError: a bad override or value (naming the key).
+    """
+    cfg = Config()
+    load_yaml(cfg, default_config_path())
+    apply_overrides(cfg, list(overrides))
+    validate(cfg)
+    if use_the_algorithms_estimator(cfg, list(overrides)):
+        validate(cfg)
+    return cfg
+
+
 @functools.lru_cache(maxsize=1)
 def _default_recipe_estimator() -> EstimatorConfig:
     recipe = Config()

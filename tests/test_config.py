@@ -218,17 +218,29 @@ def test_estimator_fields_that_do_not_apply_and_infinite_variance_warn():
             validate(cfg)
 
 
-def test_changing_the_default_recipes_algorithm_says_it_keeps_the_recipes_estimator(capsys):
-    """The default recipe names its estimator (trajectory), so ``dlmrl train algorithm=diffu_grpo`` would not be
-    diffu_grpo's published method (one_step) without a word; naming an estimator, or a preset whose own estimator
-    is the recipe's, is quiet."""
-    import warnings
+def test_changing_the_default_recipes_algorithm_gives_that_algorithms_estimator(capsys):
+    """The default recipe's estimator (trajectory, merge 2) is its GDPO's: ``dlmrl train algorithm=diffu_grpo`` is
+    diffu_grpo with its own one_step (as a config naming no estimator gets), said on stderr; an estimator key on
+    the command line (dotted or bare) keeps the user's choice."""
+    import yaml
 
-    with pytest.warns(UserWarning, match=r"keeps the recipe's estimator 'trajectory'; diffu_grpo's own is 'one_step'"):
-        assert main(["train", "--dry-run", "algorithm=diffu_grpo"]) == 0
-    for overrides in ([], ["algorithm=tracerl"], ["algorithm=diffu_grpo", "estimator.name=null"],
-                      ["algorithm=diffu_grpo", "estimator.name=trajectory"]):
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            assert main(["train", "--dry-run", *overrides]) == 0, overrides
+    from dlmrl.config import default_job_config
+
+    def plan(*overrides):
+        assert main(["train", "--dry-run", *overrides]) == 0
+        out = capsys.readouterr()
+        return yaml.safe_load(out.out.split("\n", 1)[1])["estimator"], out.err
+
+    est, err = plan()
+    assert (est["name"], est["merge"], err) == ("trajectory", 2, "")
+    est, err = plan("algorithm=diffu_grpo")
+    assert est["name"] == "one_step" and "using diffu_grpo's own (one_step" in err
+    est, err = plan("algorithm=tracerl")  # tracerl's own: trajectory, unmerged (4 sampling steps: NFE 4)
+    assert (est["name"], est["nfe"]) == ("trajectory", 4) and "tracerl's own" in err
+    for chosen in (["estimator.name=trajectory"], ["merge=2"]):
+        est, err = plan("algorithm=diffu_grpo", *chosen)
+        assert (est["name"], est["merge"], err) == ("trajectory", 2, ""), chosen
+    # the Python path builds the same configs
+    assert default_job_config(["algorithm=diffu_grpo"]).estimator == Config().estimator
+    assert default_job_config().estimator.name == "trajectory"
     capsys.readouterr()

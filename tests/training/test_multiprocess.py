@@ -21,7 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dlmrl.config import Config, ConfigError, apply_overrides
+from dlmrl.config import ConfigError, default_job_config
 from dlmrl.training.trainer import train
 
 BIN = Path(sys.executable).parent
@@ -49,9 +49,8 @@ def launch(program: list[str], overrides: list[str], out: Path) -> subprocess.Co
 
 
 def one_process(overrides: list[str], out: Path) -> dict:
-    cfg = Config()
-    apply_overrides(cfg, [f"output_dir={out}", *overrides])
-    return train(cfg, progress=False)
+    """The run ``dlmrl train <overrides>`` makes, in this process."""
+    return train(default_job_config([f"output_dir={out}", *overrides]), progress=False)
 
 
 def rows(out: Path) -> list[dict]:
