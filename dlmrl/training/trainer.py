@@ -366,9 +366,11 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
         ref = load_configured_policy(cfg)
         ref.model.requires_grad_(False).eval().to(accelerator.device)
     task = build_task(cfg, policy)
+    # (AR with one process: an entropy preset with μ = 1 takes its entropies from the update's own forward)
     scorer = (ARScorer(policy, ref, old_scores=objective.needs_old_scores, share_forward=processes.count == 1)
-              if is_ar else DiffusionScorer(policy, ref, build_estimator(cfg), cfg.estimator.micro_batch or None,
-                                   old_scores=objective.needs_old_scores))
+              if is_ar else
+              DiffusionScorer(policy, ref, build_estimator(cfg), cfg.estimator.micro_batch or None,
+                              old_scores=objective.needs_old_scores))
     needs = preset.required_inputs
     delimiters = delimiter_token_ids(policy.tokenizer) if "segment_ids" in needs else None
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=tr.learning_rate, betas=(tr.adam_beta1, tr.adam_beta2),
