@@ -275,29 +275,107 @@ class DiffusionScorer:
         return loss, metrics
 
 
-class ARScorer:
-    """Exact token log-probs; old scores once per rollout batch (the same for every μ update)."""
+def train_mode_is_deterministic(model: torch.nn.Module) -> bool:
+    """Whether ``model`` computes the same function in training and evaluation mode, as far as its modules and
+    configs tell: no dropout module with ``p > 0`` (``torch.nn`` dropouts, peft's LoRA dropout) and no
+    ``*dropout*`` / ``*pdrop*`` config field above 0 (transformers models apply attention dropout functionally,
+    e.g. Llama's ``attention_dropout``). Batch norm (running statistics) also counts as a difference.
 
-    def __init__(self, policy, ref):
+    It reads module types and config fields only: a model that draws random numbers in training mode some other
+    way is not detected.
+
+    Args:
+        model: any ``torch.nn.Module`` (a transformers model, a peft wrapper, ...).
+    Returns:
+        ``True`` when nothing found differs between the two modes.
+    """
+    from torch.nn.modules.batchnorm import _BatchNorm
+    from torch.nn.modules.dropout import _DropoutNd
+
+    configs = {}
+    for module in model.modules():
+        if isinstance(module, _DropoutNd) and module.p > 0 or isinstance(module, _BatchNorm):
+            return False
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "to_dict"):
+            configs[id(config)] = config
+
+    def positive_dropout(d: dict) -> bool:
+        for key, value in d.items():
+            if isinstance(value, dict) and positive_dropout(value):
+                return True
+            name = str(key).lower()
+            if ("dropout" in name or "pdrop" in name) and isinstance(value, (int, float)) and value > 0:
+                return True
+        return False
+
+    return not any(positive_dropout(c.to_dict()) for c in configs.values())
+
+
+class ARScorer:
+    """Exact token log-probs; old scores once per rollout batch (the same for every μ update).
+
+    No pass is run whose result the step cannot read. With μ = 1 the only update's ratio is 1 by construction
+    (its old scores are its own log-probs, detached), so :meth:`prepare` runs no pass of the policy for old
+    scores; it runs one only when μ > 1 (and the objective reads old scores) or when the preset needs the
+    rollout policy's entropies. In that last case with μ = 1 and ``share_forward``, the entropies come from
+    the first update's own forward pass, run by :meth:`prepare` (in training mode, with grad) and
+    back-propagated by :meth:`backward`, which then runs no forward of its own; this needs a model whose
+    training mode is deterministic (:func:`train_mode_is_deterministic`: otherwise the separate no-grad pass in
+    evaluation mode is kept, as the entropies of the rollout policy must not carry a dropout draw).
+
+    Args:
+        policy: an ``AutoregressivePolicy`` (``token_logprobs``). ref: the KL reference policy or ``None``.
+        old_scores: whether the objective reads old-policy scores (``GroupObjective.needs_old_scores``).
+        share_forward: allow the shared forward above (the trainer turns it off with several processes, whose
+            gradient synchronisation is tied to the forward pass).
+    """
+
+    def __init__(self, policy, ref, old_scores: bool = True, share_forward: bool = True):
         self.policy, self.ref = policy, ref
+        self.old_scores, self.share_forward = old_scores, share_forward
         self.nfe = 1
+        self._shared: torch.Tensor | None = None  # (K, L) log-probs with grad of the first update, when shared
+        self._deterministic: bool | None = None  # train_mode_is_deterministic(policy.model), computed once
 
     def prepare(self, ro: Rollout, num_iterations: int, generator: torch.Generator, entropy: bool = False,
                 rows: torch.Tensor | None = None, advantages: torch.Tensor | None = None) -> OldScores:
-        """Score old and reference log-probs under no grad (``rows``: only these rows of ``ro``; ``advantages``
-        unused: exact log-probs need no plan)."""
+        """The reference log-probs (every update) and, where the step reads them, the old log-probs (updates
+        2..μ) and the rollout policy's entropies ``(K, L)``, under no grad except for a shared forward (see the
+        class). ``rows``: only these rows of ``ro``; ``advantages`` unused (exact log-probs need no plan).
+        Update 1's old scores are ``None``: the current policy's own log-probs, detached."""
         ro = ro if rows is None else ro.rows(rows)
-        self.ro = ro
+        self.ro, self._shared = ro, None
         args = (ro.prompt_ids, ro.prompt_mask, ro.completion, ro.completion_mask)
         with torch.no_grad():
-            logp, ent = self.policy.token_logprobs(*args)
             ref = self.ref.token_logprobs(*args)[0] if self.ref is not None else None
-        # update 1 uses the current policy's own log-probs (equal to logp_old before any step)
-        return OldScores([None] + [logp] * (num_iterations - 1), [ref] * num_iterations, ent if entropy else None)
+        needs_old = num_iterations > 1 and self.old_scores
+        logp = ent = None
+        if entropy and not needs_old and self._can_share(num_iterations):
+            self.policy.model.train()  # (the mode of the update; the trainer sets it right after anyway)
+            with torch.enable_grad():
+                self._shared, ent = self.policy.token_logprobs(*args)
+        elif needs_old or entropy:
+            with torch.no_grad():
+                logp, ent = self.policy.token_logprobs(*args)
+        old = [None] + [logp] * (num_iterations - 1)
+        return OldScores(old, [ref] * num_iterations, ent if entropy else None)
+
+    def _can_share(self, num_iterations: int) -> bool:
+        if num_iterations != 1 or not self.share_forward:
+            return False
+        if self._deterministic is None:
+            self._deterministic = train_mode_is_deterministic(self.policy.model)
+        return self._deterministic
 
     def backward(self, j: int, loss_fn: LossFn, backward) -> tuple[torch.Tensor, dict]:
+        """Score update ``j`` with grad (or take the forward :meth:`prepare` shared) and back-propagate
+        ``loss_fn(logp)``."""
         ro = self.ro
-        logp, _ = self.policy.token_logprobs(ro.prompt_ids, ro.prompt_mask, ro.completion, ro.completion_mask)
+        if j == 0 and self._shared is not None:
+            logp, self._shared = self._shared, None
+        else:
+            logp, _ = self.policy.token_logprobs(ro.prompt_ids, ro.prompt_mask, ro.completion, ro.completion_mask)
         loss, metrics = loss_fn(logp)
         backward(loss)
         return loss.detach(), metrics

@@ -366,9 +366,11 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
         ref = load_configured_policy(cfg)
         ref.model.requires_grad_(False).eval().to(accelerator.device)
     task = build_task(cfg, policy)
-    scorer = (ARScorer(policy, ref) if is_ar
-              else DiffusionScorer(policy, ref, build_estimator(cfg), cfg.estimator.micro_batch or None,
-                                   old_scores=objective.needs_old_scores))
+    # (AR with one process: an entropy preset with μ = 1 takes its entropies from the update's own forward)
+    scorer = (ARScorer(policy, ref, old_scores=objective.needs_old_scores, share_forward=processes.count == 1)
+              if is_ar else
+              DiffusionScorer(policy, ref, build_estimator(cfg), cfg.estimator.micro_batch or None,
+                              old_scores=objective.needs_old_scores))
     needs = preset.required_inputs
     delimiters = delimiter_token_ids(policy.tokenizer) if "segment_ids" in needs else None
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=tr.learning_rate, betas=(tr.adam_beta1, tr.adam_beta2),
@@ -522,13 +524,17 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
                 warnings.simplefilter("ignore", UserWarning)
                 for _ in range(tr.num_iterations - updates):
                     scheduler.step()  # nothing to learn from this batch; keep the schedule on the step count
+            seconds_scoring = seconds_optimizer = 0.0
             for j in range(updates):
                 # score with grad and back-propagate the preset's loss (diffusion: in chunks of micro_batch
                 # canvases, a two-pass surrogate with the same gradient, when they do not fit in one call)
                 loss_fn = group_loss_fn(objective, old.old[j], adv_rows, mine.completion_mask, row_weight,
                                         logp_ref=old.ref[j], **inputs)
+                t_scoring = time.time()
                 with accelerator.no_sync(policy.model) if own_grad_sync else nullcontext():
                     loss, m = scorer.backward(j, loss_fn, accelerator.backward)
+                t_optimizer = time.time()
+                seconds_scoring += t_optimizer - t_scoring
                 if own_grad_sync:
                     processes.average_gradients(policy.model.parameters())
                 if tr.max_grad_norm > 0:
@@ -536,6 +542,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
+                seconds_optimizer += time.time() - t_optimizer
                 logs.append({**m, "loss": loss.item()})
             # 6. log
             state.step += 1
@@ -553,6 +560,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
                       "sampling_passes": sampled.passes,
                       "nfe_scoring": scorer.nfe,
                       "seconds_rollout": t1 - t0, "seconds_scoring_old": t2 - t1, "seconds_update": time.time() - t2,
+                      "seconds_scoring": seconds_scoring, "seconds_optimizer": seconds_optimizer,
                       "seconds_step": elapsed}
             if preset.anchor_threshold is not None:
                 record["anchors"] = anchors
