@@ -437,7 +437,8 @@ class SamplingStats:
         rounds: rollout rounds (1 + DAPO's extra rounds).
         completions: sequences sampled over every round (episodes: every turn's response).
         groups_dropped: groups left out because their rewards were all equal (DAPO).
-        nfe: forward passes per sequence spent sampling, summed over the rounds.
+        nfe: forward passes per sequence spent sampling, summed over the rounds (each round's mean over its rows
+            with threshold decoding, so possibly fractional).
         passes: sequence forward passes spent sampling (rows × NFE of every sampling call, summed; what
             the sampling cost in forward passes over one sequence, unlike ``completions · nfe``).
         rewards: ``(N,)`` float32 task rewards of every sampled completion of every round (episodes:
@@ -447,7 +448,7 @@ class SamplingStats:
     rounds: int
     completions: int
     groups_dropped: int
-    nfe: int
+    nfe: int | float
     passes: int
     rewards: torch.Tensor
 
