@@ -124,6 +124,28 @@ class SamplingConfig:
     remasking: str = doc("low_confidence", "Which masked positions to reveal: low_confidence | random | "
                                            "left_to_right (an autoregressive order, as JustGRPO's rollouts).")
     cfg_scale: float = doc(0.0, "Classifier-free guidance scale s (0 = off).")
+    threshold: float | None = doc(
+        None, "Threshold parallel decoding (Fast-dLLM, arXiv 2505.22618): each step reveals every masked position of "
+              "the block whose confidence (the drawn token's probability under the model's full softmax) is >= "
+              "this, at least the most confident one; null = off (the steps schedule). 0 < threshold <= 1; needs "
+              "remasking low_confidence. A block then runs until decoded (1 to block_length steps, data-dependent; "
+              "steps must still split over the blocks but does not set the pace); the run logs nfe_sampling, the "
+              "mean forward passes per completion. Rollouts only: evaluation decodes with eval.steps.")
+    threshold_factor: float | None = doc(
+        None, "Fast-dLLM's factor rule instead of a fixed threshold: each step reveals the longest run of the most "
+              "confident masked positions whose n-th has confidence >= 1 - f / (n + 1), at least one; null = off. "
+              "> 0; not with threshold; same step count rules as threshold.")
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether threshold decoding is on (``threshold`` or ``threshold_factor``): the steps are data-dependent."""
+        return self.threshold is not None or self.threshold_factor is not None
+
+    @property
+    def max_steps(self) -> int:
+        """The most steps a rollout can take: ``steps``, or ``gen_length`` with threshold decoding (at least one
+        token per step)."""
+        return self.gen_length if self.adaptive else self.steps
 
 
 @dataclass
@@ -169,6 +191,12 @@ class TrainConfig:
     lr_scheduler_type: str = doc("cosine", "LR schedule: linear | cosine | cosine_with_restarts | polynomial | constant | constant_with_warmup | inverse_sqrt.")
     warmup_steps: int = doc(5, "Warm-up steps of the LR schedule.")
     max_grad_norm: float = doc(1.0, "Gradient clipping norm (0 = off).")
+    rollout_is_cap: float | None = doc(
+        None, "Truncated importance sampling of the rollout/training mismatch (TRL's vllm_importance_sampling_cap): "
+              "each token's policy loss is multiplied by min(exp(logp_old - logp_rollout), C), detached, with "
+              "logp_rollout the log-prob the sampler recorded for the token and logp_old the exact old-policy score "
+              "of the same trajectory; null = off. C >= 1. Needs the trajectory estimator with merge 1 and order "
+              "sampled (the only estimator that scores the sampler's own distribution) on a diffusion model.")
     max_steps: int = doc(260, "Rollout steps (each: sample, reward, score, num_iterations updates).")
     prompts_per_step: int = doc(64, "Prompts per rollout step; the batch is prompts_per_step * num_generations completions.")
     num_generations: int = doc(8, "Group size G: completions per prompt.")
@@ -485,14 +513,16 @@ def build_estimator(e: EstimatorConfig, name: str | None = None, sampling: Sampl
 
     ``name`` (e.g. :func:`estimator_name`) replaces ``e.name``; with both ``None`` it is ``sdmc``. ``sampling``
     (default: the defaults) gives the trajectory estimator its temperature (``sampling.temperature``, 1 when
-    greedy) and steps, and SPG its block length when ``estimator.mask_block_length`` is 0.
+    greedy) and steps (the most a rollout takes: ``gen_length`` with threshold decoding), and SPG its block length
+    when ``estimator.mask_block_length`` is 0.
     """
     from dlmrl.estimators.factory import make_estimator
 
     s = sampling or SamplingConfig()
     return make_estimator(name or e.name or "sdmc", e.num_nodes, e.samples_per_node, e.masking, e.stratified,
                           e.p_mask_prompt, e.t_min, e.t_max, e.merge, e.order, e.eubo_beta, e.mix_weight,
-                          e.mask_block_length or s.block_length, s.temperature if s.temperature > 0 else 1.0, s.steps)
+                          e.mask_block_length or s.block_length, s.temperature if s.temperature > 0 else 1.0,
+                          s.max_steps)
 
 
 #: trackers ``train.report_to`` accepts (accelerate's ``log_with`` names) and the package each needs
@@ -555,6 +585,7 @@ def validate(cfg: Config, for_training: bool = True) -> None:
 
     _check(s.remasking in REMASKING, "sampling.remasking", f"must be one of {', '.join(REMASKING)}")
     _check(s.cfg_scale >= 0, "sampling.cfg_scale", "must be >= 0")
+    _check_threshold(cfg)
     name, e = estimator_settings(cfg)
     _check(name in ESTIMATORS, "estimator.name", f"unknown estimator {name!r}; known: {ESTIMATORS.names()}")
     _check(name != "exact", "estimator.name",
@@ -586,6 +617,7 @@ def validate(cfg: Config, for_training: bool = True) -> None:
     _check(tr.num_generations >= 2, "train.num_generations", "group size G must be >= 2 (advantages need a group)")
     _check(tr.num_iterations >= 1, "train.num_iterations", "must be >= 1")
     _check(tr.max_grad_norm >= 0, "train.max_grad_norm", "must be >= 0")
+    _check_rollout_is_cap(cfg, name, e)
     _check(tr.save_steps >= 1, "train.save_steps", "must be >= 1")
     _check(tr.logging_steps >= 1, "train.logging_steps", "must be >= 1")
     _check(tr.report_to in ("none", *TRACKERS), "train.report_to",
@@ -637,6 +669,45 @@ def default_job_config(overrides: list[str] | tuple[str, ...] = ()) -> Config:
     if use_the_algorithms_estimator(cfg, list(overrides)):
         validate(cfg)
     return cfg
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_threshold(cfg: Config) -> None:
+    """``sampling.threshold`` / ``threshold_factor``: ranges, exclusive, low-confidence remasking, diffusion only."""
+    s = cfg.sampling
+    _check(s.threshold is None or (_is_number(s.threshold) and 0 < s.threshold <= 1), "sampling.threshold",
+           f"must be in (0, 1] (a probability the drawn token's confidence must reach) or null, got {s.threshold!r}")
+    _check(s.threshold_factor is None or (_is_number(s.threshold_factor) and s.threshold_factor > 0),
+           "sampling.threshold_factor", f"must be > 0 or null, got {s.threshold_factor!r}")
+    _check(s.threshold is None or s.threshold_factor is None, "sampling.threshold_factor",
+           "set sampling.threshold or sampling.threshold_factor, not both")
+    if s.adaptive:
+        key = "sampling.threshold" if s.threshold is not None else "sampling.threshold_factor"
+        _check(s.remasking == "low_confidence", key,
+               f"compares the model's confidence in its drawn token: needs sampling.remasking low_confidence "
+               f"(got {s.remasking!r})")
+        _check(cfg.model.kind == "diffusion", key,
+               "is a diffusion-sampler setting; model.kind 'ar' decodes left to right (set it null)")
+
+
+def _check_rollout_is_cap(cfg: Config, name: str, e: EstimatorConfig) -> None:
+    """``train.rollout_is_cap``: ``>= 1``, and only where the old-policy scores are the sampler's own distribution."""
+    cap = cfg.train.rollout_is_cap
+    if cap is None:
+        return
+    _check(_is_number(cap) and cap >= 1, "train.rollout_is_cap",
+           f"must be >= 1 (a cap below 1 would scale down tokens the rollout drew exactly as the policy would) or "
+           f"null, got {cap!r}")
+    _check(cfg.model.kind == "diffusion", "train.rollout_is_cap",
+           "corrects diffusion rollouts; model.kind 'ar' rollouts record no log-probs (set it null)")
+    exact = name == "trajectory" and e.merge == 1 and e.order == "sampled"
+    _check(exact, "train.rollout_is_cap",
+           f"needs estimator.name trajectory with estimator.merge 1 and estimator.order sampled, the exact "
+           f"likelihood of the sampler's own steps (got {name!r}, merge {e.merge}, order {e.order!r}): other "
+           "estimators' per-token scores are not log-probs of the distribution the rollout drew from")
 
 
 @functools.lru_cache(maxsize=1)

@@ -9,6 +9,7 @@ import torch
 
 from dlmrl.estimators.mask_plan import MaskPlan, UpperBound
 from dlmrl.models.policy import canvas_logits
+from dlmrl.models.sampler import sampler_log_softmax  # (one function with the sampler's; re-exported)
 
 Policy = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -92,20 +93,6 @@ def _chunks(plan: MaskPlan, micro_batch: int | None) -> list[torch.Tensor]:
     flat = torch.nonzero(plan.runs().flatten().cpu()).squeeze(-1)  # (n,) in order s·B + b
     size = len(flat) if micro_batch is None else micro_batch
     return list(flat.split(max(size, 1))) if len(flat) else []
-
-
-def sampler_log_softmax(logits: torch.Tensor, mask_token_id: int, temperature: float) -> torch.Tensor:
-    """Log-probs of the diffusion sampler's token distribution: ``log_softmax(logits / T)`` with the mask
-    token's logit at ``-inf`` (the sampler never draws it; :func:`dlmrl.models.sampler.generate`).
-
-    Args:
-        logits: ``(..., V)`` float. mask_token_id: the mask id. temperature: ``T > 0``.
-    Returns:
-        ``(..., V)`` log-probs, ``-inf`` at the mask token.
-    """
-    scaled = (logits / temperature).clone()
-    scaled[..., mask_token_id] = float("-inf")
-    return torch.log_softmax(scaled, dim=-1)
 
 
 @dataclass

@@ -3,11 +3,19 @@
 The canvas of ``gen_length`` mask tokens after the prompt is split into blocks of
 ``block_length`` decoded left to right. Each block gets ``steps // num_blocks`` denoising steps;
 at every step the policy predicts all positions, a token ``x0`` is drawn for each masked position
-(argmax, or Gumbel-max at ``temperature > 0``) and the most confident masked positions of the
-current block are revealed. Revealed tokens are never remasked.
+(argmax, or Gumbel-max at ``temperature > 0``; never the mask token) and the most confident masked
+positions of the current block are revealed, the confidence being the probability of ``x0`` under the
+model's full softmax (mask token included), as the reference computes it. Revealed tokens are never
+remasked.
+
+With a confidence threshold (Fast-dLLM's parallel decoding) every masked position of the block whose
+confidence reaches the threshold is revealed at once (at least the most confident one), so the number of
+steps adapts to the model's certainty; the factor rule is Fast-dLLM's other variant.
 
 Reference: LLaDA, Nie et al., arXiv 2502.09992, Algorithm "low-confidence remasking" and the
-released ``generate.py`` (``generate``, ``get_num_transfer_tokens``, ``add_gumbel_noise``).
+released ``generate.py`` (``generate``, ``get_num_transfer_tokens``, ``add_gumbel_noise``); Fast-dLLM,
+Wu et al., arXiv 2505.22618, and its ``llada/generate.py`` (``get_transfer_index`` with ``threshold``,
+``get_transfer_index_dynamic`` with ``factor``).
 """
 
 from __future__ import annotations
@@ -31,17 +39,45 @@ class SampleOutput:
 
     Attributes:
         canvas: ``(B, L)`` long, the decoded completion (prompt not included), no mask tokens left.
-        nfe: forward passes run per sequence (a classifier-free-guidance step counts 2).
+        nfe: forward passes the call ran, counted per sequence of the model batch (a classifier-free-guidance
+            step counts 2): the steps that ran. Without a threshold every decoded row takes part in every one.
         reveal_step: ``(B, L)`` long, the trajectory: the index of the step that revealed each canvas
-            position, counted over all blocks from 0 (block ``b``'s step ``s`` is ``b · steps_per_block + s``;
-            a step skipped because no row reveals anything keeps its index), and :data:`NOT_SAMPLED` (-1) on
-            positions the sampler did not write (pre-placed infill tokens). Recorded at no extra forward
+            position, counted over all blocks from 0, and :data:`NOT_SAMPLED` (-1) on positions the sampler
+            did not write (pre-placed infill tokens). Without a threshold block ``b``'s step ``s`` is
+            ``b · steps_per_block + s`` (a step skipped because no row reveals anything keeps its index);
+            with one (``threshold`` / ``threshold_factor``) a block takes at most ``block_length`` steps and
+            its step ``s`` is ``b · block_length + s``, so a row's indices can have gaps (the ``trajectory``
+            estimator ranks a row's distinct steps; gaps change nothing). Recorded at no extra forward
             pass. ``fill_after_eos`` overwrites tokens after the first EOS but keeps their recorded step.
+        token_logprobs: ``(B, L)`` float32, the log-probability of each revealed token under the distribution
+            it was drawn from: ``log_softmax(logits / T)`` with the mask token's logit at ``-inf``
+            (:func:`sampler_log_softmax`, at ``T = 1`` for a greedy call, as the ``trajectory`` estimator scores
+            greedy rollouts), of the logits of the step that revealed it (guided ones with classifier-free
+            guidance); 0 where the sampler wrote nothing. ``fill_after_eos`` leaves them those of the drawn
+            tokens.
+        row_nfe: ``(B,)`` long, the forward passes each row took part in (same counting as ``nfe``). Without a
+            threshold every entry is ``nfe``; with one a row leaves the model batch once its block is decoded.
     """
 
     canvas: torch.Tensor
     nfe: int
     reveal_step: torch.Tensor | None = None
+    token_logprobs: torch.Tensor | None = None
+    row_nfe: torch.Tensor | None = None
+
+
+def sampler_log_softmax(logits: torch.Tensor, mask_token_id: int, temperature: float) -> torch.Tensor:
+    """Log-probs of the diffusion sampler's token distribution: ``log_softmax(logits / T)`` with the mask
+    token's logit at ``-inf`` (the sampler never draws it; :func:`generate`).
+
+    Args:
+        logits: ``(..., V)`` float. mask_token_id: the mask id. temperature: ``T > 0``.
+    Returns:
+        ``(..., V)`` log-probs (``logits``' dtype), ``-inf`` at the mask token.
+    """
+    scaled = (logits / temperature).clone()
+    scaled[..., mask_token_id] = float("-inf")
+    return torch.log_softmax(scaled, dim=-1)
 
 
 def num_transfer_tokens(mask_index: torch.Tensor, steps: int) -> torch.Tensor:
@@ -142,6 +178,13 @@ def _uniform(shape, generator: torch.Generator | None, device: torch.device,
     return out.to(device)
 
 
+def _gumbel(logits: torch.Tensor, temperature: float, u: torch.Tensor) -> torch.Tensor:
+    """``logits (float64) + temperature · g`` with ``g = -log(-log u)`` from the uniforms ``u`` (same shape)."""
+    u = u.clamp_min(torch.finfo(torch.float64).tiny)  # u = 0 would give log(0)
+    gumbel = -torch.log(-torch.log(u))  # (..., V)
+    return logits.to(torch.float64) + temperature * gumbel
+
+
 def add_gumbel_noise(
     logits: torch.Tensor, temperature: float, generator: torch.Generator | None = None,
     rows: tuple[int, int] | None = None,
@@ -169,11 +212,7 @@ def add_gumbel_noise(
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if temperature == 0:
         return logits
-    logits = logits.to(torch.float64)
-    u = _uniform(logits.shape, generator, logits.device, rows)
-    u = u.clamp_min(torch.finfo(torch.float64).tiny)  # u = 0 would give log(0)
-    gumbel = -torch.log(-torch.log(u))  # (..., V)
-    return logits + temperature * gumbel
+    return _gumbel(logits, temperature, _uniform(logits.shape, generator, logits.device, rows))
 
 
 def _validate(
@@ -186,6 +225,8 @@ def _validate(
     remasking: str,
     eos_token_id: int | None,
     fill_after_eos: bool,
+    threshold: float | None = None,
+    threshold_factor: float | None = None,
 ) -> tuple[int, int]:
     """Check arguments of :func:`generate`; return ``(num_blocks, steps_per_block)``."""
     if prompt_ids.dim() != 2:
@@ -214,6 +255,15 @@ def _validate(
         )
     if fill_after_eos and eos_token_id is None:
         raise ValueError("fill_after_eos=True needs eos_token_id")
+    if threshold is not None and threshold_factor is not None:
+        raise ValueError("give threshold or threshold_factor, not both")
+    if threshold is not None and not (isinstance(threshold, (int, float)) and 0 < threshold <= 1):
+        raise ValueError(f"threshold must be in (0, 1] (a probability), got {threshold!r}")
+    if threshold_factor is not None and not (isinstance(threshold_factor, (int, float)) and threshold_factor > 0):
+        raise ValueError(f"threshold_factor must be > 0, got {threshold_factor!r}")
+    if (threshold is not None or threshold_factor is not None) and remasking != "low_confidence":
+        raise ValueError(f"threshold / threshold_factor compare the model's confidence in its token: they need "
+                         f"remasking 'low_confidence', got {remasking!r}")
     return num_blocks, steps // num_blocks
 
 
@@ -250,6 +300,90 @@ def fill_after_first(canvas: torch.Tensor, token_id: int) -> torch.Tensor:
     return canvas.masked_fill(seen, token_id)
 
 
+def threshold_reveal(
+    confidence: torch.Tensor,
+    masked: torch.Tensor,
+    threshold: float | None = None,
+    factor: float | None = None,
+) -> torch.Tensor:
+    """The masked positions one threshold step reveals, per row: ``(n, Lb)`` bool.
+
+    Each row's masked positions are ranked by confidence, highest first (ties: the leftmost first), and a
+    prefix of that ranking is revealed, never empty when the row has a masked position:
+
+    - ``threshold`` ``τ``: every masked position with confidence ``>= τ``, and at least the most confident
+      one (Fast-dLLM's ``get_transfer_index`` with ``threshold``: it drops a ranked position only when its
+      confidence is ``< τ``).
+    - ``factor`` ``f``: the longest prefix whose ``n``-th member (``n = 1, 2, ...``) has confidence
+      ``c_(n) >= 1 − f / (n + 1)``, i.e. ``(n + 1)(1 − c_(n)) <= f``, the first member always included
+      (Fast-dLLM's ``get_transfer_index_dynamic``, the factor rule of arXiv 2505.22618 §3.3). The reference's
+      loop also reveals all ``n`` masked positions when only the last one fails its bound (its
+      ``top_i == len(threshs) - 1`` branch is taken both when nothing failed and when the last one did); that
+      off-by-one is not reproduced here: a position that fails its bound is never revealed.
+
+    Args:
+        confidence: ``(n, Lb)`` float, the probability of each position's drawn token (any value off
+            ``masked``; it is ignored there).
+        masked: ``(n, Lb)`` bool, the positions still masked in the current block.
+        threshold: ``τ`` in ``(0, 1]``, or ``None``.
+        factor: ``f > 0``, or ``None``; exactly one of ``threshold`` and ``factor`` is given.
+    Returns:
+        ``(n, Lb)`` bool, True on the positions to reveal (a subset of ``masked``).
+    Raises:
+        ValueError: unless exactly one of ``threshold`` and ``factor`` is given, or on mismatched shapes.
+    Reference: Fast-dLLM arXiv 2505.22618, NVlabs/Fast-dLLM ``llada/generate.py`` (``get_transfer_index``,
+    ``get_transfer_index_dynamic``).
+    """
+    if (threshold is None) == (factor is None):
+        raise ValueError("give exactly one of threshold and factor")
+    if confidence.shape != masked.shape or masked.dim() != 2:
+        raise ValueError(f"confidence {tuple(confidence.shape)} and masked {tuple(masked.shape)} must be the same "
+                         "(n, Lb) shape")
+    conf = confidence.to(torch.float64).masked_fill(~masked, float("-inf"))  # (n, Lb)
+    order = conf.argsort(dim=1, descending=True, stable=True)  # (n, Lb): positions, most confident first
+    ranked = conf.gather(1, order)  # (n, Lb) descending
+    rank = torch.arange(conf.shape[1], device=conf.device)  # (Lb,): 0-based rank j, the (j + 1)-th member
+    if threshold is not None:
+        keep = ranked >= threshold  # (a prefix: the ranking is descending)
+    else:
+        bound = 1.0 - factor / (rank + 2).to(torch.float64)  # (Lb,): 1 - f / (n + 1) with n = j + 1
+        passed = ranked >= bound
+        passed[:, 0] = True
+        keep = passed.long().cumprod(dim=1).bool()  # the longest prefix that passes
+    keep[:, 0] = True  # at least the most confident one
+    keep &= rank[None, :] < masked.sum(dim=1, keepdim=True)  # only masked positions (they rank first)
+    return torch.zeros_like(masked).scatter(1, order, keep)
+
+
+def _confidence(logits: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:
+    """``(n, Lb)`` float64 probability of ``x0`` under the model's full softmax (mask token included, as LLaDA's
+    and Fast-dLLM's ``generate`` compute it), from ``(n, Lb, V)`` logits."""
+    return torch.softmax(logits.to(torch.float64), dim=-1).gather(-1, x0[..., None]).squeeze(-1)
+
+
+def _revealed_logprobs(logits: torch.Tensor, x0: torch.Tensor, reveal: torch.Tensor, mask_id: int,
+                       temperature: float) -> torch.Tensor:
+    """``(n, Lb)`` float32: ``log p(x0)`` under :func:`sampler_log_softmax` at ``temperature`` where ``reveal``
+    (computed on those positions only, in the logits' precision as the scorer computes it), 0 elsewhere."""
+    out = torch.zeros(reveal.shape, dtype=torch.float32, device=reveal.device)
+    r, i = reveal.nonzero(as_tuple=True)
+    if len(r):
+        picked = logits[r, i]  # (k, V)
+        picked = picked if picked.dtype == torch.float64 else picked.float()
+        lp = sampler_log_softmax(picked, mask_id, temperature).gather(-1, x0[r, i][:, None]).squeeze(-1)
+        out[r, i] = lp.float()
+    return out
+
+
+#: odd 64-bit constant that spreads the per-step seeds of threshold decoding (the golden-ratio increment)
+_SEED_STRIDE = 0x9E3779B97F4A7C15
+
+
+def _step_generator(seed: int, index: int, device: torch.device) -> torch.Generator:
+    """The generator of threshold step ``index``: seeded from the call's one draw ``seed`` and the step."""
+    return torch.Generator(device=device).manual_seed((seed + (index + 1) * _SEED_STRIDE) % (1 << 64))
+
+
 @torch.no_grad()
 def generate(
     policy,
@@ -267,20 +401,36 @@ def generate(
     fill_after_eos: bool = False,
     generator: torch.Generator | None = None,
     rows: tuple[int, int] | None = None,
+    threshold: float | None = None,
+    threshold_factor: float | None = None,
 ) -> SampleOutput:
     """Decode a canvas after each prompt by iterative unmasking, block by block.
 
-    Per step: one forward pass (two with CFG) over ``[prompt | canvas]``; the mask token's logit
-    is set to ``-inf`` so it is never sampled; ``x0`` = argmax of the (Gumbel-noised, if
-    ``temperature > 0``) logits; confidence = softmax probability of ``x0`` under the un-noised
-    logits in float64 (``low_confidence``) or a uniform number (``random``); positions that are
-    not masked or lie outside the current block get ``-inf``; each row reveals its ``k`` most
-    confident positions, ``k`` from :func:`num_transfer_tokens` of that row's masks in the block
-    (ties go to the leftmost position); ``left_to_right`` reveals the leftmost masked positions instead
-    (an autoregressive order, as JustGRPO's rollouts, arXiv 2601.15165). A step at which no row reveals
+    Per step: one forward pass (two with CFG) over ``[prompt | canvas]``; ``x0`` = argmax of the
+    (Gumbel-noised, if ``temperature > 0``) logits with the mask token's logit at ``-inf``, so the mask
+    token is never drawn; confidence (``low_confidence``) = the probability of ``x0`` under the model's
+    *full* softmax of the un-noised logits, mask token included, in float64, as LLaDA's reference computes it
+    (renormalising without the mask token, ``p / (1 − p_mask)``, changes the reveal order), or a uniform
+    number (``random``); positions that are not masked or lie outside the current block get ``-inf``; each row
+    reveals its ``k`` most confident positions, ``k`` from :func:`num_transfer_tokens` of that row's masks in
+    the block (ties go to the leftmost position); ``left_to_right`` reveals the leftmost masked positions
+    instead (an autoregressive order, as JustGRPO's rollouts, arXiv 2601.15165). A step at which no row reveals
     anything (e.g. a block with no masks in an infilling canvas) is skipped without a forward pass.
     Every revealed position's step index is recorded (``SampleOutput.reveal_step``), the trajectory the
-    ``trajectory`` likelihood estimator scores.
+    ``trajectory`` likelihood estimator scores, with the log-probability the token was drawn with
+    (``SampleOutput.token_logprobs``).
+
+    Threshold decoding (``threshold`` or ``threshold_factor``; Fast-dLLM's parallel decoding): each step of a
+    block reveals the masked positions :func:`threshold_reveal` picks: all whose confidence reaches
+    ``threshold``, or the factor rule's prefix, and always at least the most confident one, so rows reveal
+    different numbers of tokens. A block runs until every row has decoded it, at most ``block_length`` steps
+    (a row's block with ``m`` masks takes 1 to ``m`` steps); ``steps`` must still split over the blocks but
+    does not set the pace (as in Fast-dLLM's ``generate``, where the schedule is computed and unused when a
+    threshold is given). A row whose block is decoded leaves the model batch (the forward pass runs on the
+    rows still decoding; when none is left the next block starts), and ``SampleOutput.row_nfe`` counts the
+    passes each row took part in. The Gumbel noise of step ``s`` of block ``b`` comes from a generator seeded
+    with one draw from ``generator`` and the step, so a row's numbers do not depend on how many steps the
+    other rows took (nor on ``rows``); ``generator`` advances by that one draw (none when greedy).
 
     Infilling: pass ``canvas`` with some positions already filled; only positions equal to the
     policy's ``mask_token_id`` are decoded, filled positions never change.
@@ -297,9 +447,11 @@ def generate(
         prompt_mask: ``(B, P)`` bool, True on real prompt tokens.
         gen_length: canvas length ``L``.
         block_length: block size; must divide ``gen_length``.
-        steps: total denoising steps; must be a positive multiple of ``gen_length / block_length``.
+        steps: total denoising steps; must be a positive multiple of ``gen_length / block_length`` (with a
+            threshold: checked, not used).
         temperature: Gumbel-max temperature; ``0`` is greedy.
-        remasking: ``"low_confidence"``, ``"random"`` or ``"left_to_right"``.
+        remasking: ``"low_confidence"``, ``"random"`` or ``"left_to_right"`` (a threshold needs
+            ``"low_confidence"``).
         cfg_scale: classifier-free guidance scale ``s``; ``0`` disables it. Guided logits are
             ``un + (s + 1)(cond - un)``, the unconditional pass seeing the real prompt tokens masked.
         canvas: optional ``(B, L)`` long starting canvas (infilling); default all masks.
@@ -307,20 +459,26 @@ def generate(
         fill_after_eos: fill everything after each row's first EOS with EOS.
         generator: the only source of randomness (Gumbel noise, random confidences).
         rows: ``(start, stop)``: decode only rows ``[start, stop)`` of the batch (one process's share of a
-            data-parallel batch; the model runs on those rows only). Every row's random numbers, the steps
-            taken (a step runs when any row of the whole batch reveals a token) and the generator's state
-            afterwards are those of decoding the whole batch, so the rows come out as in a whole-batch call
-            (up to the model's floating-point batch effects). ``None``: every row. Never empty: the noise
-            needs the vocabulary size from the model's logits.
+            data-parallel batch; the model runs on those rows only). Every row's random numbers and the
+            generator's state afterwards are those of decoding the whole batch, so the rows come out as in a
+            whole-batch call (up to the model's floating-point batch effects); without a threshold the steps
+            taken are too (a step runs when any row of the whole batch reveals a token), with one the call
+            runs the steps its own rows need. ``None``: every row. Never empty: the noise needs the vocabulary
+            size from the model's logits.
+        threshold: confidence threshold ``τ`` in ``(0, 1]`` of threshold decoding; ``None``: off.
+        threshold_factor: ``f > 0`` of the factor rule (Fast-dLLM's ``factor``); ``None``: off. Not with
+            ``threshold``.
     Returns:
-        :class:`SampleOutput` with ``canvas`` ``(B, L)`` long (``rows``: ``(stop - start, L)``), ``nfe`` and
-        ``reveal_step`` (same shape as ``canvas``).
+        :class:`SampleOutput` with ``canvas`` ``(B, L)`` long (``rows``: ``(stop - start, L)``), ``nfe``,
+        ``reveal_step`` and ``token_logprobs`` (same shape as ``canvas``) and ``row_nfe`` ``(B,)``.
     Raises:
         ValueError: if ``gen_length % block_length != 0``, ``steps % num_blocks != 0``, fewer than
             one step per block, an unknown ``remasking``, mismatched ``prompt_mask`` / ``canvas``
-            shapes, negative ``temperature``, ``fill_after_eos`` without ``eos_token_id``, or a
-            policy without ``mask_token_id``.
-    Reference: LLaDA arXiv 2502.09992, Algorithm (low-confidence remasking) and ``generate``.
+            shapes, negative ``temperature``, ``fill_after_eos`` without ``eos_token_id``, a
+            policy without ``mask_token_id``, ``threshold`` outside ``(0, 1]``, ``threshold_factor <= 0``, both
+            given, or either with a ``remasking`` other than ``low_confidence``.
+    Reference: LLaDA arXiv 2502.09992, Algorithm (low-confidence remasking) and ``generate``; Fast-dLLM arXiv
+    2505.22618, NVlabs/Fast-dLLM ``llada/generate.py`` (``generate`` with ``threshold`` / ``factor``).
     """
     num_blocks, block_steps = _validate(
         prompt_ids,
@@ -332,6 +490,8 @@ def generate(
         remasking,
         eos_token_id,
         fill_after_eos,
+        threshold,
+        threshold_factor,
     )
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -350,43 +510,101 @@ def generate(
     # the rows decoded here (all of them unless `rows`); the others' masks still decide which steps run
     x, prompt_ids, prompt_mask = x_all[start:stop], prompt_ids[start:stop], prompt_mask[start:stop]
     reveal_step = torch.full(x.shape, NOT_SAMPLED, dtype=torch.long, device=x.device)  # (B, L)
+    token_logprobs = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # (B, L)
     noise_rows = None if rows is None else (start, total)
-    nfe = 0
+    score_temperature = temperature if temperature > 0 else 1.0  # (greedy rows are scored at T = 1)
     passes = 2 if cfg_scale > 0 else 1
 
-    for block in range(num_blocks):
-        lo, hi = block * block_length, (block + 1) * block_length
-        # (a block's positions are revealed only in its own steps, so x_all's undecoded rows count right)
-        schedule = num_transfer_tokens(x_all[:, lo:hi] == mask_id, block_steps)  # (B_all, steps)
-        for step in range(block_steps):
-            if not bool((schedule[:, step] > 0).any()):
-                continue
-            k = schedule[start:stop, step]  # (B,)
-            logits = _guided_logits(policy, prompt_ids, prompt_mask, x, mask_id, cfg_scale)[:, lo:hi]
-            nfe += passes
-            logits = logits.clone()  # (B, Lb, V)
-            logits[..., mask_id] = float("-inf")
-            x0 = add_gumbel_noise(logits, temperature, generator, noise_rows).argmax(dim=-1)  # (B, Lb)
-            if remasking == "low_confidence":
-                probs = torch.softmax(logits.to(torch.float64), dim=-1)  # (B, Lb, V)
-                conf = probs.gather(-1, x0[..., None]).squeeze(-1)  # (B, Lb)
-            elif remasking == "random":
-                conf = _uniform(x0.shape, generator, x0.device, noise_rows)
-            else:  # left_to_right: the leftmost masked positions first
-                conf = -torch.arange(hi - lo, device=x0.device, dtype=torch.float64).expand(x0.shape)
-            masked = x[:, lo:hi] == mask_id  # (B, Lb)
-            conf = conf.masked_fill(~masked, float("-inf"))
-            order = conf.argsort(dim=1, descending=True, stable=True)  # (B, Lb)
-            rank = torch.empty_like(order).scatter_(
-                1, order, torch.arange(order.shape[1], device=order.device).expand_as(order)
-            )  # (B, Lb): rank of each position by confidence
-            reveal = (rank < k[:, None]) & masked  # (B, Lb)
-            x[:, lo:hi] = torch.where(reveal, x0, x[:, lo:hi])
-            reveal_step[:, lo:hi] = torch.where(reveal, block * block_steps + step, reveal_step[:, lo:hi])
+    if threshold is None and threshold_factor is None:
+        nfe = 0
+        for block in range(num_blocks):
+            lo, hi = block * block_length, (block + 1) * block_length
+            # (a block's positions are revealed only in its own steps, so x_all's undecoded rows count right)
+            schedule = num_transfer_tokens(x_all[:, lo:hi] == mask_id, block_steps)  # (B_all, steps)
+            for step in range(block_steps):
+                if not bool((schedule[:, step] > 0).any()):
+                    continue
+                k = schedule[start:stop, step]  # (B,)
+                logits = _guided_logits(policy, prompt_ids, prompt_mask, x, mask_id, cfg_scale)[:, lo:hi]
+                nfe += passes
+                choice = logits.clone()  # (B, Lb, V)
+                choice[..., mask_id] = float("-inf")  # (never drawn; the confidence keeps the full softmax)
+                x0 = add_gumbel_noise(choice, temperature, generator, noise_rows).argmax(dim=-1)  # (B, Lb)
+                if remasking == "low_confidence":
+                    conf = _confidence(logits, x0)  # (B, Lb)
+                elif remasking == "random":
+                    conf = _uniform(x0.shape, generator, x0.device, noise_rows)
+                else:  # left_to_right: the leftmost masked positions first
+                    conf = -torch.arange(hi - lo, device=x0.device, dtype=torch.float64).expand(x0.shape)
+                masked = x[:, lo:hi] == mask_id  # (B, Lb)
+                conf = conf.masked_fill(~masked, float("-inf"))
+                order = conf.argsort(dim=1, descending=True, stable=True)  # (B, Lb)
+                rank = torch.empty_like(order).scatter_(
+                    1, order, torch.arange(order.shape[1], device=order.device).expand_as(order)
+                )  # (B, Lb): rank of each position by confidence
+                reveal = (rank < k[:, None]) & masked  # (B, Lb)
+                x[:, lo:hi] = torch.where(reveal, x0, x[:, lo:hi])
+                reveal_step[:, lo:hi] = torch.where(reveal, block * block_steps + step, reveal_step[:, lo:hi])
+                token_logprobs[:, lo:hi] += _revealed_logprobs(logits, x0, reveal, mask_id, score_temperature)
+        row_nfe = torch.full((x.shape[0],), nfe, dtype=torch.long, device=x.device)
+    else:
+        nfe, row_nfe = _decode_threshold(
+            policy, prompt_ids, prompt_mask, x, reveal_step, token_logprobs, mask_id, num_blocks, block_length,
+            temperature, score_temperature, cfg_scale, passes, generator, noise_rows, threshold, threshold_factor)
 
     if fill_after_eos:
         x = fill_after_first(x, eos_token_id)
-    return SampleOutput(canvas=x, nfe=nfe, reveal_step=reveal_step)
+    return SampleOutput(canvas=x, nfe=nfe, reveal_step=reveal_step, token_logprobs=token_logprobs, row_nfe=row_nfe)
+
+
+def _decode_threshold(policy, prompt_ids, prompt_mask, x, reveal_step, token_logprobs, mask_id: int,
+                      num_blocks: int, block_length: int, temperature: float, score_temperature: float,
+                      cfg_scale: float, passes: int, generator: torch.Generator | None,
+                      noise_rows: tuple[int, int] | None, threshold: float | None,
+                      factor: float | None) -> tuple[int, torch.Tensor]:
+    """The block loop of threshold decoding (see :func:`generate`): fills ``x``, ``reveal_step`` and
+    ``token_logprobs`` in place; returns ``(nfe, row_nfe (B,))``."""
+    seed = None
+    noise_device = generator.device if generator is not None else x.device
+    if temperature > 0:  # one draw: every step's generator is seeded from it
+        where = generator.device if generator is not None else torch.device("cpu")
+        seed = int(torch.randint(0, 1 << 62, (1,), generator=generator, device=where))
+    nfe = 0
+    row_nfe = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+    for block in range(num_blocks):
+        lo, hi = block * block_length, (block + 1) * block_length
+        for step in range(block_length):  # (each step reveals >= 1 token of every row still decoding)
+            masked = x[:, lo:hi] == mask_id  # (B, Lb)
+            active = masked.any(dim=1)  # (B,) rows whose block is not decoded yet
+            if not bool(active.any()):
+                break
+            idx = None if bool(active.all()) else active.nonzero().squeeze(1)  # (n,) the rows still decoding
+
+            def pick(t: torch.Tensor, idx=idx) -> torch.Tensor:
+                return t if idx is None else t[idx]
+
+            logits = _guided_logits(policy, pick(prompt_ids), pick(prompt_mask), pick(x), mask_id,
+                                    cfg_scale)[:, lo:hi]  # (n, Lb, V)
+            nfe += passes
+            row_nfe += passes * active.long()
+            choice = logits.clone()
+            choice[..., mask_id] = float("-inf")
+            if temperature > 0:
+                g = _step_generator(seed, block * block_length + step, noise_device)
+                u = _uniform((x.shape[0], *choice.shape[1:]), g, logits.device, noise_rows)  # (B, Lb, V)
+                choice = _gumbel(choice, temperature, pick(u))
+            x0 = choice.argmax(dim=-1)  # (n, Lb)
+            m = pick(masked)
+            reveal = threshold_reveal(_confidence(logits, x0), m, threshold, factor)  # (n, Lb)
+            new_x = torch.where(reveal, x0, pick(x[:, lo:hi]))
+            new_step = torch.where(reveal, block * block_length + step, pick(reveal_step[:, lo:hi]))
+            new_lp = pick(token_logprobs[:, lo:hi]) + _revealed_logprobs(logits, x0, reveal, mask_id,
+                                                                        score_temperature)
+            if idx is None:
+                x[:, lo:hi], reveal_step[:, lo:hi], token_logprobs[:, lo:hi] = new_x, new_step, new_lp
+            else:
+                x[idx, lo:hi], reveal_step[idx, lo:hi], token_logprobs[idx, lo:hi] = new_x, new_step, new_lp
+    return nfe, row_nfe
 
 
 __all__ = [
@@ -398,4 +616,6 @@ __all__ = [
     "generate",
     "left_to_right_reveal_steps",
     "num_transfer_tokens",
+    "sampler_log_softmax",
+    "threshold_reveal",
 ]

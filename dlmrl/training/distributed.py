@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from dlmrl.config import Config, ConfigError, build_preset
-from dlmrl.training.rollout import Rollout
+from dlmrl.training.rollout import Rollout, mean_nfe
 
 
 def launched_processes() -> int:
@@ -323,7 +323,9 @@ def gather_rollout(ro: Rollout, processes: Processes, num_generations: int, pad_
     prompts left-padded to the longest, group and trajectory ids renumbered), on ``ro``'s device.
 
     ``nfe`` is the largest share's (the sampler runs the same steps on every share; AR: the longest
-    completion of the whole batch), ``passes`` the shares' sum (the forward passes the processes ran).
+    completion of the whole batch), or with per-row counts (``row_nfe``: diffusion rollouts, where threshold
+    decoding gives every share its own steps) their mean over the whole batch; ``passes`` the shares' sum (the
+    forward passes the processes ran).
     """
     if processes.count == 1:
         return ro
@@ -332,6 +334,6 @@ def gather_rollout(ro: Rollout, processes: Processes, num_generations: int, pad_
     out = Rollout.cat(parts, num_generations, pad_id).to(device)
     if all(p.group_ids is None for p in parts):  # (consecutive groups of G, as one process would hold them)
         out.group_ids = None
-    out.nfe = max(p.nfe for p in parts)
+    out.nfe = mean_nfe(out.row_nfe) if out.row_nfe is not None else max(p.nfe for p in parts)
     out.passes = sum(p.sampling_passes() for p in parts)
     return out

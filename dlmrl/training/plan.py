@@ -77,6 +77,11 @@ def _algorithm_section(cfg: Config, preset) -> dict:
         out["reference_model"] = "none (beta = 0)"
     if o.ratio_level == "none":
         out["ratio"] = "none: the loss weights the current policy's log-likelihood (no old-policy pass, no clip)"
+    if cfg.train.rollout_is_cap is not None:
+        out["rollout_is_cap"] = cfg.train.rollout_is_cap
+        out["rollout_correction"] = (f"each token's policy loss x min(exp(logp_old - logp_rollout), "
+                                     f"{cfg.train.rollout_is_cap:g}), detached (truncated importance sampling, TRL's "
+                                     "vllm_importance_sampling_cap)")
     for part in ("dynamic_sampling", "overlong_cache_fraction", "adaptive_temperature_tau", "anchor_threshold",
                  "multi_turn"):
         value = getattr(preset, part)
@@ -93,7 +98,8 @@ def _estimator_section(cfg: Config) -> dict:
     nfe = est.nfe if est.nfe is not None else est.nfe_for(cfg.sampling.gen_length)  # (at most, per sequence)
     out: dict = {"name": name, "nfe": nfe,
                  "chosen_by": "estimator.name" if cfg.estimator.name else "the preset's recipe"}
-    if est.nfe is None:  # (data-dependent: the trajectory's steps or tokens; the figure is the bound)
+    if est.nfe is None or (name == "trajectory" and cfg.sampling.adaptive):
+        # (data-dependent: the trajectory's steps or tokens; the figure is the bound)
         out["nfe_is"] = "at most, per completion (it depends on the rollout; the run logs nfe_scoring per step)"
     if name in ("sdmc", "coupled_sdmc"):
         out.update(num_nodes=e.num_nodes, samples_per_node=e.samples_per_node, masking=e.masking)
@@ -158,12 +164,26 @@ def _sampler_section(cfg: Config) -> dict:
                 "nfe_per_completion": length + 1}
     blocks = length // s.block_length
     cfg_factor = 2 if s.cfg_scale > 0 else 1
-    return {"gen_length": length, "block_length": s.block_length, "blocks": blocks, "steps": s.steps,
-            "steps_per_block": s.steps // blocks, "tokens_per_step": round(length / s.steps, 3),
-            "temperature": s.temperature, "remasking": s.remasking, "cfg_scale": s.cfg_scale,
-            "nfe_per_completion": s.steps * cfg_factor,
-            "eval": {"steps": ev.steps, "temperature": ev.temperature, "batch_size": ev.batch_size,
-                     "examples": ev.num_puzzles or "the whole held-out split"}}
+    out = {"gen_length": length, "block_length": s.block_length, "blocks": blocks, "steps": s.steps,
+           "steps_per_block": s.steps // blocks, "tokens_per_step": round(length / s.steps, 3),
+           "temperature": s.temperature, "remasking": s.remasking, "cfg_scale": s.cfg_scale,
+           "threshold": s.threshold, "threshold_factor": s.threshold_factor,
+           "nfe_per_completion": s.steps * cfg_factor}
+    if s.adaptive:  # (threshold decoding: the steps depend on the model's confidence)
+        rule = (f"reveal every masked position with confidence >= {s.threshold:g}" if s.threshold is not None
+                else f"reveal the longest run of the most confident masked positions with confidence >= "
+                     f"1 - {s.threshold_factor:g} / (n + 1)")
+        out.update({"decoding": f"threshold (Fast-dLLM): {rule}, at least one per step; each block runs until "
+                                "decoded (steps unused)",
+                    "steps_per_block": f"1 to {s.block_length} (data-dependent)",
+                    "tokens_per_step": "at least 1 (data-dependent)",
+                    "nfe_per_completion": f"at most {length * cfg_factor} (data-dependent; the run logs "
+                                          "nfe_sampling, the mean per completion)"})
+    out["eval"] = {"steps": ev.steps, "temperature": ev.temperature, "batch_size": ev.batch_size,
+                   "examples": ev.num_puzzles or "the whole held-out split"}
+    if s.adaptive:
+        out["eval"]["decoding"] = "the plain schedule (eval.steps); the threshold applies to rollouts"
+    return out
 
 
 def _accelerate_section() -> dict:

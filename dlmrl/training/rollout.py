@@ -32,7 +32,9 @@ class Rollout:
         prompt_ids, prompt_mask: ``(B, P)`` long / bool, left-padded.
         completion, completion_mask: ``(B, L)`` long / bool, the scored completion tokens.
         nfe: forward passes per sequence spent sampling (summed over every sampling call that made
-            the batch: DAPO's extra rounds, the turns of an episode).
+            the batch: DAPO's extra rounds, the turns of an episode); with threshold decoding, where rows take
+            different numbers of passes, the mean over the call's rows (an int when whole, else rounded to 3
+            places).
         group_ids: ``(B,)`` long prompt-group id of each row; ``None`` = consecutive groups of G
             (:meth:`groups`). Set when groups are not consecutive G rows (DaGRPO anchors, episodes).
         trajectory_ids: ``(B,)`` long trajectory id of each row (Flow-GRPO: the turns of one episode
@@ -46,6 +48,12 @@ class Rollout:
             token (:attr:`dlmrl.models.sampler.SampleOutput.reveal_step`; -1 where it wrote nothing). DaGRPO's
             anchor rows, which no sampler wrote, get the left-to-right order in the sampler's schedule
             (:func:`dlmrl.models.sampler.left_to_right_reveal_steps`). ``None`` for AR rollouts.
+        token_logprobs: ``(B, L)`` float32, the log-prob each completion token was drawn with
+            (:attr:`dlmrl.models.sampler.SampleOutput.token_logprobs`: the sampler's distribution at the sampling
+            temperature, mask token excluded; 0 where it wrote nothing and on anchor rows). ``None`` for AR
+            rollouts.
+        row_nfe: ``(B,)`` long forward passes each row took part in while sampling
+            (:attr:`~dlmrl.models.sampler.SampleOutput.row_nfe`; 0 on anchor rows). ``None`` for AR rollouts.
     """
 
     examples: list
@@ -61,13 +69,15 @@ class Rollout:
     train_rewards: torch.Tensor | None = None
     passes: int | None = None
     reveal_step: torch.Tensor | None = None
+    token_logprobs: torch.Tensor | None = None
+    row_nfe: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.completion)
 
     #: the per-row tensor fields (``None`` allowed), which :meth:`rows` and :meth:`to` map
     _TENSORS = ("prompt_ids", "prompt_mask", "completion", "completion_mask", "group_ids", "trajectory_ids",
-                "anchor", "rewards", "train_rewards", "reveal_step")
+                "anchor", "rewards", "train_rewards", "reveal_step", "token_logprobs", "row_nfe")
 
     def _map(self, fn, **changes) -> Rollout:
         """A copy with ``fn`` applied to every per-row tensor field and the ``changes`` made."""
@@ -111,8 +121,9 @@ class Rollout:
 
         Prompts are left-padded (``pad_id``, mask False) to the longest; completions must have the same
         width. Group and trajectory ids are renumbered so rows of different parts never share one; NFE
-        and sampling passes add up; ``anchor`` / ``rewards`` / ``train_rewards`` / ``reveal_step`` must be set on
-        every part or on none (``anchor``: a missing one means no anchors).
+        and sampling passes add up; ``anchor`` / ``rewards`` / ``train_rewards`` / ``reveal_step`` /
+        ``token_logprobs`` / ``row_nfe`` must be set on every part or on none (``anchor``: a missing one means no
+        anchors).
 
         Raises:
             ValueError: on no parts, different completion widths, or rewards set on some parts only.
@@ -150,8 +161,17 @@ class Rollout:
             ids(lambda p: p.trajectories()) if any(p.trajectory_ids is not None for p in parts) else None,
             torch.cat([p.anchors() for p in parts]) if any(p.anchor is not None for p in parts) else None,
             optional("rewards"), optional("train_rewards"), sum(p.sampling_passes() for p in parts),
-            optional("reveal_step"),
+            optional("reveal_step"), optional("token_logprobs"), optional("row_nfe"),
         )
+
+
+def mean_nfe(row_nfe: torch.Tensor) -> int | float:
+    """The mean of ``(B,)`` per-row forward passes: an int when whole (always without threshold decoding, where
+    every row takes part in every pass), else rounded to 3 places; 0 for no rows."""
+    if not len(row_nfe):
+        return 0
+    mean = float(row_nfe.double().mean())
+    return int(mean) if mean == int(mean) else round(mean, 3)
 
 
 def _prompt_rows(num_prompts: int, G: int, prompts: tuple[int, int] | None) -> slice:
@@ -170,6 +190,10 @@ def rollout_diffusion(policy, task, cfg, examples: list, generator: torch.Genera
     ``prompts = (lo, hi)``: sample only the completions of prompts ``[lo, hi)`` (one process's share), each
     with the random numbers it has in the whole batch (the sampler's ``rows``); an empty share still runs the
     sampler on one row, which it drops, so that ``generator`` advances as on the other processes.
+
+    The rollout carries the sampler's record: ``reveal_step``, ``token_logprobs`` and ``row_nfe``; with threshold
+    decoding (``sampling.threshold`` / ``threshold_factor``) ``nfe`` is the mean of ``row_nfe`` and ``passes``
+    their sum.
     """
     s = cfg.sampling
     batch = task.encode(examples, device=policy.device).repeat(cfg.train.num_generations)  # the whole batch
@@ -177,10 +201,13 @@ def rollout_diffusion(policy, task, cfg, examples: list, generator: torch.Genera
     rows = None if prompts is None else (keep.start, keep.stop) if keep.stop > keep.start else (0, 1)
     out = generate(policy, batch.prompt_ids, batch.prompt_mask, gen_length=task.gen_length,
                    block_length=s.block_length, steps=s.steps, temperature=s.temperature, remasking=s.remasking,
-                   cfg_scale=s.cfg_scale, canvas=batch.canvas, generator=generator, rows=rows)
-    canvas, steps = (out.canvas, out.reveal_step) if keep.stop > keep.start else (out.canvas[:0], out.reveal_step[:0])
-    return Rollout(batch.examples[keep], batch.prompt_ids[keep], batch.prompt_mask[keep], canvas,
-                   batch.completion_mask[keep], out.nfe, reveal_step=steps)
+                   cfg_scale=s.cfg_scale, canvas=batch.canvas, generator=generator, rows=rows,
+                   threshold=s.threshold, threshold_factor=s.threshold_factor)
+    n = len(out.canvas) if keep.stop > keep.start else 0  # (an empty share drops the one row it ran)
+    return Rollout(batch.examples[keep], batch.prompt_ids[keep], batch.prompt_mask[keep], out.canvas[:n],
+                   batch.completion_mask[keep], mean_nfe(out.row_nfe[:n]) if s.adaptive else out.nfe,
+                   passes=int(out.row_nfe[:n].sum()), reveal_step=out.reveal_step[:n],
+                   token_logprobs=out.token_logprobs[:n], row_nfe=out.row_nfe[:n])
 
 
 def rollout_ar(policy, task, cfg, examples: list, generator: torch.Generator, max_new_tokens: int | None = None,
@@ -211,6 +238,77 @@ def rollout_ar(policy, task, cfg, examples: list, generator: torch.Generator, ma
 
 
 LossFn = Callable[[torch.Tensor], "tuple[torch.Tensor, dict]"]
+
+
+class RolloutMismatch:
+    """The gap between the log-probs a rollout's tokens were drawn with and the exact old-policy scores of the
+    same tokens, and its truncated importance-sampling correction.
+
+    With Δ = ``logp_old − logp_rollout`` per token, on the ``valid`` tokens:
+
+    - :meth:`gap`: ``Σ |Δ|``, the token count and ``max |Δ|`` (the trainer logs ``rollout_logp_gap_mean`` and
+      ``rollout_logp_gap_max`` from them);
+    - :meth:`weights`: ``min(exp(Δ), C)`` per token, 1 off ``valid``, detached: the factor on each token's policy
+      loss, once per rollout batch (TRL's ``vllm_importance_sampling_correction`` in its ``token_truncate`` mode,
+      cap ``C`` = ``vllm_importance_sampling_cap``; the KL term is not weighted, as there).
+
+    ``logp_old`` is taken once, by :meth:`observe` (the first μ update's detached scores, i.e. the policy that
+    sampled before any step; later calls keep it). It is the sampler's own distribution only for the
+    ``trajectory`` estimator with merge 1 and the sampled order (merged canvases score a token from an earlier
+    canvas than it was drawn from; ELBO terms are no token log-probs), which is where the trainer uses this; with
+    no cache and no classifier-free guidance the gap is 0 up to float error, threshold decoding or not.
+
+    Args:
+        rollout_logp: ``(B, L)`` float, the sampler's recorded log-probs (``Rollout.token_logprobs``).
+        valid: ``(B, L)`` bool, the tokens the sampler drew (the completion mask off anchor rows).
+        cap: ``C >= 1``, or ``None`` (measure only).
+    Raises:
+        ValueError: on mismatched shapes or ``cap < 1``.
+    Reference: TRL ``GRPOTrainer`` (huggingface/trl ``trl/trainer/grpo_trainer.py``: ``importance_sampling_ratio =
+    clamp(exp(old_per_token_logps − sampling_per_token_logps), max=cap)`` multiplying ``per_token_loss``); truncated
+    importance sampling for rollout/training mismatch, Yao et al., "Your Efficient RL Framework Secretly Brings You
+    Off-Policy RL Training" (fengyao.notion.site/off-policy-rl).
+    """
+
+    def __init__(self, rollout_logp: torch.Tensor, valid: torch.Tensor, cap: float | None = None):
+        if rollout_logp.shape != valid.shape:
+            raise ValueError(f"rollout_logp {tuple(rollout_logp.shape)} and valid {tuple(valid.shape)} differ")
+        if cap is not None and not cap >= 1:
+            raise ValueError(f"cap must be >= 1 (or None), got {cap}")
+        self.rollout_logp, self.valid, self.cap = rollout_logp.detach().float(), valid.bool(), cap
+        self.logp_old: torch.Tensor | None = None
+        self._weights: torch.Tensor | None = None
+
+    def observe(self, logp_old: torch.Tensor) -> None:
+        """Take the exact old-policy scores ``(B, L)`` (the first call only)."""
+        if self.logp_old is not None:
+            return
+        if logp_old.shape != self.valid.shape:
+            raise ValueError(f"logp_old {tuple(logp_old.shape)} must be {tuple(self.valid.shape)}")
+        self.logp_old = logp_old.detach().float()
+        if self.cap is not None:
+            delta = torch.where(self.valid, self.logp_old - self.rollout_logp.to(self.logp_old), 0.0)
+            self._weights = torch.exp(delta).clamp(max=self.cap)  # (B, L), 1 off valid
+
+    def _delta(self) -> torch.Tensor:
+        if self.logp_old is None:
+            raise RuntimeError("RolloutMismatch: observe(logp_old) first")
+        return (self.logp_old - self.rollout_logp.to(self.logp_old))[self.valid]
+
+    def gap(self) -> tuple[float, int, float]:
+        """``(Σ |Δ|, count, max |Δ|)`` over the valid tokens (``(0, 0, 0)`` when there are none)."""
+        d = self._delta().abs().double()
+        return (float(d.sum()), int(d.numel()), float(d.max()) if d.numel() else 0.0)
+
+    def weights(self) -> torch.Tensor | None:
+        """``(B, L)`` float32 detached loss weights ``min(exp(Δ), C)`` (1 off ``valid``); ``None`` without a cap."""
+        if self.cap is not None and self._weights is None:
+            raise RuntimeError("RolloutMismatch: observe(logp_old) first")
+        return self._weights
+
+    def weight_sum(self) -> float:
+        """``Σ`` of the weights over the valid tokens (for their logged mean); 0 without a cap."""
+        return float(self._weights[self.valid].double().sum()) if self._weights is not None else 0.0
 
 
 @dataclass
@@ -417,7 +515,8 @@ class SamplingStats:
         rounds: rollout rounds (1 + DAPO's extra rounds).
         completions: sequences sampled over every round (episodes: every turn's response).
         groups_dropped: groups left out because their rewards were all equal (DAPO).
-        nfe: forward passes per sequence spent sampling, summed over the rounds.
+        nfe: forward passes per sequence spent sampling, summed over the rounds (each round's mean over its rows
+            with threshold decoding, so possibly fractional).
         passes: sequence forward passes spent sampling (rows × NFE of every sampling call, summed; what
             the sampling cost in forward passes over one sequence, unlike ``completions · nfe``).
         rewards: ``(N,)`` float32 task rewards of every sampled completion of every round (episodes:
@@ -427,7 +526,7 @@ class SamplingStats:
     rounds: int
     completions: int
     groups_dropped: int
-    nfe: int
+    nfe: int | float
     passes: int
     rewards: torch.Tensor
 
@@ -584,6 +683,9 @@ def add_anchors(ro: Rollout, task, anchor_threshold: float, num_generations: int
         if reveal_steps is None:
             raise ValueError("add_anchors: the rollout carries reveal steps; pass reveal_steps for the anchors")
         steps = torch.cat([ro.reveal_step, reveal_steps(mask).to(ro.reveal_step)])
+    # (no sampler drew the anchors: no recorded log-probs, no sampling passes)
+    logps = None if ro.token_logprobs is None else torch.cat([ro.token_logprobs, ro.token_logprobs.new_zeros(K, L)])
+    row_nfe = None if ro.row_nfe is None else torch.cat([ro.row_nfe, ro.row_nfe.new_zeros(K)])
     out = Rollout(
         ro.examples + examples, torch.cat([ro.prompt_ids, ro.prompt_ids[index]]),
         torch.cat([ro.prompt_mask, ro.prompt_mask[index]]), torch.cat([ro.completion, comp]),
@@ -591,5 +693,5 @@ def add_anchors(ro: Rollout, task, anchor_threshold: float, num_generations: int
         torch.cat([trajs, int(trajs.max()) + 1 + torch.arange(K, device=trajs.device)]),
         torch.cat([ro.anchors(), torch.ones(K, dtype=torch.bool, device=dev)]),
         torch.cat([ro.rewards, rewards.to(ro.rewards)]), torch.cat([ro.train_rewards, train.to(ro.train_rewards)]),
-        ro.sampling_passes(), steps)
+        ro.sampling_passes(), steps, logps, row_nfe)
     return out, K

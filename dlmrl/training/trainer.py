@@ -83,6 +83,7 @@ from dlmrl.training.rollout import (
     ARScorer,
     DiffusionScorer,
     Rollout,
+    RolloutMismatch,
     SamplingStats,
     add_anchors,
     example_key,
@@ -106,7 +107,7 @@ class RunState:
     train_seconds: float = 0.0
     hapo_stats: dict | None = None  # HAPO: the previous step's entropy statistics (adaptive temperature)
     completions_total: int = 0  # sampled completions so far (every round, every turn; not anchors)
-    nfe_sampling_total: int = 0  # the steps' nfe_sampling summed
+    nfe_sampling_total: int | float = 0  # the steps' nfe_sampling summed (threshold decoding: means, fractional)
 
     def state_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -179,21 +180,56 @@ def build_estimator(cfg: Config):
 
 
 def group_loss_fn(objective: GroupObjective, old: torch.Tensor | None, advantages: torch.Tensor,
-                  mask: torch.Tensor, row_weight: float = 1.0, **inputs):
+                  mask: torch.Tensor, row_weight: float = 1.0, mismatch: RolloutMismatch | None = None, **inputs):
     """The loss of one μ update as a function of the current policy's per-token scores.
 
     Returns ``per_token (B', L) -> (row_weight · objective(per_token, old, advantages, mask, **inputs),
     metrics)``; ``old`` ``None`` (the first update, where old = current) uses ``per_token`` detached
     (ratio 1). ``inputs`` are :meth:`GroupObjective.compute`'s keyword inputs (``logp_ref``, ``entropy``,
     ``segment_ids``, ``group_ids``, ``num_tokens``). With the ``gdpo`` preset this is
-    :func:`dlmrl.objectives.gdpo_loss` on ``per_token.sum(-1)``.
+    :func:`dlmrl.objectives.gdpo_loss` on ``per_token.sum(-1)``. ``mismatch``: the old-policy scores it uses are
+    given to :meth:`RolloutMismatch.observe` (the first update's are kept), and with a cap its weights
+    ``min(exp(logp_old − logp_rollout), C)`` multiply each token's policy loss (``weights`` of the objective).
     """
     def loss_fn(per_token: torch.Tensor):
-        loss, metrics = objective(per_token, per_token.detach() if old is None else old, advantages, mask,
-                                  **inputs)
+        logp_old = per_token.detach() if old is None else old
+        extra = inputs
+        if mismatch is not None:
+            mismatch.observe(logp_old)
+            w = mismatch.weights()
+            if w is not None:
+                extra = {**inputs, "weights": w.to(per_token.dtype)}
+        loss, metrics = objective(per_token, logp_old, advantages, mask, **extra)
         return loss * row_weight, metrics
 
     return loss_fn
+
+
+def measures_rollout_mismatch(scorer) -> bool:
+    """Whether the scorer's old-policy scores are log-probs of the distribution the sampler drew from: the
+    ``trajectory`` estimator with merge 1 and the sampled order (the trainer then logs the rollout log-prob gap
+    and may correct it, ``train.rollout_is_cap``). Merged canvases (merge > 1) score a token from an earlier canvas
+    than the one it was drawn from, and the ELBO estimators' per-token terms are no token log-probs, so the gap is
+    not defined there (not logged)."""
+    from dlmrl.estimators.trajectory import Trajectory
+
+    est = getattr(scorer, "estimator", None)
+    return isinstance(est, Trajectory) and est.merge == 1 and est.order == "sampled"
+
+
+def mismatch_metrics(mismatch: RolloutMismatch | None, processes: Processes, cap: float | None) -> dict:
+    """The step's ``rollout_logp_gap_mean`` / ``rollout_logp_gap_max`` (mean and max ``|logp_old − logp_rollout|``
+    per sampled token of the scored rows, over every process) and, with a cap, ``rollout_is_weight_mean``;
+    ``None`` values when no token was scored. ``mismatch`` ``None``: this process scored no rows of its own."""
+    part = ((*mismatch.gap(), mismatch.weight_sum()) if mismatch is not None and mismatch.logp_old is not None
+            else (0.0, 0, 0.0, 0.0))
+    parts = processes.gather(part)
+    total, count = sum(p[0] for p in parts), sum(p[1] for p in parts)
+    out = {"rollout_logp_gap_mean": total / count if count else None,
+           "rollout_logp_gap_max": max(p[2] for p in parts if p[1]) if count else None}
+    if cap is not None:
+        out["rollout_is_weight_mean"] = sum(p[3] for p in parts) / count if count else None
+    return out
 
 
 def can_skip_zero_rows(objective: GroupObjective, advantages: torch.Tensor) -> bool:
@@ -433,6 +469,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
     bar = tqdm(total=tr.max_steps, initial=state.step, desc=tr.algorithm,
                disable=not progress or not accelerator.is_main_process)
     G = tr.num_generations
+    gap_measured = not is_ar and measures_rollout_mismatch(scorer)  # (rollout_logp_gap_* logged)
     max_length = task.gen_length + 1 if is_ar else task.gen_length  # generation budget (AR: the grid + EOS)
     if is_ar and preset.overlong_cache_fraction is not None:
         # (dlmrl interpretation) DAPO's cache sits past the answer: L_max = (L + 1) / (1 − fraction), so a
@@ -487,13 +524,13 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
             # several processes: each scores its share of the groups (a share without rows scores one row
             # with loss weight 0, so every process runs the same updates), weighted so that the average of
             # the processes' losses is the loss of the whole batch (distributed.loss_share)
-            local, share = None, 1.0
+            local, share, own_rows = None, 1.0, True
             if processes.count > 1 and len(rows):
                 local = group_share(group_ids[rows], processes.index, processes.count)  # (K,) rows of sub
                 share = loss_share(objective.loss_type, sub.completion_mask[local], sub.completion_mask)
                 row_weight *= processes.count * share
                 if not len(local):
-                    local, row_weight, share = torch.zeros(1, dtype=torch.long), 0.0, 0.0
+                    local, row_weight, share, own_rows = torch.zeros(1, dtype=torch.long), 0.0, 0.0, False
             mine = sub if local is None else sub.rows(local)
             mine_rows = rows if local is None else rows[local]  # this process's rows of ro
             # 4. old (and reference) scores, once per rollout batch (diffusion: on the μ MaskPlans)
@@ -514,6 +551,14 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
                 inputs["anchor"] = mine.anchor  # ratio π/sg[π], loss weight anchor_weight
             if delimiters is not None:
                 inputs["segment_ids"] = sentence_segments(torch.isin(mine.completion, delimiters), mine.completion_mask)
+            # the sampler's recorded log-probs against the exact old-policy scores of the same trajectory (the
+            # first update's), and the truncated-IS weights of train.rollout_is_cap
+            mismatch = None
+            if old is not None and gap_measured and mine.token_logprobs is not None:
+                valid = mine.completion_mask.bool() & (mine.reveal_step >= 0)
+                if mine.anchor is not None:
+                    valid &= ~mine.anchor.bool()[:, None]
+                mismatch = RolloutMismatch(mine.token_logprobs, valid, tr.rollout_is_cap)
             t2 = time.time()
             # 5. μ inner updates (diffusion: each on a fresh MaskPlan shared by old/new/ref)
             policy.model.train()
@@ -529,7 +574,8 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
                 # score with grad and back-propagate the preset's loss (diffusion: in chunks of micro_batch
                 # canvases, a two-pass surrogate with the same gradient, when they do not fit in one call)
                 loss_fn = group_loss_fn(objective, old.old[j], adv_rows, mine.completion_mask, row_weight,
-                                        logp_ref=old.ref[j], **inputs)
+                                        logp_ref=old.ref[j], **inputs,
+                                        **({"mismatch": mismatch} if mismatch is not None else {}))
                 t_scoring = time.time()
                 with accelerator.no_sync(policy.model) if own_grad_sync else nullcontext():
                     loss, m = scorer.backward(j, loss_fn, accelerator.backward)
@@ -562,6 +608,8 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
                       "seconds_rollout": t1 - t0, "seconds_scoring_old": t2 - t1, "seconds_update": time.time() - t2,
                       "seconds_scoring": seconds_scoring, "seconds_optimizer": seconds_optimizer,
                       "seconds_step": elapsed}
+            if gap_measured and ro.token_logprobs is not None:
+                record.update(mismatch_metrics(mismatch if own_rows else None, processes, tr.rollout_is_cap))
             if preset.anchor_threshold is not None:
                 record["anchors"] = anchors
             if env is not None:

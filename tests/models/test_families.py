@@ -187,7 +187,8 @@ def test_one_sampler_step_is_the_argmax_of_the_models_logits(kind, policies):
 @pytest.mark.parametrize("kind", KINDS)
 @torch.no_grad()
 def test_greedy_decoding_equals_a_hand_loop(kind, policies):
-    """One token per step: reveal the masked position whose argmax token is most probable."""
+    """One token per step: reveal the masked position whose argmax token (never the mask token) is most probable
+    under the full softmax (mask token included, as LLaDA's generate computes the confidence)."""
     policy = policies[kind]
     mask = policy.mask_token_id
     prompt, prompt_mask, _, _ = batch(policy, seed=3)
@@ -196,9 +197,9 @@ def test_greedy_decoding_equals_a_hand_loop(kind, policies):
         x = torch.full((L,), mask)
         for _ in range(L):
             logits = direct_logits(kind, policy.model, torch.cat([prompt[b], x])[None])[0, P:].double()
-            logits[:, mask] = float("-inf")
-            probs = torch.softmax(logits, -1)  # (L, V)
-            conf, x0 = probs.max(-1)
+            probs = torch.softmax(logits, -1)  # (L, V), the full softmax
+            x0 = logits.index_fill(-1, torch.tensor([mask]), float("-inf")).argmax(-1)
+            conf = probs.gather(-1, x0[:, None])[:, 0]
             i = int(torch.where(x == mask, conf, -1.0).argmax())
             x[i] = x0[i]
         assert torch.equal(out.canvas[b], x), (kind, b)

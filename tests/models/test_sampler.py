@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from dlmrl.models.sampler import SampleOutput, add_gumbel_noise, generate, num_transfer_tokens
+from tests.models.llada_reference import reference_greedy
 
 V, MASK, EOS = 8, 7, 6
 
@@ -156,35 +157,13 @@ def test_greedy_output_independent_of_batching(toy_policy):
     assert not torch.equal(alone_short.canvas, alone_long.canvas)  # the prompts matter
 
 
-def llada_reference_greedy(policy, prompt, gen_length, block_length, steps):
-    """LLaDA's released ``generate`` at temperature 0 (loops, per-row topk), unpadded prompts."""
-    P = prompt.shape[1]
-    x = torch.cat([prompt, torch.full((prompt.shape[0], gen_length), MASK)], dim=1)
-    num_blocks = gen_length // block_length
-    steps = steps // num_blocks
-    for b in range(num_blocks):
-        block_mask = x[:, P + b * block_length : P + (b + 1) * block_length] == MASK
-        counts = block_mask.sum(1)
-        sched = [[int(c) // steps + (i < int(c) % steps) for i in range(steps)] for c in counts]
-        for i in range(steps):
-            mask_index = x == MASK
-            logits = policy(x, torch.ones_like(x, dtype=torch.bool))
-            logits[..., MASK] = float("-inf")
-            x0 = logits.argmax(-1)
-            p = torch.softmax(logits.double(), -1).gather(-1, x0[..., None]).squeeze(-1)
-            p[:, P + (b + 1) * block_length :] = float("-inf")
-            x0 = torch.where(mask_index, x0, x)
-            conf = torch.where(mask_index, p, torch.tensor(float("-inf"), dtype=torch.float64))
-            for j in range(x.shape[0]):
-                _, idx = torch.topk(conf[j], k=sched[j][i])
-                x[j, idx] = x0[j, idx]
-    return x[:, P:]
-
-
 def test_greedy_matches_llada_reference_loop(toy_policy):
+    # the oracle takes the confidence from the full softmax, mask token included, as LLaDA's generate does
+    # (this test's own copy of the loop used to renormalise it without the mask token, as the sampler did)
     prompt = torch.tensor([[1, 2, 3], [4, 0, 2], [5, 5, 1]])
     for gen_length, block_length, steps in [(8, 8, 8), (12, 4, 6), (9, 3, 9)]:
-        ref = llada_reference_greedy(toy_policy, prompt, gen_length, block_length, steps)
+        ref, _ = reference_greedy(toy_policy, prompt, torch.ones_like(prompt, dtype=torch.bool), gen_length=gen_length,
+                                  block_length=block_length, steps=steps, mask_id=MASK)
         out = generate(
             toy_policy,
             prompt,

@@ -247,6 +247,8 @@ def diffusion_policy():
 @pytest.mark.parametrize(("kind", "overrides"), [
     ("diffusion", []),
     ("diffusion", ["algorithm=dapo", "sampling.remasking=random"]),
+    ("diffusion", ["sampling.threshold=0.6"]),  # (threshold decoding: every share takes its own steps)
+    ("diffusion", ["algorithm=dapo", "sampling.threshold_factor=1.0"]),
     ("ar", ["algorithm=dapo"]),
     ("ar", ["algorithm=flow_grpo"]),
 ])
@@ -284,6 +286,8 @@ def test_sharded_sampling_gives_every_process_the_one_process_batch(kind, overri
         assert torch.equal(after, one[2])  # the step generator is where it is after a 1-process rollout
         if kind == "diffusion":
             assert stats.passes == one[1].passes
+            assert torch.equal(ro.reveal_step, one[0].reveal_step) and torch.equal(ro.row_nfe, one[0].row_nfe)
+            assert torch.allclose(ro.token_logprobs, one[0].token_logprobs, atol=1e-5)
 
 
 @pytest.mark.parametrize("var", ["ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED"])
