@@ -424,8 +424,17 @@ def load_yaml(cfg: Any, path: str | Path) -> None:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
+    if not path.is_file():
+        raise ConfigError(f"config file {path} is not a file (a folder?)")
     try:
-        data = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise ConfigError(f"{path} line {line}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from None
+    except OSError as e:
+        raise ConfigError(f"config file {path} cannot be read: {e.strerror or e}") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}{_yaml_error_place(e)}: invalid YAML: {_yaml_problem(e)}") from None
     if not isinstance(data, dict):
@@ -445,9 +454,12 @@ def locate_error(error: ConfigError, path: str | Path | None, overrides: list[st
             name = o.split("=", 1)[0].strip()
             if name and (name == key or key.endswith("." + name) or name.endswith("." + key)):
                 return ConfigError(f"command-line override {o!r}: {error}")
-    if path is None or str(error).startswith(str(path)):
+    if path is None or str(error).startswith(str(path)) or not Path(path).is_file():
         return error
-    return ConfigError(f"{_yaml_line(Path(path), key)}{error}")
+    try:
+        return ConfigError(f"{_yaml_line(Path(path), key)}{error}")
+    except (OSError, UnicodeDecodeError):  # (load_yaml reported an unreadable file already)
+        return error
 
 
 def apply_overrides(cfg: Any, overrides: list[str]) -> None:
@@ -608,6 +620,12 @@ def validate(cfg: Config, for_training: bool = True) -> None:
                       "beta": "eubo_beta", "mix": "mix_weight", "block_length": "mask_block_length"}
             field_name = fields.get(arg, arg if arg in {f.name for f in dataclasses.fields(e)} else "name")
             _check(False, f"estimator.{field_name}", f"{err} (estimator {name!r})")
+    if name == "spg" and m.kind == "diffusion":  # (the block masks tile the canvas the sampler fills)
+        block = e.mask_block_length or s.block_length
+        _check(s.gen_length % block == 0, "estimator.mask_block_length",
+               f"the spg block masks' length {block} must divide sampling.gen_length {s.gen_length}")
+    _check(e.merge <= 1 << 20, "estimator.merge", f"must be at most 2^20 (any merge >= the steps scores one canvas), "
+           f"got {e.merge}")
     _check(isinstance(e.micro_batch, int) and not isinstance(e.micro_batch, bool) and e.micro_batch >= 0,
            "estimator.micro_batch", f"must be an integer >= 0 (0 = all canvases at once), got {e.micro_batch!r}")
     _check(tr.learning_rate > 0, "train.learning_rate", "must be > 0")

@@ -244,3 +244,35 @@ def test_changing_the_default_recipes_algorithm_gives_that_algorithms_estimator(
     assert default_job_config(["algorithm=diffu_grpo"]).estimator == Config().estimator
     assert default_job_config().estimator.name == "trajectory"
     capsys.readouterr()
+
+
+def test_unreadable_config_files_are_config_errors(tmp_path, capsys):
+    """A missing file, a folder and a file that is not UTF-8 stop with a message, not a traceback."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(b"train:\n  max_steps: 3\n\xff\xfe\n")
+    for path, match in ((tmp_path / "nope.yaml", "does not exist"), (tmp_path, "is not a file"),
+                        (bad, "bad.yaml line 3: not UTF-8 text")):
+        assert main(["train", "--dry-run", "--config", str(path)]) == 2
+        assert match in capsys.readouterr().err, path
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["algorithm=spg", "estimator.name=spg", "estimator.mask_block_length=5"], "estimator.mask_block_length"),
+    (["algorithm=spg", "estimator.name=spg", "estimator.mask_block_length=32"], "estimator.mask_block_length"),
+    (["estimator.merge=100000000000000000000000"], "estimator.merge"),
+])
+def test_values_that_would_fail_after_the_model_loads_are_refused_up_front(overrides, key):
+    from dlmrl.config import default_job_config
+
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        default_job_config(overrides)
+
+
+def test_a_preset_estimator_by_null_gets_the_presets_settings_not_the_recipes():
+    """estimator.name=null on the default recipe: tracerl and just_grpo score unmerged (their papers'), not with
+    the recipe's merge 2."""
+    from dlmrl.config import default_job_config, estimator_settings
+
+    for algorithm, order in (("tracerl", "sampled"), ("just_grpo", "left_to_right")):
+        name, e = estimator_settings(default_job_config([f"algorithm={algorithm}", "estimator.name=null"]))
+        assert (name, e.order, e.merge) == ("trajectory", order, 1), algorithm

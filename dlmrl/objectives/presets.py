@@ -249,7 +249,7 @@ def tracerl() -> AlgorithmPreset:
     """
     objective = GroupObjective(epsilon=0.2, beta=0.01, kl_reference="old")
     return AlgorithmPreset("tracerl", objective, "group", policies=("diffusion",), estimator="trajectory",
-                           reference="2509.06949")
+                           estimator_options={"order": "sampled", "merge": 1}, reference="2509.06949")
 
 
 @ALGORITHMS.register("just_grpo")
@@ -265,7 +265,7 @@ def just_grpo() -> AlgorithmPreset:
     completion's tokens, then over completions).
     """
     return AlgorithmPreset("just_grpo", GroupObjective(epsilon=0.2), "group", policies=("diffusion",),
-                           estimator="trajectory", estimator_options={"order": "left_to_right"},
+                           estimator="trajectory", estimator_options={"order": "left_to_right", "merge": 1},
                            reference="2601.15165")
 
 

@@ -378,7 +378,7 @@ def test_tracerl_clips_tokens_and_takes_its_kl_toward_the_rollout_policy():
 
 def test_just_grpo_is_grpo_without_kl_on_the_left_to_right_likelihood():
     preset = get_algorithm("just_grpo")
-    assert preset.estimator == "trajectory" and dict(preset.estimator_options) == {"order": "left_to_right"}
+    assert preset.estimator == "trajectory" and dict(preset.estimator_options) == {"order": "left_to_right", "merge": 1}
     adv = preset.advantages(AdvantageInputs(REWARDS, 2))
     out = run(preset, D_ROWS, adv)
     assert out.loss.item() == pytest.approx(aggregate_rows(policy_rows(D_ROWS, adv.tolist(), 0.2, 0.2), "grpo"),
