@@ -272,7 +272,8 @@ def build_plan(cfg: Config, resume: bool = False) -> dict:
     if resume:  # the run's own check: a checkpoint to continue from, and the run's own settings
         from dlmrl.training.trainer import check_run_folder
 
-        state = f"resumes from {check_run_folder(cfg, resume=True)}"
+        ckpt = check_run_folder(cfg, resume=True)
+        state = f"resumes from {ckpt}" if ckpt is not None else "resumes from step 0 (stopped before its first checkpoint)"
     elif (out_dir / "config.yaml").exists() or (out_dir / "checkpoints").is_dir():
         state = "holds a run (use --resume or a new --output-dir)"
     else:

@@ -142,14 +142,24 @@ def check_run_folder(cfg: Config, resume: bool) -> Path | None:
     """The output folder's state against ``--resume``: the checkpoint to resume from (``None`` for a new run).
 
     Raises:
-        FileNotFoundError: ``resume`` with no checkpoint in ``output_dir``.
+        FileNotFoundError: ``resume`` with no checkpoint and no run in ``output_dir``, or with checkpoints but
+            no ``config.yaml``. A run stopped before its first checkpoint resumes from step 0 (``None``).
         ConfigError: a new run into a folder that holds one, or a resume with other settings
             (:func:`check_same_config`).
     """
     out = Path(cfg.output_dir)
     ckpt = latest_checkpoint(out) if resume else None
     if resume and ckpt is None:
-        raise FileNotFoundError(f"--resume: no checkpoint under {out / 'checkpoints'}")
+        if not (out / "config.yaml").exists():
+            raise FileNotFoundError(f"--resume: no checkpoint under {out / 'checkpoints'}")
+        # stopped before its first checkpoint (Ctrl-C in the first evaluation, kill -9 before save_steps):
+        # nothing to continue, so the run starts again from step 0 with its own settings (the same seeds
+        # give the same run)
+        check_same_config(cfg, out / "config.yaml")
+        return None
+    if resume and not (out / "config.yaml").exists():
+        raise FileNotFoundError(f"--resume: {out} has checkpoints but no config.yaml (the run's settings); "
+                                "restore it, or start a new run in another --output-dir")
     if not resume and (latest_checkpoint(out) is not None or (out / "config.yaml").exists()):
         raise ConfigError(f"output_dir {out} already holds a run; "
                           "continue that run with --resume or choose a new --output-dir")
@@ -429,6 +439,9 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
     state = RunState()
     accelerator.register_for_checkpointing(state)
     register_adapter_checkpointing(accelerator)  # LoRA: checkpoints hold the adapter, not the frozen base
+    if ckpt is None and resume:
+        accelerator.print(f"--resume: {out} has no checkpoint yet (stopped before the first); starting it again "
+                          "from step 0 with its own settings")
     if ckpt is not None:
         accelerator.load_state(str(ckpt))
         accelerator.print(f"resumed from {ckpt} at step {state.step}")

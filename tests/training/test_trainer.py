@@ -136,3 +136,28 @@ def test_cli_resume_reads_the_runs_own_config(base, tmp_path):
     # no overrides repeated: --resume continues with the saved config.yaml, not the default recipe
     assert main(["train", "--resume", "--output-dir", str(tmp_path), "--no-progress"]) == 0
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 2
+
+
+def test_resume_of_a_run_stopped_before_its_first_checkpoint_starts_it_again(tmp_path):
+    """Ctrl-C in the first evaluation or kill -9 before save_steps leaves config.yaml and no checkpoint: --resume
+    starts the run again from step 0 with its settings (refusing others); checkpoints without config.yaml are
+    refused rather than resumed with the default recipe."""
+    from dlmrl.config import ConfigError, save_yaml
+    from dlmrl.training.trainer import check_run_folder
+
+    cfg = Config()
+    cfg.output_dir = str(tmp_path / "run")
+    (tmp_path / "run").mkdir()
+    save_yaml(cfg, tmp_path / "run" / "config.yaml")
+    (tmp_path / "run" / "metrics.jsonl").write_text("")
+    assert check_run_folder(cfg, resume=True) is None
+    other = Config()
+    other.output_dir, other.train.max_steps = cfg.output_dir, 7
+    with pytest.raises(ConfigError, match="max_steps"):
+        check_run_folder(other, resume=True)
+    (tmp_path / "run" / "config.yaml").unlink()
+    (tmp_path / "run" / "checkpoints" / "step-2").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match="no config.yaml"):
+        check_run_folder(cfg, resume=True)
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        check_run_folder(Config(output_dir=str(tmp_path / "empty")), resume=True)
