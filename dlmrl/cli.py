@@ -220,6 +220,8 @@ def _build(args, cls):
     args.config_source = str(source)  # (errors and --dry-run name it)
     if cls is Config:
         load_yaml(cfg, source)
+        if saved is not None and args.config and getattr(args, "resume", False):
+            _check_resume_config(args, saved)
     elif args.config:
         load_yaml(cfg, args.config)
     apply_overrides(cfg, args.overrides)
@@ -235,6 +237,18 @@ def _build(args, cls):
     else:
         validate_pretrain(cfg)
     return cfg
+
+
+def _check_resume_config(args, saved: Path) -> None:
+    """``--resume --config FILE``: the run continues with its own ``config.yaml``; refuse a FILE whose settings
+    differ from it rather than ignore it silently."""
+    from dlmrl.training.trainer import check_same_config
+
+    given = Config()
+    load_yaml(given, args.config)
+    apply_overrides(given, args.overrides)
+    given.output_dir = str(saved.parent)
+    check_same_config(given, saved)
 
 
 def _dry_run(cfg: Config, config_file: str | None, resume: bool = False) -> int:

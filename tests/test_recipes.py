@@ -161,3 +161,21 @@ def test_dry_run_with_resume_describes_the_run_it_continues(tmp_path, capsys, of
     assert yaml.safe_load(text)["algorithm"]["name"] == "tracerl"
     assert cli.main(["train", "--dry-run", "--resume", "--output-dir", str(out), "train.max_steps=7"]) == 2
     assert "these differ" in capsys.readouterr().err
+
+
+def test_resume_with_another_config_file_is_refused(tmp_path, capsys, offline):
+    """``--resume --config other.yaml`` continues with the run's own config.yaml: a file with other settings is
+    refused (naming them) instead of ignored; the run's own file is accepted."""
+    from dlmrl.config import save_yaml
+
+    out = tmp_path / "run"
+    (out / "checkpoints" / "step-2").mkdir(parents=True)
+    cfg = Config()
+    load_yaml(cfg, CONFIGS / "gdpo_sudoku_tiny.yaml")
+    cfg.output_dir = str(out)
+    save_yaml(cfg, out / "config.yaml")
+    args = ["train", "--dry-run", "--resume", "--output-dir", str(out)]
+    assert cli.main([*args, "--config", str(CONFIGS / "tracerl_sudoku_tiny.yaml")]) == 2
+    assert "train.algorithm: 'gdpo' -> 'tracerl'" in capsys.readouterr().err
+    assert cli.main([*args, "--config", str(out / "config.yaml")]) == 0
+    capsys.readouterr()
