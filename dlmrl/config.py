@@ -659,8 +659,7 @@ def use_the_algorithms_estimator(cfg: Config, overrides: list[str]) -> bool:
     """
     import sys
 
-    recipe = Config()
-    load_yaml(recipe, default_config_path())
+    recipe = _default_recipe()
     chosen = any(_resolve_key(Config, o.split("=", 1)[0].strip()).startswith("estimator.") for o in overrides)
     if (cfg.model.kind != "diffusion" or cfg.train.algorithm == recipe.train.algorithm or chosen
             or cfg.estimator != recipe.estimator):
@@ -729,10 +728,11 @@ def _check_rollout_is_cap(cfg: Config, name: str, e: EstimatorConfig) -> None:
 
 
 @functools.lru_cache(maxsize=1)
-def _default_recipe_estimator() -> EstimatorConfig:
+def _default_recipe() -> Config:
+    """The packaged default recipe, read once (callers only read it)."""
     recipe = Config()
     load_yaml(recipe, default_config_path())
-    return recipe.estimator
+    return recipe
 
 
 def _warn_estimator_fields(cfg: Config, name: str, e: EstimatorConfig) -> None:
@@ -746,7 +746,7 @@ def _warn_estimator_fields(cfg: Config, name: str, e: EstimatorConfig) -> None:
 
     if cfg.model.kind != "diffusion" or name not in FIELDS_USED:
         return
-    defaults = (EstimatorConfig(), _default_recipe_estimator())
+    defaults = (EstimatorConfig(), _default_recipe().estimator)
     ignored = [f.name for f in dataclasses.fields(e) if f.name not in ("name", "micro_batch")
                and f.name not in FIELDS_USED[name] and all(getattr(e, f.name) != getattr(d, f.name) for d in defaults)]
     if ignored:
