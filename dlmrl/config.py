@@ -135,6 +135,15 @@ class SamplingConfig:
         None, "Fast-dLLM's factor rule instead of a fixed threshold: each step reveals the longest run of the most "
               "confident masked positions whose n-th has confidence >= 1 - f / (n + 1), at least one; null = off. "
               "> 0; not with threshold; same step count rules as threshold.")
+    cache: str = doc(
+        "none", "Block caching (Fast-dLLM, arXiv 2505.22618): none | prefix | dual. A block's first pass runs over "
+                "the whole sequence and keeps the keys/values before the block (prefix) or outside it (dual); its later "
+                "passes feed only the block (and, for prefix, what follows). An approximation for a bidirectional "
+                "model (the cached states are stale by the tokens revealed since the block's first pass): the "
+                "rollout log-probs are those of the logits used; with the trajectory estimator at merge 1 the run "
+                "logs their gap to exact scores (rollout_logp_gap_*) and train.rollout_is_cap corrects it. Families with a cache: tiny (transformers "
+                "Llama/Qwen-style models with is_causal=False); others are refused by name. Not with cfg_scale > 0. "
+                "Rollouts only.")
 
     @property
     def adaptive(self) -> bool:
@@ -299,8 +308,15 @@ def help_text(cls: type) -> str:
     return "\n".join(lines)
 
 
+#: section names accepted for another: ``sampler.threshold`` is ``sampling.threshold``
+_SECTION_ALIASES = {"sampler": "sampling"}
+
+
 def _resolve_key(cls: type, key: str) -> str:
     keys = [k for k, _, _ in iter_fields(cls)]
+    head, dot, rest = key.partition(".")
+    if dot and head in _SECTION_ALIASES and f"{_SECTION_ALIASES[head]}.{rest}" in keys:
+        key = f"{_SECTION_ALIASES[head]}.{rest}"
     if key in keys:
         return key
     leaf = [k for k in keys if k.rsplit(".", 1)[-1] == key]
@@ -598,6 +614,7 @@ def validate(cfg: Config, for_training: bool = True) -> None:
     _check(s.remasking in REMASKING, "sampling.remasking", f"must be one of {', '.join(REMASKING)}")
     _check(s.cfg_scale >= 0, "sampling.cfg_scale", "must be >= 0")
     _check_threshold(cfg)
+    _check_cache(cfg)
     name, e = estimator_settings(cfg)
     _check(name in ESTIMATORS, "estimator.name", f"unknown estimator {name!r}; known: {ESTIMATORS.names()}")
     _check(name != "exact", "estimator.name",
@@ -708,6 +725,29 @@ def _check_threshold(cfg: Config) -> None:
                f"(got {s.remasking!r})")
         _check(cfg.model.kind == "diffusion", key,
                "is a diffusion-sampler setting; model.kind 'ar' decodes left to right (set it null)")
+
+
+def _check_cache(cfg: Config) -> None:
+    """``sampling.cache``: a known mode, diffusion only, no guidance, and a family that has a cache when it is named
+    (``model.family: auto`` is checked when the model loads)."""
+    from dlmrl.models.block_cache import CACHE_MODES
+
+    s = cfg.sampling
+    _check(s.cache in CACHE_MODES, "sampling.cache", f"must be one of {', '.join(CACHE_MODES)}, got {s.cache!r}")
+    if s.cache == "none":
+        return
+    _check(cfg.model.kind == "diffusion", "sampling.cache",
+           "is the diffusion sampler's block cache; model.kind 'ar' decodes with transformers' own key/value cache "
+           "(set it none)")
+    _check(s.cfg_scale == 0, "sampling.cache", "is not implemented with classifier-free guidance (sampling.cfg_scale "
+                                               "> 0); set one of them off")
+    if cfg.model.family not in (None, "auto"):
+        from dlmrl.models.families import cached_logits_of
+
+        try:
+            cached_logits_of(cfg.model.family, s.cache)
+        except ValueError as err:
+            raise ConfigError(f"config key 'sampling.cache': {err}") from None
 
 
 def _check_rollout_is_cap(cfg: Config, name: str, e: EstimatorConfig) -> None:

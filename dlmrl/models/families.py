@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dlmrl.models.block_cache import CachedLogitsFn, hf_cached_logits
 from dlmrl.registry import Registry
 
 #: LLaDA's mask token ``<|mdm_mask|>``. Source: LLaDA's ``generate.py`` (``mask_id=126336``, "The token id
@@ -50,12 +51,18 @@ class Family:
         detect: ``(config) -> bool``, True when ``family="auto"`` should choose this family;
             ``config`` is the checkpoint's ``config.json`` as a dict (or a ``PretrainedConfig``).
         default_mask_token_id: used when neither the tokenizer nor the config names a mask token.
+        cached_logits: a :data:`dlmrl.models.block_cache.CachedLogitsFn` (a forward pass that takes and returns
+            keys and values), or ``None`` when the family cannot serve the sampler's block cache
+            (``sampling.cache``).
+        no_cache_reason: why not, for the error :func:`cached_logits_of` raises (``cached_logits`` ``None``).
     """
 
     load: Callable[[str, bool, torch.dtype], nn.Module]
     logits: Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     detect: Callable[[object], bool]
     default_mask_token_id: int | None = None
+    cached_logits: CachedLogitsFn | None = None
+    no_cache_reason: str = ""
 
 
 FAMILIES: Registry[Family] = Registry("model family")
@@ -239,14 +246,42 @@ def _is_tiny(config) -> bool:
     return _model_type(config) == "llama" and config_value(config, "is_causal", True) is False
 
 
-FAMILIES.register("tiny")(Family(load=_load_causal_lm, logits=_tiny_logits, detect=_is_tiny))
-FAMILIES.register("masked_lm")(Family(load=_load_masked_lm, logits=_masked_lm_logits, detect=_is_masked_lm))
+FAMILIES.register("tiny")(
+    Family(load=_load_causal_lm, logits=_tiny_logits, detect=_is_tiny, cached_logits=hf_cached_logits)
+)
+FAMILIES.register("masked_lm")(
+    Family(load=_load_masked_lm, logits=_masked_lm_logits, detect=_is_masked_lm,
+           no_cache_reason="encoder-only masked LMs (BERT, RoBERTa, ModernBERT) take no key/value cache")
+)
 FAMILIES.register("llada")(
-    Family(load=_load_auto_model, logits=llada_logits, detect=_is_llada, default_mask_token_id=LLADA_MASK_TOKEN_ID)
+    Family(load=_load_auto_model, logits=llada_logits, detect=_is_llada, default_mask_token_id=LLADA_MASK_TOKEN_ID,
+           no_cache_reason="dlmrl has no cache adapter for LLaDA's checkpoint code: its released modeling_llada.py "
+                           "takes past_key_values but cannot replace a block's keys inside the cache (dual), and its "
+                           "prefix path cannot be tested here without that code (Fast-dLLM ships a modified copy of "
+                           "the file for both)")
 )
 FAMILIES.register("dream")(
-    Family(load=_load_auto_model, logits=dream_logits, detect=_is_dream, default_mask_token_id=DREAM_MASK_TOKEN_ID)
+    Family(load=_load_auto_model, logits=dream_logits, detect=_is_dream, default_mask_token_id=DREAM_MASK_TOKEN_ID,
+           no_cache_reason="dlmrl has no cache adapter for Dream's checkpoint code (modeling_dream.py; Fast-dLLM "
+                           "ships a modified copy for block caching)")
 )
+
+
+def cached_logits_of(family: str | None, mode: str) -> CachedLogitsFn:
+    """The block-cache forward of the registered ``family``, for ``sampling.cache = mode``.
+
+    Raises:
+        ValueError: naming the family and why when it has none (unregistered families included).
+    """
+    fam = FAMILIES.get(family) if family in FAMILIES else None
+    if fam is not None and fam.cached_logits is not None:
+        return fam.cached_logits
+    able = [n for n in FAMILIES if FAMILIES.get(n).cached_logits is not None]
+    why = fam.no_cache_reason if fam is not None and fam.no_cache_reason else (
+        "it registers no cached_logits" if fam is not None else "it is not a registered family")
+    raise ValueError(f"sampling.cache={mode!r} is not available for model family {family!r}: {why}. Families with a "
+                     f"block cache: {able} (transformers decoder classes run with is_causal=False, e.g. Llama or "
+                     "Qwen2, load as 'tiny'); set sampling.cache=none")
 
 
 def detect_family(config) -> str:
@@ -276,6 +311,7 @@ __all__ = [
     "FAMILIES",
     "LLADA_MASK_TOKEN_ID",
     "Family",
+    "cached_logits_of",
     "config_value",
     "detect_family",
     "dream_logits",

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dlmrl.models.block_cache import CACHE_MODES, BlockCache
+from dlmrl.models.families import cached_logits_of
 from dlmrl.models.policy import canvas_logits
 
 REMASKING = ("low_confidence", "random", "left_to_right")
@@ -227,6 +229,8 @@ def _validate(
     fill_after_eos: bool,
     threshold: float | None = None,
     threshold_factor: float | None = None,
+    cache: str = "none",
+    cfg_scale: float = 0.0,
 ) -> tuple[int, int]:
     """Check arguments of :func:`generate`; return ``(num_blocks, steps_per_block)``."""
     if prompt_ids.dim() != 2:
@@ -264,6 +268,11 @@ def _validate(
     if (threshold is not None or threshold_factor is not None) and remasking != "low_confidence":
         raise ValueError(f"threshold / threshold_factor compare the model's confidence in its token: they need "
                          f"remasking 'low_confidence', got {remasking!r}")
+    if cache not in CACHE_MODES:
+        raise ValueError(f"unknown cache {cache!r}; expected one of {CACHE_MODES}")
+    if cache != "none" and cfg_scale > 0:
+        raise ValueError("a block cache (cache 'prefix' / 'dual') is not implemented with classifier-free guidance "
+                         "(cfg_scale > 0); use cache 'none'")
     return num_blocks, steps // num_blocks
 
 
@@ -375,6 +384,36 @@ def _revealed_logprobs(logits: torch.Tensor, x0: torch.Tensor, reveal: torch.Ten
     return out
 
 
+class _BlockForward:
+    """The sampler's forward pass for the current block: ``forward(x, rows) -> (n, Lb, V)`` logits of rows ``rows``
+    (``(n,)`` increasing indices, ``None`` = all) of the canvas ``x (B, L)``, over the whole ``[prompt | canvas]``
+    (``cache="none"``, with classifier-free guidance when ``cfg_scale > 0``) or through the family's block cache
+    (:class:`~dlmrl.models.block_cache.BlockCache`)."""
+
+    def __init__(self, policy, prompt_ids, prompt_mask, mask_id: int, cfg_scale: float, cache: str):
+        self.policy, self.prompt_ids, self.prompt_mask = policy, prompt_ids, prompt_mask
+        self.mask_id, self.cfg_scale = mask_id, cfg_scale
+        self.cache = None
+        if cache != "none":
+            self.cache = BlockCache(policy, cached_logits_of(getattr(policy, "family", None), cache), prompt_ids,
+                                    prompt_mask, cache)
+        self.lo = self.hi = 0
+
+    def start_block(self, lo: int, hi: int) -> None:
+        self.lo, self.hi = lo, hi
+        if self.cache is not None:
+            self.cache.start_block(lo, hi)
+
+    def __call__(self, x: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        if self.cache is not None:
+            return self.cache.logits(x, rows)
+        if rows is None:
+            return _guided_logits(self.policy, self.prompt_ids, self.prompt_mask, x, self.mask_id,
+                                  self.cfg_scale)[:, self.lo : self.hi]
+        return _guided_logits(self.policy, self.prompt_ids[rows], self.prompt_mask[rows], x[rows], self.mask_id,
+                              self.cfg_scale)[:, self.lo : self.hi]
+
+
 #: odd 64-bit constant that spreads the per-step seeds of threshold decoding (the golden-ratio increment)
 _SEED_STRIDE = 0x9E3779B97F4A7C15
 
@@ -403,6 +442,7 @@ def generate(
     rows: tuple[int, int] | None = None,
     threshold: float | None = None,
     threshold_factor: float | None = None,
+    cache: str = "none",
 ) -> SampleOutput:
     """Decode a canvas after each prompt by iterative unmasking, block by block.
 
@@ -431,6 +471,13 @@ def generate(
     passes each row took part in. The Gumbel noise of step ``s`` of block ``b`` comes from a generator seeded
     with one draw from ``generator`` and the step, so a row's numbers do not depend on how many steps the
     other rows took (nor on ``rows``); ``generator`` advances by that one draw (none when greedy).
+
+    Block caching (``cache``, Fast-dLLM's prefix and dual cache; :mod:`dlmrl.models.block_cache`): a block's first
+    pass runs over the whole sequence and keeps the keys and values before the block (``"prefix"``) or outside it
+    (``"dual"``); the block's later passes feed only the block and what follows (prefix) or the block alone (dual).
+    An approximation (the cached states are those of the block at its first pass) that the recorded
+    ``token_logprobs`` reflect; ``nfe`` counts cached passes like full ones. Needs a family with a cache
+    (:func:`dlmrl.models.families.cached_logits_of`) and no classifier-free guidance.
 
     Infilling: pass ``canvas`` with some positions already filled; only positions equal to the
     policy's ``mask_token_id`` are decoded, filled positions never change.
@@ -468,6 +515,7 @@ def generate(
         threshold: confidence threshold ``τ`` in ``(0, 1]`` of threshold decoding; ``None``: off.
         threshold_factor: ``f > 0`` of the factor rule (Fast-dLLM's ``factor``); ``None``: off. Not with
             ``threshold``.
+        cache: ``"none"`` (every pass over the whole sequence), ``"prefix"`` or ``"dual"`` (block caching).
     Returns:
         :class:`SampleOutput` with ``canvas`` ``(B, L)`` long (``rows``: ``(stop - start, L)``), ``nfe``,
         ``reveal_step`` and ``token_logprobs`` (same shape as ``canvas``) and ``row_nfe`` ``(B,)``.
@@ -476,9 +524,11 @@ def generate(
             one step per block, an unknown ``remasking``, mismatched ``prompt_mask`` / ``canvas``
             shapes, negative ``temperature``, ``fill_after_eos`` without ``eos_token_id``, a
             policy without ``mask_token_id``, ``threshold`` outside ``(0, 1]``, ``threshold_factor <= 0``, both
-            given, or either with a ``remasking`` other than ``low_confidence``.
+            given, either with a ``remasking`` other than ``low_confidence``, an unknown ``cache``, a cache with
+            ``cfg_scale > 0``, or a cache for a family that has none (the message names the family and why).
     Reference: LLaDA arXiv 2502.09992, Algorithm (low-confidence remasking) and ``generate``; Fast-dLLM arXiv
-    2505.22618, NVlabs/Fast-dLLM ``llada/generate.py`` (``generate`` with ``threshold`` / ``factor``).
+    2505.22618, NVlabs/Fast-dLLM ``llada/generate.py`` (``generate`` with ``threshold`` / ``factor``,
+    ``generate_with_prefix_cache``, ``generate_with_dual_cache``).
     """
     num_blocks, block_steps = _validate(
         prompt_ids,
@@ -492,6 +542,8 @@ def generate(
         fill_after_eos,
         threshold,
         threshold_factor,
+        cache,
+        cfg_scale,
     )
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
@@ -514,18 +566,20 @@ def generate(
     noise_rows = None if rows is None else (start, total)
     score_temperature = temperature if temperature > 0 else 1.0  # (greedy rows are scored at T = 1)
     passes = 2 if cfg_scale > 0 else 1
+    forward = _BlockForward(policy, prompt_ids, prompt_mask, mask_id, cfg_scale, cache)
 
     if threshold is None and threshold_factor is None:
         nfe = 0
         for block in range(num_blocks):
             lo, hi = block * block_length, (block + 1) * block_length
+            forward.start_block(lo, hi)
             # (a block's positions are revealed only in its own steps, so x_all's undecoded rows count right)
             schedule = num_transfer_tokens(x_all[:, lo:hi] == mask_id, block_steps)  # (B_all, steps)
             for step in range(block_steps):
                 if not bool((schedule[:, step] > 0).any()):
                     continue
                 k = schedule[start:stop, step]  # (B,)
-                logits = _guided_logits(policy, prompt_ids, prompt_mask, x, mask_id, cfg_scale)[:, lo:hi]
+                logits = forward(x)  # (B, Lb, V)
                 nfe += passes
                 choice = logits.clone()  # (B, Lb, V)
                 choice[..., mask_id] = float("-inf")  # (never drawn; the confidence keeps the full softmax)
@@ -549,17 +603,17 @@ def generate(
         row_nfe = torch.full((x.shape[0],), nfe, dtype=torch.long, device=x.device)
     else:
         nfe, row_nfe = _decode_threshold(
-            policy, prompt_ids, prompt_mask, x, reveal_step, token_logprobs, mask_id, num_blocks, block_length,
-            temperature, score_temperature, cfg_scale, passes, generator, noise_rows, threshold, threshold_factor)
+            forward, x, reveal_step, token_logprobs, mask_id, num_blocks, block_length,
+            temperature, score_temperature, passes, generator, noise_rows, threshold, threshold_factor)
 
     if fill_after_eos:
         x = fill_after_first(x, eos_token_id)
     return SampleOutput(canvas=x, nfe=nfe, reveal_step=reveal_step, token_logprobs=token_logprobs, row_nfe=row_nfe)
 
 
-def _decode_threshold(policy, prompt_ids, prompt_mask, x, reveal_step, token_logprobs, mask_id: int,
+def _decode_threshold(forward: _BlockForward, x, reveal_step, token_logprobs, mask_id: int,
                       num_blocks: int, block_length: int, temperature: float, score_temperature: float,
-                      cfg_scale: float, passes: int, generator: torch.Generator | None,
+                      passes: int, generator: torch.Generator | None,
                       noise_rows: tuple[int, int] | None, threshold: float | None,
                       factor: float | None) -> tuple[int, torch.Tensor]:
     """The block loop of threshold decoding (see :func:`generate`): fills ``x``, ``reveal_step`` and
@@ -573,6 +627,7 @@ def _decode_threshold(policy, prompt_ids, prompt_mask, x, reveal_step, token_log
     row_nfe = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
     for block in range(num_blocks):
         lo, hi = block * block_length, (block + 1) * block_length
+        forward.start_block(lo, hi)
         for step in range(block_length):  # (each step reveals >= 1 token of every row still decoding)
             masked = x[:, lo:hi] == mask_id  # (B, Lb)
             active = masked.any(dim=1)  # (B,) rows whose block is not decoded yet
@@ -583,8 +638,7 @@ def _decode_threshold(policy, prompt_ids, prompt_mask, x, reveal_step, token_log
             def pick(t: torch.Tensor, idx=idx) -> torch.Tensor:
                 return t if idx is None else t[idx]
 
-            logits = _guided_logits(policy, pick(prompt_ids), pick(prompt_mask), pick(x), mask_id,
-                                    cfg_scale)[:, lo:hi]  # (n, Lb, V)
+            logits = forward(x, idx)  # (n, Lb, V)
             nfe += passes
             row_nfe += passes * active.long()
             choice = logits.clone()

@@ -63,7 +63,8 @@ def _decode_held_out(policy, task, num_puzzles: int, batch_size: int, decode) ->
 
 @torch.no_grad()
 def evaluate(policy, task, num_puzzles: int = 256, steps: int = 8, block_length: int | None = None,
-             temperature: float = 0.0, batch_size: int = 256, seed: int = 0) -> dict:
+             temperature: float = 0.0, batch_size: int = 256, seed: int = 0,
+             sampler_options: dict | None = None) -> dict:
     """Decode ``num_puzzles`` held-out examples with the diffusion sampler and score them with the task's metrics.
 
     Args:
@@ -73,6 +74,8 @@ def evaluate(policy, task, num_puzzles: int = 256, steps: int = 8, block_length:
         steps: denoising steps per canvas; ``block_length`` defaults to the task's canvas length
             (``task.gen_length``: 16 for Sudoku, ``sampling.gen_length`` for the text tasks).
         temperature: 0 = greedy (the reported metric).
+        sampler_options: more :func:`~dlmrl.models.sampler.generate` keywords (``threshold``, ``threshold_factor``,
+            ``cache``); with a threshold ``nfe`` is the mean over the last chunk's rows (data-dependent).
     Returns:
         ``task.metrics`` over the split (Sudoku: ``cell_accuracy`` over blanks, ``solve_rate``, ``mean_reward``;
         text tasks: ``accuracy``, ``mean_reward``; fractions in [0, 1]) plus ``primary_metric`` (the headline
@@ -84,8 +87,9 @@ def evaluate(policy, task, num_puzzles: int = 256, steps: int = 8, block_length:
     def decode(batch, start):
         out = generate(policy, batch.prompt_ids, batch.prompt_mask, gen_length=task.gen_length,
                        block_length=block_length or task.gen_length, steps=steps, temperature=temperature,
-                       canvas=batch.canvas, generator=gen)
-        return task.decode(out.canvas), out.nfe
+                       canvas=batch.canvas, generator=gen, **(sampler_options or {}))
+        adaptive = any((sampler_options or {}).get(k) is not None for k in ("threshold", "threshold_factor"))
+        return task.decode(out.canvas), round(float(out.row_nfe.double().mean()), 3) if adaptive else out.nfe
 
     examples, texts, nfes = _decode_held_out(policy, task, num_puzzles, batch_size, decode)
     nfe = nfes[-1] if nfes else 0  # (the last chunk's, as reported before; chunks may skip steps differently)

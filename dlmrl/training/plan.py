@@ -167,8 +167,13 @@ def _sampler_section(cfg: Config) -> dict:
     out = {"gen_length": length, "block_length": s.block_length, "blocks": blocks, "steps": s.steps,
            "steps_per_block": s.steps // blocks, "tokens_per_step": round(length / s.steps, 3),
            "temperature": s.temperature, "remasking": s.remasking, "cfg_scale": s.cfg_scale,
-           "threshold": s.threshold, "threshold_factor": s.threshold_factor,
+           "threshold": s.threshold, "threshold_factor": s.threshold_factor, "cache": s.cache,
            "nfe_per_completion": s.steps * cfg_factor}
+    if s.cache != "none":
+        out["cache_note"] = (f"{s.cache} cache (Fast-dLLM): a block's first pass runs over the whole sequence, its "
+                             "later passes reuse the keys/values " + ("before the block" if s.cache == "prefix"
+                                                                     else "outside the block") +
+                             " (an approximation; with the trajectory estimator at merge 1 the run logs rollout_logp_gap_mean/max)")
     if s.adaptive:  # (threshold decoding: the steps depend on the model's confidence)
         rule = (f"reveal every masked position with confidence >= {s.threshold:g}" if s.threshold is not None
                 else f"reveal the longest run of the most confident masked positions with confidence >= "
@@ -181,8 +186,9 @@ def _sampler_section(cfg: Config) -> dict:
                                           "nfe_sampling, the mean per completion)"})
     out["eval"] = {"steps": ev.steps, "temperature": ev.temperature, "batch_size": ev.batch_size,
                    "examples": ev.num_puzzles or "the whole held-out split"}
-    if s.adaptive:
-        out["eval"]["decoding"] = "the plain schedule (eval.steps); the threshold applies to rollouts"
+    if s.adaptive or s.cache != "none":
+        out["eval"]["decoding"] = ("the plain schedule (eval.steps), no cache; the threshold and the cache apply to "
+                                   "rollouts")
     return out
 
 

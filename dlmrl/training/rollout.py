@@ -202,7 +202,7 @@ def rollout_diffusion(policy, task, cfg, examples: list, generator: torch.Genera
     out = generate(policy, batch.prompt_ids, batch.prompt_mask, gen_length=task.gen_length,
                    block_length=s.block_length, steps=s.steps, temperature=s.temperature, remasking=s.remasking,
                    cfg_scale=s.cfg_scale, canvas=batch.canvas, generator=generator, rows=rows,
-                   threshold=s.threshold, threshold_factor=s.threshold_factor)
+                   threshold=s.threshold, threshold_factor=s.threshold_factor, cache=s.cache)
     n = len(out.canvas) if keep.stop > keep.start else 0  # (an empty share drops the one row it ran)
     return Rollout(batch.examples[keep], batch.prompt_ids[keep], batch.prompt_mask[keep], out.canvas[:n],
                    batch.completion_mask[keep], mean_nfe(out.row_nfe[:n]) if s.adaptive else out.nfe,

@@ -329,9 +329,17 @@ def load_configured_policy(cfg: Config):
             from dlmrl.models.ar import load_ar_policy
 
             return load_ar_policy(m.name_or_path, m.trust_remote_code, m.dtype)
-        return load_policy(m.name_or_path, m.family, m.trust_remote_code, m.dtype)
+        policy = load_policy(m.name_or_path, m.family, m.trust_remote_code, m.dtype)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model.name_or_path {m.name_or_path!r} (family {m.family!r}) cannot be loaded: {e}") from e
+    if cfg.sampling.cache != "none":  # (a detected family is known only now; refused before any rollout)
+        from dlmrl.models.families import cached_logits_of
+
+        try:
+            cached_logits_of(policy.family, cfg.sampling.cache)
+        except ValueError as e:
+            raise ConfigError(f"config key 'sampling.cache' with model {m.name_or_path!r}: {e}") from None
+    return policy
 
 
 def evaluate_config(cfg: Config, policy, task) -> dict:

@@ -28,7 +28,52 @@ something dlmrl rules out on purpose:
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
+
+
+class StaleContext:
+    """Fast-dLLM's block caches re-derived with forward hooks instead of a key/value cache (the oracle of
+    ``cache="prefix" | "dual"``).
+
+    Every attention layer's ``k_proj`` / ``v_proj`` output is recorded on the block's first pass; on the block's
+    later passes the outputs at the cached positions (before the block for ``prefix``, outside it for ``dual``)
+    are replaced by the recorded ones, the others computed afresh. The rotary embedding is applied after these
+    projections, at each position's own index, so the block's queries see the keys and values a cache would
+    hold: those of the sequence as it was at the block's first pass. ``NVlabs/Fast-dLLM`` ``llada/generate.py``
+    (``generate_with_prefix_cache``, ``generate_with_dual_cache``) runs the block's first step over the whole
+    sequence and its later steps over ``x[:, block_start:]`` / the block with ``replace_position``.
+    """
+
+    def __init__(self, hf_model: torch.nn.Module, mode: str):
+        self.mode, self.recorded, self.state, self.fresh = mode, {}, "off", None
+        self.handles = [m.register_forward_hook(self._hook) for name, m in hf_model.named_modules()
+                        if name.endswith(("self_attn.k_proj", "self_attn.v_proj"))]
+
+    def _hook(self, module, args, out):
+        if self.state == "record":
+            self.recorded[module] = out.detach().clone()
+        elif self.state == "replay":
+            cached = torch.ones(out.shape[1], dtype=torch.bool)
+            cached[self.fresh] = False
+            out = out.clone()
+            out[:, cached] = self.recorded[module][:, cached]
+            return out
+        return None
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+@contextmanager
+def stale_context(hf_model, mode):
+    ctx = StaleContext(hf_model, mode)
+    try:
+        yield ctx
+    finally:
+        ctx.close()
 
 
 def _schedule(count: int, steps: int) -> list[int]:
@@ -45,7 +90,8 @@ def _top_positions(conf: list[float], k: int) -> list[int]:
 
 def reference_greedy(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, gen_length: int,
                      block_length: int, steps: int, mask_id: int, canvas: torch.Tensor | None = None,
-                     threshold: float | None = None, factor: float | None = None) -> tuple[torch.Tensor, int]:
+                     threshold: float | None = None, factor: float | None = None,
+                     cache: str | None = None) -> tuple[torch.Tensor, int]:
     """Greedy decoding by the reference's rules: ``((B, L) decoded canvas, forward passes)``.
 
     ``model(input_ids (B, T), attention_mask (B, T)) -> (B, T, V)`` logits. ``threshold`` / ``factor``: replace
@@ -54,7 +100,19 @@ def reference_greedy(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
     ``>= threshold``, the first always; ``factor``: ranked positions ``n = 1, 2, ...`` while
     ``confidence_n >= 1 - factor / (n + 1)``, the first always (the rule as its paper states it; Fast-dLLM's
     loop also reveals everything when only the last position fails, which dlmrl does not reproduce).
+    ``cache``: ``"prefix"`` or ``"dual"``: each block's later passes see the keys and values of its first pass at
+    the cached positions (:class:`StaleContext`; ``model.model`` is the ``transformers`` module).
     """
+    if cache is not None:
+        with stale_context(model.model, cache) as ctx:
+            return _reference_loop(model, prompt_ids, prompt_mask, gen_length, block_length, steps, mask_id, canvas,
+                                   threshold, factor, ctx)
+    return _reference_loop(model, prompt_ids, prompt_mask, gen_length, block_length, steps, mask_id, canvas,
+                           threshold, factor, None)
+
+
+def _reference_loop(model, prompt_ids, prompt_mask, gen_length, block_length, steps, mask_id, canvas, threshold,
+                    factor, ctx):
     B, P = prompt_ids.shape
     start = torch.full((B, gen_length), mask_id, dtype=torch.long) if canvas is None else canvas.clone()
     x = torch.cat([prompt_ids, start], dim=1)
@@ -67,6 +125,8 @@ def reference_greedy(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
         counts = [int((x[j, lo:hi] == mask_id).sum()) for j in range(B)]
         plans = [_schedule(c, per_block) for c in counts]
         step = 0
+        if ctx is not None:
+            ctx.state, ctx.fresh = "record", (slice(lo, hi) if ctx.mode == "dual" else slice(lo, None))
         while True:
             if threshold is None and factor is None and step == per_block:
                 break
@@ -75,6 +135,8 @@ def reference_greedy(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
             with torch.no_grad():
                 logits = model(x, attention).float()  # (B, T, V)
             passes += 1
+            if ctx is not None:
+                ctx.state = "replay"  # (the block's later passes: stale keys and values off the fresh positions)
             probs = torch.softmax(logits.double(), dim=-1)  # the full softmax, mask token included
             chooser = logits.clone()
             chooser[..., mask_id] = float("-inf")  # (deviation: the reference's argmax may pick the mask token)

@@ -1,0 +1,60 @@
+"""benchmarks/sampler_speed.py and benchmarks/gpu_rollout.py at toy size on the CPU: every mode runs side by side,
+the JSON holds what the README table quotes, and the figures are consistent with what the modes do."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY = ["--hidden", "32", "--layers", "2", "--heads", "2", "--intermediate", "64", "--vocab", "64", "--gen-length", "32",
+       "--block-length", "8", "--prompt-length", "8", "--repeats", "1", "--threads", "1"]
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_sampler_speed_runs_every_mode_and_sudoku_accuracy(tmp_path, one_thread):
+    out = tmp_path / "speed.json"
+    load("sampler_speed").main([*TOY, "--batch", "1", "2", "--puzzles", "16", "--output", str(out)])
+    result = json.loads(out.read_text())
+    modes = ["plain", "threshold", "prefix", "dual", "threshold+dual"]
+    assert [(r["batch"], r["mode"]) for r in result["speed"]] == [(b, m) for b in (1, 2) for m in modes]
+    for r in result["speed"]:
+        assert r["tokens_per_second"] == pytest.approx(r["batch"] * 32 / r["seconds"], rel=0.02)
+        # random weights never reach confidence 0.9: the threshold reveals the most confident token per pass, which
+        # is the plain schedule at one token per step, token for token
+        if r["mode"] == "threshold":
+            assert r["nfe_mean"] == 32 and r["tokens_equal_to_plain"] == 1.0
+        if r["mode"] == "plain":
+            assert r["speedup"] == 1.0 and r["nfe_mean"] == 32
+    sudoku = {(r["block_length"], r["mode"]): r for r in result["sudoku"]}
+    assert set(sudoku) == {(b, m) for b in (16, 4) for m in modes}
+    assert all(0 <= r["cell_accuracy"] <= 1 and r["puzzles"] == 16 for r in sudoku.values())
+    assert sudoku[(16, "plain")]["nfe"] == 4 and sudoku[(16, "threshold")]["nfe"] > 1
+
+
+def test_gpu_rollout_runs_at_toy_size_on_the_cpu(tmp_path, one_thread):
+    module = load("gpu_rollout")
+    assert module.DEFAULTS["hidden"] == 4096 and module.DEFAULTS["vocab"] == 126464 and module.DEFAULTS["batch"] == [16]
+    out = tmp_path / "gpu.json"
+    module.main([*TOY, "--device", "cpu", "--dtype", "float32", "--batch", "2", "--output", str(out)])
+    result = json.loads(out.read_text())
+    assert result["benchmark"] == "gpu_rollout" and result["sudoku"] == []
+    assert [r["mode"] for r in result["speed"]] == ["plain", "threshold", "prefix", "dual", "threshold+dual"]
+    assert result["settings"]["layers"] == 2 and result["machine"]["gpu"] is None

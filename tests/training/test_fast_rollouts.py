@@ -1,0 +1,82 @@
+"""Fast rollouts through the trainer: ``sampling.cache`` validated up front (and at load for a detected family),
+cached rollouts' log-prob gap measured and corrected, and every diffusion preset running with threshold decoding
+and the dual cache."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dlmrl import cli
+from dlmrl.config import Config, ConfigError, apply_overrides, validate
+from dlmrl.training import trainer
+from tests.models.checkpoints import save_bert
+from tests.training.test_algorithms import PAIRS, ROOT
+from tests.training.test_rollout_mismatch import TRAJECTORY, metrics
+from tests.training.test_trainer import small_config
+
+DIFFUSION_PRESETS = sorted(a for a, k in PAIRS if k == "diffusion")
+
+
+def config(*overrides: str) -> Config:
+    cfg = Config()
+    apply_overrides(cfg, list(overrides))
+    return cfg
+
+
+@pytest.mark.parametrize(("overrides", "match"), [
+    (["sampling.cache=kv"], "must be one of none, prefix, dual"),
+    (["sampling.cache=dual", "sampling.cfg_scale=1"], "classifier-free guidance"),
+    (["sampling.cache=prefix", "model.family=llada"], "model family 'llada'"),
+    (["sampling.cache=dual", "model.family=masked_lm"], "encoder-only"),
+    (["sampling.cache=dual", "model.kind=ar", "model.name_or_path=tiny-sudoku-ar", "task.answer_mode=full",
+      "algorithm=grpo"], "model.kind 'ar'"),
+])
+def test_bad_cache_settings_name_the_key(overrides, match):
+    with pytest.raises(ConfigError, match=f"config key 'sampling.cache'.*{match}"):
+        validate(config(*overrides))
+
+
+def test_cache_is_off_by_default_and_the_sampler_section_is_an_alias():
+    assert Config().sampling.cache == "none"
+    cfg = config("sampler.threshold=0.9", "sampler.cache=dual")
+    assert (cfg.sampling.threshold, cfg.sampling.cache) == (0.9, "dual")
+    validate(cfg)
+
+
+def test_a_detected_family_without_a_cache_is_refused_when_it_loads(tmp_path):
+    cfg = config("sampling.cache=dual", f"model.name_or_path={save_bert(tmp_path / 'bert')}")
+    with pytest.raises(ConfigError, match="sampling.cache.*model family 'masked_lm'"):
+        trainer.load_configured_policy(cfg)
+
+
+def test_cached_rollouts_log_their_gap_and_the_cap_reweights_them(tmp_path):
+    # the cache is an approximation: its rollouts' log-probs differ from exact scores, and the run says by how much
+    kw = {**TRAJECTORY, "sampling.cache": "dual", "sampling.block_length": 4, "sampling.steps": 8}
+    trainer.train(small_config("tiny-sudoku", tmp_path / "measured", **kw), progress=False)
+    trainer.train(small_config("tiny-sudoku", tmp_path / "capped", **kw, **{"train.rollout_is_cap": 2}),
+                  progress=False)
+    measured = [r for r in metrics(tmp_path / "measured") if r["rows_scored"]]
+    capped = [r for r in metrics(tmp_path / "capped") if r["rows_scored"]]
+    assert measured and capped
+    assert max(r["rollout_logp_gap_max"] for r in measured) > 1e-3
+    assert any(abs(r["rollout_is_weight_mean"] - 1) > 1e-4 for r in capped)
+    assert all(r["rollout_is_weight_mean"] <= 2 for r in capped)
+
+
+@pytest.mark.parametrize("algo", DIFFUSION_PRESETS)
+def test_every_diffusion_preset_trains_with_threshold_decoding_and_the_dual_cache(algo, tmp_path, capsys):
+    out = tmp_path / "run"
+    args = ["train", "--config", str(ROOT / "configs" / f"{algo}_sudoku_tiny.yaml"), "--output-dir", str(out),
+            "--no-progress", "max_steps=2", "prompts_per_step=2", "num_generations=3", "eval.before=false",
+            "eval.after=false", "save_steps=2", "sampler.cache=dual"]
+    if algo == "just_grpo":  # (JustGRPO decodes left to right: no confidence to threshold; the cache still runs)
+        assert cli.main([*args, "sampler.threshold=0.9"]) == 2
+        assert "needs sampling.remasking low_confidence (got 'left_to_right')" in capsys.readouterr().err
+    else:
+        args.append("sampler.threshold=0.9")
+    assert cli.main(args) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(1 <= r["nfe_sampling"] <= 16 for r in rows)
