@@ -1,11 +1,11 @@
 """The rollout speed check for a GPU: ``sampler_speed.py``'s modes on an LLaDA-8B-shaped model.
 
 A bidirectional Llama with random bf16 weights in LLaDA-8B-Instruct's shape (hidden 4096, 32 layers, 32 heads,
-MLP 12288, vocabulary 126464: its ``config.json``) decodes 256 tokens (block 32, one token per step) after random
-64-token prompts, batch 16, in each mode (plain, threshold, prefix, dual, threshold+dual), one round, on
+MLP 12288, vocabulary 126464: its ``config.json``) decodes 256 tokens (block 32, 128 steps, the logits sharpened as
+``sampler_speed.py`` does) after random 64-token prompts, batch 16, in each mode (plain, threshold, prefix, dual, threshold+dual), one round, on
 ``cuda``: tokens/s and the speedup over plain, side by side. About 16 GiB of weights; on one H100/H200 the five
-modes take a few minutes (plain: 256 passes over 320 tokens x 16 rows). Random weights reveal one token per pass
-under a threshold (see ``sampler_speed.py``); the caches' gains are those of the 8B shape.
+modes take a few minutes (plain: 128 passes over 320 tokens x 16 rows). The caches' gains are those of the 8B
+shape; the threshold's depend on the confidence the sharpened random weights give (``sampler_speed.py``).
 
     python benchmarks/gpu_rollout.py                         # on a GPU machine (writes benchmarks/results/gpu_rollout.json)
     python benchmarks/gpu_rollout.py --device cpu --dtype float32 --hidden 64 --layers 2 --heads 2 \\

@@ -31,7 +31,8 @@ def one_thread():
 
 def test_sampler_speed_runs_every_mode_and_sudoku_accuracy(tmp_path, one_thread):
     out = tmp_path / "speed.json"
-    load("sampler_speed").main([*TOY, "--batch", "1", "2", "--puzzles", "16", "--output", str(out)])
+    load("sampler_speed").main([*TOY, "--batch", "1", "2", "--puzzles", "16", "--head-scale", "1", "--steps", "32",
+                                "--output", str(out)])
     result = json.loads(out.read_text())
     modes = ["plain", "threshold", "prefix", "dual", "threshold+dual"]
     assert [(r["batch"], r["mode"]) for r in result["speed"]] == [(b, m) for b in (1, 2) for m in modes]
@@ -58,3 +59,18 @@ def test_gpu_rollout_runs_at_toy_size_on_the_cpu(tmp_path, one_thread):
     assert result["benchmark"] == "gpu_rollout" and result["sudoku"] == []
     assert [r["mode"] for r in result["speed"]] == ["plain", "threshold", "prefix", "dual", "threshold+dual"]
     assert result["settings"]["layers"] == 2 and result["machine"]["gpu"] is None
+
+
+def test_fast_rollouts_side_by_side_runs_each_variant_and_keeps_earlier_runs(tmp_path, one_thread):
+    module = load("fast_rollouts_sudoku")
+    out = tmp_path / "fast.json"
+    small = ["max_steps=1", "prompts_per_step=2", "num_generations=2", "eval.num_puzzles=8", "save_steps=1"]
+    common = ["--runs-dir", str(tmp_path / "runs"), "--output", str(out), *small]
+    module.main(["--variants", "plain", "threshold+dual", *common])
+    module.main(["--variants", "dual", *common])  # (a later call adds its runs to the file)
+    result = json.loads(out.read_text())
+    assert [r["variant"] for r in result["runs"]] == ["plain", "dual", "threshold+dual"]
+    fast = result["runs"][2]
+    assert fast["overrides"][-2:] == ["sampling.threshold=0.9", "sampling.cache=dual"]
+    assert 1 <= fast["nfe_sampling_mean"] <= 16 and result["runs"][0]["nfe_sampling_mean"] == 4
+    assert {r["variant"] for r in result["table"]} == {"plain", "dual", "threshold+dual"}
