@@ -9,23 +9,10 @@ import torch
 
 from dlmrl.models.block_cache import BlockCache, hf_cached_logits
 from dlmrl.models.families import cached_logits_of
-from dlmrl.models.loading import load_policy
 from dlmrl.models.policy import MaskedDiffusionPolicy, canvas_logits
 from dlmrl.models.sampler import generate, sampler_log_softmax
-from tests.helpers import save_tiny_checkpoint
 from tests.models.llada_reference import reference_greedy
 from tests.models.test_sampler_parity import random_prompts, sudoku_batch
-
-
-@pytest.fixture(scope="module")
-def shipped():
-    return load_policy()
-
-
-@pytest.fixture(scope="module")
-def random_llama(tmp_path_factory):
-    return load_policy(str(save_tiny_checkpoint(tmp_path_factory.mktemp("llama"), hidden_size=32, num_layers=2,
-                                                seed=5)))
 
 
 @pytest.mark.parametrize("mode", ["prefix", "dual"])

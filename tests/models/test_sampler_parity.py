@@ -8,24 +8,13 @@ import pytest
 import torch
 
 from dlmrl.data.tasks import SudokuTask
-from dlmrl.models.loading import load_policy
 from dlmrl.models.sampler import generate
-from tests.helpers import save_tiny_checkpoint
 from tests.models.llada_reference import reference_greedy
 
 #: (gen_length, block_length, steps) of the parity grid
 SETTINGS = [(16, 16, 4), (16, 8, 8), (64, 32, 32), (128, 32, 64)]
 
 
-@pytest.fixture(scope="module")
-def shipped():
-    return load_policy()
-
-
-@pytest.fixture(scope="module")
-def random_llama(tmp_path_factory):
-    return load_policy(str(save_tiny_checkpoint(tmp_path_factory.mktemp("llama"), hidden_size=32, num_layers=2,
-                                                seed=3)))
 
 
 def sudoku_batch(policy, batch: int, answer_mode: str, offset: int = 0):

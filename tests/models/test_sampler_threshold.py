@@ -10,15 +10,8 @@ import torch
 
 from dlmrl.data.tasks import SudokuTask
 from dlmrl.estimators import Trajectory, score
-from dlmrl.models.loading import load_policy
 from dlmrl.models.sampler import NOT_SAMPLED, generate, threshold_reveal
 from tests.models.test_sampler import MASK, FakePolicy, V, fixed_logits, one_prompt
-
-
-@pytest.fixture(scope="module")
-def shipped():
-    return load_policy()
-
 
 # --- the reveal rules ----------------------------------------------------------------------------
 

@@ -1,0 +1,21 @@
+"""Fixtures of the model tests: the shipped tiny Sudoku policy and a random bidirectional Llama, one per module."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlmrl.models.loading import load_policy
+from tests.helpers import save_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    """The shipped tiny diffusion model (``tiny-sudoku``)."""
+    return load_policy()
+
+
+@pytest.fixture(scope="module")
+def random_llama(tmp_path_factory):
+    """A freshly initialised 2-layer bidirectional Llama (hidden 32, seed 3) saved and loaded as family ``tiny``."""
+    return load_policy(str(save_tiny_checkpoint(tmp_path_factory.mktemp("llama"), hidden_size=32, num_layers=2,
+                                                seed=3)))
