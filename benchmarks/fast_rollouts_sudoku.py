@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -30,7 +31,7 @@ from pathlib import Path
 import torch
 
 from dlmrl.config import default_job_config
-from dlmrl.training.trainer import train
+from dlmrl.training.trainer import check_same_config, train
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {"plain": [], "threshold": ["sampling.threshold=0.9"], "dual": ["sampling.cache=dual"],
@@ -38,11 +39,20 @@ VARIANTS = {"plain": [], "threshold": ["sampling.threshold=0.9"], "dual": ["samp
 
 
 def run_one(variant: str, seed: int, runs_dir: Path, extra: list[str]) -> dict:
+    """Train one (variant, seed), or take the finished run already in its folder (``summary.json`` written and
+    the same config: an interrupted benchmark loses no finished run)."""
     out = runs_dir / f"{variant.replace('+', '_')}_seed{seed}"
     cfg = default_job_config([*extra, *VARIANTS[variant], f"train.seed={seed}", f"output_dir={out}"])
-    start = time.time()
-    summary = train(cfg, progress=False)
-    wall = time.time() - start
+    if (out / "summary.json").exists() and (out / "wall_seconds.txt").exists():
+        check_same_config(cfg, out / "config.yaml")
+        summary, wall = json.loads((out / "summary.json").read_text()), float((out / "wall_seconds.txt").read_text())
+    else:
+        if out.exists():
+            shutil.rmtree(out)  # (an unfinished run: start it again)
+        start = time.time()
+        summary = train(cfg, progress=False)
+        wall = time.time() - start
+        (out / "wall_seconds.txt").write_text(f"{wall:.1f}")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return {"variant": variant, "seed": seed, "overrides": [*extra, *VARIANTS[variant]],
             "before": summary["eval_before"]["cell_accuracy"], "after": summary["eval_after"]["cell_accuracy"],
@@ -73,6 +83,19 @@ def table(runs: list[dict]) -> list[dict]:
     return out
 
 
+def write(path: Path, old: list[dict], runs: list[dict]) -> dict:
+    """The JSON of ``runs`` and the runs of ``old`` (an earlier file's) of other (variant, seed) pairs."""
+    new = {(r["variant"], r["seed"]) for r in runs}
+    merged = [r for r in old if (r["variant"], r["seed"]) not in new] + runs
+    merged.sort(key=lambda r: (list(VARIANTS).index(r["variant"]), r["seed"]))
+    result = {"benchmark": "fast_rollouts_sudoku", "runs": merged, "table": table(merged),
+              "machine": {"platform": platform.platform(), "torch": torch.__version__,
+                          "threads": torch.get_num_threads()}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
@@ -95,14 +118,8 @@ def main(argv: list[str] | None = None) -> dict:
                 print(f"{variant:15s} seed {seed}: {r['before']:.4f} -> {r['after']:.4f} ({100 * r['gain']:+.2f} "
                       f"points), {r['wall_seconds']:.0f} s, rollout {r['rollout_seconds_per_step']:.2f} s/step, "
                       f"nfe {r['nfe_sampling_mean']}", flush=True)
-    new = {(r["variant"], r["seed"]) for r in runs}
-    runs = [r for r in old if (r["variant"], r["seed"]) not in new] + runs
-    runs.sort(key=lambda r: (list(VARIANTS).index(r["variant"]), r["seed"]))
-    result = {"benchmark": "fast_rollouts_sudoku", "runs": runs, "table": table(runs),
-              "machine": {"platform": platform.platform(), "torch": torch.__version__,
-                          "threads": torch.get_num_threads()}}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2))
+            write(args.output, old, runs)  # (after every run: an interrupted benchmark keeps what it measured)
+    result = write(args.output, old, runs)
     for row in result["table"]:
         print(f"{row['variant']:15s} seeds {row['seeds']}: gain {100 * row['gain_mean']:+.2f} points, "
               f"wall {row['wall_seconds_mean']:.0f} s")
