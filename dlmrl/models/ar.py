@@ -1,7 +1,7 @@
 """The autoregressive adapter: any ``transformers`` causal LM as a policy (baselines on the same tasks).
 
 An AR policy has exact token log-probs, so its "estimator" is one forward pass over
-``[prompt | completion]`` with no mask plan (DESIGN.md). Prompts are left-padded; position ids are
+``[prompt | completion]`` with no mask plan. Prompts are left-padded; position ids are
 counted over real tokens (as in the diffusion policy), so a row's log-probs and its greedy output do
 not depend on how much padding its batch needs.
 

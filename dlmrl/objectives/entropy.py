@@ -37,8 +37,8 @@ def sspo_clip_epsilon(
     Returns:
         ``(B, L)`` float ε per token (``ε`` at invalid positions).
 
-    Reference: SSPO arXiv 2511.04256; the formula is a **(dlmrl interpretation)** (of the
-    algorithms" / SSPO).
+    Reference: SSPO arXiv 2511.04256 (sentence entropy widens or narrows the clip range); the paper's
+    formula is not public in a form we could read, so this one is a **(dlmrl interpretation)**.
     """
     sums, counts, flat = segment_stats(entropy.detach(), mask, segment_ids)  # (B, S)
     present = counts > 0
