@@ -279,7 +279,7 @@ def egsw_weights(
     temperature: float = 1.0,
     stepwise: bool = False,
 ) -> torch.Tensor:
-    """EGSW weights ``w = n · softmax((A + α·H) / P)`` over each group, scaled so equal scores give 1.
+    """EGSW weights ``w = n · softmax((A + α·H) / temperature)`` over each group, scaled so equal scores give 1.
 
     - sequence-wise (default): over the rows of a group, ``H = H̄_i`` the row's mean valid-token
       entropy and ``n`` the group's row count. Multiplying row ``i``'s loss by ``w_i`` under ``grpo``
@@ -287,12 +287,12 @@ def egsw_weights(
     - ``stepwise``: at each position ``t``, over the rows of the group valid at ``t``, with the token
       entropy ``H_{i,t}`` and ``n`` the number of such rows; ``(B, L)`` weights, 0 at invalid positions.
 
-    Where the weight enters and the defaults ``α = 0.5``, ``P = 1`` are a **(dlmrl interpretation)**.
+    Where the weight enters and the defaults ``α = 0.5``, ``temperature = 1`` are a **(dlmrl interpretation)**.
 
     Args:
         advantages: ``(B,)`` per-sequence advantages. entropy: ``(B, L)`` nats (detached).
         mask: ``(B, L)`` bool. group_ids: ``(B,)`` ids of each row's prompt group.
-        alpha: ``α``. temperature: ``P > 0``. stepwise: per-position weights.
+        alpha: ``α``. temperature: the softmax temperature, ``> 0``. stepwise: per-position weights.
     Returns:
         ``(B,)`` or ``(B, L)`` weights (no gradient).
 
