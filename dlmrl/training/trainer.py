@@ -548,7 +548,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
             # the processes' losses is the loss of the whole batch (distributed.loss_share)
             local, share, own_rows = None, 1.0, True
             if processes.count > 1 and len(rows):
-                local = group_share(group_ids[rows], processes.index, processes.count)  # (K,) rows of sub
+                local = group_share(group_ids[rows], processes.index, processes.count)  # (n,) rows of sub
                 share = loss_share(objective.loss_type, sub.completion_mask[local], sub.completion_mask)
                 row_weight *= processes.count * share
                 if not len(local):
@@ -559,7 +559,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
             old = (scorer.prepare(sub, tr.num_iterations, gen, entropy="entropy" in needs, rows=local,
                                   advantages=adv[rows] if adv is not None else None) if len(rows)
                    else None)  # (no row to score: this batch carries no signal)
-            entropy = old.entropy if old is not None else None  # (K, L) this process's rows
+            entropy = old.entropy if old is not None else None  # (n, L) this process's rows
             if entropy is not None and local is not None:
                 entropy = processes.gather_rows(entropy, local if row_weight else local[:0], len(sub))  # whole batch
             if preset.adaptive_temperature_tau is not None and old is not None:
