@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from dlmrl.errors import ConfigError
+
 DEFAULT_TRAIN_CONFIG = "gdpo_sudoku_tiny.yaml"
 
 
@@ -32,10 +34,6 @@ def default_config_path(name: str = DEFAULT_TRAIN_CONFIG) -> Path:
 #: transformers schedules that need nothing beyond warm-up and total steps.
 SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
               "inverse_sqrt")
-
-
-class ConfigError(ValueError):
-    """A config key or value is invalid; the message names the key (and file/line when known)."""
 
 
 def doc(default: Any, help: str, **kw) -> Any:

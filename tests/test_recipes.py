@@ -1,6 +1,7 @@
 """Every config in configs/ loads and validates, and ``dlmrl train --dry-run`` prints its plan (preset, estimator
 and NFE, task, sampler, sizes, tracker, accelerate state) without loading a model, downloading a dataset or
-contacting the hub; the LLaDA recipes carry SPEC §5's values; the accelerate configs are valid launch files."""
+contacting the hub; the LLaDA recipes carry the papers' values (GDPO arXiv 2510.08554, d1 / diffu-GRPO
+arXiv 2504.12216); the accelerate configs are valid launch files."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def test_every_config_dry_runs_and_names_preset_estimator_and_nfe(path, tmp_path
 
 
 @pytest.mark.parametrize("path", LLADA, ids=lambda p: p.stem)
-def test_llada_recipes_carry_spec_values(path, tmp_path, capsys, offline):
+def test_llada_recipes_carry_the_papers_values(path, tmp_path, capsys, offline):
     algo, task = path.stem.removeprefix("llada_").rsplit("_", 1)
     plan = dry_run(path, tmp_path, capsys)
     model = plan["model"]

@@ -142,7 +142,7 @@ class MaskPlan:
         return int(self.masks.shape[0])
 
     def rows(self, index: torch.Tensor) -> MaskPlan:
-        """The plan of rows ``index`` (a ``(K,)`` long tensor) of the batch: each row keeps its own masks."""
+        """The plan of rows ``index`` (an ``(n,)`` long tensor) of the batch: each row keeps its own masks."""
         index = torch.as_tensor(index, dtype=torch.long)
 
         def cut(x: torch.Tensor | None, dim: int = 1) -> torch.Tensor | None:

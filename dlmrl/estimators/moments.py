@@ -126,7 +126,7 @@ def bernoulli_draw(stats: SizeStats, t: float, a: float, b: float = 0.0) -> tupl
     """``(E X, E X²)`` for ``X = a·S(m) + b·S(m^c)`` with ``m ~ Bernoulli(t)^n``."""
     n = stats.n
     k = np.arange(n + 1)
-    p = comb(n, k) * t**k * (1.0 - t) ** (n - k)  # (n+1,) P(|m| = k)
+    p = comb(n, k) * t**k * (1.0 - t) ** (n - k)  # (n+1,) Pr(|m| = k)
     mu = p @ (a * stats.h + b * stats.h[::-1])
     second = p @ (a * a * stats.q + 2 * a * b * stats.c + b * b * stats.q[::-1])
     return float(mu), float(second)
@@ -145,7 +145,7 @@ def mixture(probs: Sequence[float], mus: Sequence[float], seconds: Sequence[floa
 
 
 def count_interval_probs(n: int, lo: float, hi: float) -> np.ndarray:
-    """``P(k)``, ``k = 0..n``, for ``k = clamp(ceil(t·n), 1, n)`` with ``t ~ U(lo, hi]``."""
+    """``Pr(k)``, ``k = 0..n``, for ``k = clamp(ceil(t·n), 1, n)`` with ``t ~ U(lo, hi]``."""
     probs = np.zeros(n + 1)
     for k in range(1, n + 1):
         left = 0.0 if k == 1 else (k - 1) / n  # t in (0, 1/n] gives k = 1 (as does t = 0)

@@ -1,7 +1,7 @@
 """The autoregressive adapter: any ``transformers`` causal LM as a policy (baselines on the same tasks).
 
 An AR policy has exact token log-probs, so its "estimator" is one forward pass over
-``[prompt | completion]`` with no mask plan (DESIGN.md). Prompts are left-padded; position ids are
+``[prompt | completion]`` with no mask plan. Prompts are left-padded; position ids are
 counted over real tokens (as in the diffusion policy), so a row's log-probs and its greedy output do
 not depend on how much padding its batch needs.
 
@@ -37,6 +37,7 @@ from transformers import (
 from dlmrl.models.loading import DTYPES, looks_local
 from dlmrl.models.lora import attach_adapter, check_adapter_kind, find_adapter
 from dlmrl.models.policy import position_ids_from_mask
+from dlmrl.objectives.entropy import HapoEntropyStats, hapo_temperature
 
 #: Name that resolves to the tiny causal Sudoku model shipped in ``dlmrl/assets/tiny_sudoku_ar``.
 TINY_AR_DEFAULT = "tiny-sudoku-ar"
@@ -356,71 +357,29 @@ class AutoregressivePolicy:
 # -- HAPO's adaptive temperature ---------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class EntropyStats:
-    """Statistics of log-entropies over a batch's valid tokens (HAPO arXiv 2509.16591, authors' code).
-
-    Attributes: ``pivot`` (the quantile of ``e = log H``), ``scale`` (``sqrt(mean((e − pivot)²))``),
-    ``pos_max`` (largest positive ``h``) and ``neg_max`` (``|smallest negative h|``); 1 when absent.
-    """
-
-    pivot: float
-    scale: float
-    pos_max: float
-    neg_max: float
-
-
-def hapo_entropy_stats(entropy: torch.Tensor, mask: torch.Tensor, pivot_quantile: float = 0.8,
-                       eps: float = 1e-8) -> EntropyStats:
-    """HAPO's normalisation statistics from a batch's token entropies.
-
-    ``e = log max(H, 1e-8)``; ``pivot`` = the ``pivot_quantile`` quantile of ``e`` over valid tokens
-    (linear interpolation); ``h = (e − pivot) / sqrt(mean((e − pivot)²))``.
-
-    Args:
-        entropy: ``(B, L)`` nats; ``mask`` ``(B, L)`` bool, the valid tokens (at least one).
-    Reference: HAPO arXiv 2509.16591 (the authors' code).
-    """
-    e = entropy[mask.bool()].float().clamp(min=1e-8).log()  # (N,)
-    if e.numel() == 0:
-        raise ValueError("hapo_entropy_stats needs at least one valid token")
-    pivot = torch.quantile(e, pivot_quantile)
-    scale = ((e - pivot) ** 2).mean().sqrt().clamp(min=eps)
-    h = (e - pivot) / scale
-    pos_max = h[h > 0].max().item() if (h > 0).any() else 1.0
-    neg_max = -h[h < 0].min().item() if (h < 0).any() else 1.0
-    return EntropyStats(pivot.item(), scale.item(), pos_max, neg_max)
-
-
-def hapo_normalized_entropy(entropy: torch.Tensor, stats: EntropyStats) -> torch.Tensor:
-    """``ĥ ∈ [−1, 1]``: ``h / pos_max`` for ``h > 0``, ``h / neg_max`` otherwise, clamped.
-
-    On the batch the stats came from no clamp is needed; new tokens (the next rollout) may fall
-    outside, and are clamped as the authors' sampler does. Same shape as ``entropy`` (nats).
-    Reference: HAPO arXiv 2509.16591.
-    """
-    h = (entropy.float().clamp(min=1e-8).log() - stats.pivot) / stats.scale
-    return torch.where(h > 0, h / stats.pos_max, h / stats.neg_max).clamp(-1.0, 1.0)
-
-
 class HapoTemperature:
     """HAPO's adaptive temperature factor ``f_t = 1 + τ·ĥ_t`` for :class:`StepTemperatureProcessor`.
 
-    ``ĥ_t`` is the normalised entropy (:func:`hapo_normalized_entropy`) of the current step's
-    next-token distribution (at temperature 1), normalised with ``stats`` from the previous training
-    step's rollouts; the sampling temperature is ``T_t = T · (1 + τ·ĥ_t)``. With ``stats=None`` (the
-    first step) the factor is 1.
+    ``ĥ_t`` is the normalised entropy of the current step's next-token distribution (at temperature 1),
+    normalised with ``stats`` from the previous training step's rollouts by the same rule the loss uses
+    (:meth:`dlmrl.objectives.entropy.HapoEntropyStats.normalize`, via
+    :func:`~dlmrl.objectives.entropy.hapo_temperature`); the sampling temperature is ``T_t = T · (1 + τ·ĥ_t)``.
+    With ``stats=None`` (the first step) the factor is 1.
+
+    Args:
+        stats: :class:`~dlmrl.objectives.entropy.HapoEntropyStats` or ``None``. tau: ``τ`` (0.05 in HAPO).
+    Call: ``(input_ids (B, T) long, scores (B, V) float) -> (B,)`` float32 factors.
     Reference: HAPO arXiv 2509.16591, adaptive temperature sampling (τ = 0.05).
     """
 
-    def __init__(self, stats: EntropyStats | None, tau: float = 0.05):
+    def __init__(self, stats: HapoEntropyStats | None, tau: float = 0.05):
         self.stats, self.tau = stats, tau
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.stats is None:
             return torch.ones(scores.shape[0], device=scores.device)
         entropy = torch.special.entr(scores.float().softmax(-1)).sum(-1)  # (B,)
-        return 1.0 + self.tau * hapo_normalized_entropy(entropy, self.stats)
+        return hapo_temperature(entropy, self.stats, 1.0, self.tau)
 
 
 # -- building and loading ----------------------------------------------------------------------

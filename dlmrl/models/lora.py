@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from dlmrl.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
 #: peft's adapter files.
@@ -187,8 +189,6 @@ def prepare_for_training(policy, model_cfg) -> Any:
         ConfigError: naming ``model.lora_target_modules`` (no module matches) or ``model.gradient_checkpointing``
             (unsupported model).
     """
-    from dlmrl.config import ConfigError
-
     m = model_cfg
     loaded = peft_model_of(policy.model)
     if getattr(m, "use_peft", False):

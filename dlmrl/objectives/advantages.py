@@ -147,16 +147,16 @@ def hapo_token_group_advantages(
 
     Reference: HAPO arXiv 2509.16591 (token level group average; authors' ``compute_hapo_outcome_advantage``).
     """
-    r, valid = _grouped(rewards, num_generations)  # (P, G)
+    r, valid = _grouped(rewards, num_generations)  # (B/G, G)
     if mask.dim() != 2 or mask.shape[0] != rewards.shape[0]:
         raise ValueError(f"mask must be (B, L) with B = {rewards.shape[0]}, got {tuple(mask.shape)}")
-    n = mask.sum(-1).double().reshape(r.shape)  # (P, G) tokens per row
+    n = mask.sum(-1).double().reshape(r.shape)  # (B/G, G) tokens per row
     w = torch.where(valid, n, 0.0)
-    total = w.sum(-1, keepdim=True)  # (P, 1)
+    total = w.sum(-1, keepdim=True)  # (B/G, 1)
     rz = torch.where(valid, r, 0.0)
     mu = (w * rz).sum(-1, keepdim=True) / total.clamp(min=1)
     var = (w * (rz - mu) ** 2).sum(-1, keepdim=True) / total.clamp(min=1)
-    adv = (r - mu) / (var.sqrt() + 1e-6)  # (P, G)
+    adv = (r - mu) / (var.sqrt() + 1e-6)  # (B/G, G)
     has_tokens = valid & (n > 0)
     fallback = (torch.where(has_tokens, adv.abs(), 0.0) >= fallback_threshold).any(-1, keepdim=True)
     adv = torch.where(fallback, _group_zscore(r, valid), adv)
@@ -254,7 +254,7 @@ def flow_grpo_advantages(
     same_reward = (r == r[first][t]) | (~torch.isfinite(r) & ~torch.isfinite(r[first][t]))
     if not (same_reward.all() and (group_ids == group_ids[first][t]).all()):
         raise ValueError("every turn of a trajectory must carry the same reward and group id")
-    traj_adv = zscore_by_ids(r[first], group_ids[first])  # (T,)
+    traj_adv = zscore_by_ids(r[first], group_ids[first])  # (n_traj,) one per trajectory
     return traj_adv[t].float()
 
 

@@ -25,7 +25,7 @@ def aggregate(
     - ``bnpo``: token mean over this call's batch.
     - ``dapo``: token sum / ``num_tokens``, the number of valid tokens of the whole generation batch
       (across processes and accumulation steps; TRL's ``num_items_in_batch``). Under DDP gradient
-      averaging over P processes pass ``total / P``. Default: this call's valid-token count.
+      averaging over W processes (the world size) pass ``total / W``. Default: this call's valid-token count.
     - ``dr_grpo``: token sum / (B · ``max_completion_length``); default ``L``.
     - ``segment_mean``: mean over sequences of the mean over the sequence's segments of the segment
       token mean (ESPO arXiv 2512.00499 Eq. 5); needs ``segment_ids``.

@@ -37,8 +37,8 @@ def sspo_clip_epsilon(
     Returns:
         ``(B, L)`` float ε per token (``ε`` at invalid positions).
 
-    Reference: SSPO arXiv 2511.04256; the formula is a **(dlmrl interpretation)** (of the
-    algorithms" / SSPO).
+    Reference: SSPO arXiv 2511.04256 (sentence entropy widens or narrows the clip range); the paper's
+    formula is not public in a form we could read, so this one is a **(dlmrl interpretation)**.
     """
     sums, counts, flat = segment_stats(entropy.detach(), mask, segment_ids)  # (B, S)
     present = counts > 0
@@ -104,35 +104,65 @@ def espo_clip_epsilon(
     return alpha * segment_mean(entropy.detach(), mask, group_ids) / math.log(vocab_size)
 
 
+# -- HAPO's normalised entropy: one rule for the sampler's temperature and for the loss -------------------
+
+
 @dataclass(frozen=True)
 class HapoEntropyStats:
-    """Batch statistics of HAPO's log-entropy normalisation (reused by the sampler at the next step).
+    """Batch statistics of HAPO's log-entropy normalisation (the loss's batch, or the previous training
+    step's rollouts for the sampler's adaptive temperature).
 
-    Attributes (floats): ``pivot`` (quantile of ``log H``), ``std`` (RMS of ``log H − pivot``),
-    ``pos_max`` (largest ``h``, >= 1e-8) and ``neg_max`` (``|smallest h|``, >= 1e-8).
+    Attributes (floats): ``pivot`` (the quantile of ``e = log H``), ``scale`` (the RMS of ``e − pivot``,
+    the authors' ``std``; >= 1e-4), ``pos_max`` (largest ``h``, >= 1e-8) and ``neg_max`` (``|smallest h|``,
+    >= 1e-8). The defaults are the identity statistics (``ĥ = clamp(log H, −1, 1)``).
+    Reference: HAPO arXiv 2509.16591 (authors' code, ``compute_entropy_h``).
     """
 
     pivot: float = 0.0
-    std: float = 1.0
+    scale: float = 1.0
     pos_max: float = 1.0
     neg_max: float = 1.0
 
     def normalize(self, entropy: torch.Tensor) -> torch.Tensor:
-        """``ĥ`` of any-shaped entropies (nats) with these statistics, clamped to [−1, 1]."""
-        h = (torch.log(entropy.clamp(min=1e-8)) - self.pivot) / self.std
+        """``ĥ ∈ [−1, 1]`` of any-shaped entropies (nats) with these statistics.
+
+        ``h = (log max(H, 1e-8) − pivot) / scale``; ``ĥ = h / pos_max`` for ``h > 0``, ``h / neg_max``
+        otherwise, clamped to [−1, 1]: on the batch the statistics came from no clamp is needed, new tokens
+        (the next rollout) may fall outside, and the authors' sampler clamps them. Computed in float64 and
+        returned in ``entropy``'s dtype (float32 for an integer input), so the sampler and the loss get the
+        same ``ĥ`` for the same tensor.
+        """
+        dtype = entropy.dtype if entropy.is_floating_point() else torch.float32
+        h = (torch.log(entropy.detach().double().clamp(min=1e-8)) - self.pivot) / self.scale
         h_hat = torch.where(h > 0, h / self.pos_max, h / self.neg_max)
-        return h_hat.clamp(-1.0, 1.0)
+        return h_hat.clamp(-1.0, 1.0).to(dtype)
 
 
 def hapo_entropy_stats(entropy: torch.Tensor, mask: torch.Tensor, pivot_quantile: float = 0.8) -> HapoEntropyStats:
     """HAPO's normalisation statistics over the valid tokens of a batch.
 
-    ``e = log max(H, 1e-8)``; ``pivot`` = the ``pivot_quantile`` of ``e`` by nearest rank (element
-    ``round(q · (n − 1))`` of the sorted values, Python rounding, as the authors' ``torch_quantile``);
-    ``h = (e − pivot) / sqrt(max(mean((e − pivot)²), 1e-8))``; ``pos_max = max(h)``, ``neg_max =
-    |min(h)|`` over valid tokens, each at least 1e-8. No valid token gives the identity statistics.
+    ``e = log max(H, 1e-8)``; ``pivot`` = the ``pivot_quantile`` quantile of ``e`` by **nearest rank**:
+    element ``round(q · (n − 1))`` (Python's round, half to even) of the ``n`` sorted values, no
+    interpolation; ``h = (e − pivot) / sqrt(max(mean((e − pivot)²), 1e-8))``; ``pos_max = max(h)``,
+    ``neg_max = |min(h)|`` over valid tokens, each at least 1e-8. No valid token gives the identity
+    statistics.
 
-    Reference: HAPO arXiv 2509.16591 (authors' code, ``compute_entropy_h``).
+    The paper names the pivot quantile (0.8) but no interpolation rule; nearest rank is the rule of the
+    authors' released code (``torch_quantile(..., interpolation="nearest")`` in ``compute_entropy_h``),
+    whose statistics feed both their loss and their vLLM sampler's adaptive temperature. dlmrl uses this
+    one function for both too (:func:`hapo_normalized_entropy` for the loss, :func:`hapo_temperature` /
+    ``dlmrl.models.ar.HapoTemperature`` for the sampler).
+
+    Args:
+        entropy: ``(B, L)`` nats (detached here). mask: ``(B, L)`` bool, the valid tokens.
+        pivot_quantile: ``q`` in [0, 1] (HAPO's ``entropy_pivot``, 0.8).
+    Returns:
+        :class:`HapoEntropyStats`.
+    Raises:
+        ValueError: ``pivot_quantile`` outside [0, 1], or shapes that differ.
+
+    Reference: HAPO arXiv 2509.16591 (authors' code, ``verl/trainer/ppo/core_algos.py``: ``torch_quantile``,
+    ``compute_entropy_h``).
     """
     check_token_tensors(mask, entropy=entropy)
     if not 0 <= pivot_quantile <= 1:
@@ -142,29 +172,31 @@ def hapo_entropy_stats(entropy: torch.Tensor, mask: torch.Tensor, pivot_quantile
         return HapoEntropyStats()
     pivot = torch.sort(e).values[round(pivot_quantile * (e.numel() - 1))]
     h = e - pivot
-    std = h.pow(2).mean().clamp(min=1e-8).sqrt()
-    h = h / std
+    scale = h.pow(2).mean().clamp(min=1e-8).sqrt()
+    h = h / scale
     pos_max = float(h.max().clamp(min=1e-8))
     neg_max = float((-h.min()).clamp(min=1e-8))
-    return HapoEntropyStats(float(pivot), float(std), pos_max, neg_max)
+    return HapoEntropyStats(float(pivot), float(scale), pos_max, neg_max)
 
 
 def hapo_normalized_entropy(entropy: torch.Tensor, mask: torch.Tensor, pivot_quantile: float = 0.8) -> torch.Tensor:
-    """HAPO's ``ĥ ∈ [−1, 1]`` per token: ``h / max(h)`` for ``h > 0``, ``h / |min(h)|`` otherwise.
+    """HAPO's ``ĥ ∈ [−1, 1]`` per token of a batch, with the batch's own :func:`hapo_entropy_stats`.
 
-    Divides by ``|min|`` (the authors' released code divides by ``min(h) < 0``, which flips the
-    sign of negative ``h``; the paper's intent keeps ``ĥ ≤ 0`` for low-entropy tokens).
+    ``ĥ = h / max(h)`` for ``h > 0``, ``h / |min(h)|`` otherwise. Divides by ``|min|`` (the authors'
+    released code divides by ``min(h) < 0``, which flips the sign of negative ``h``; the paper's intent
+    keeps ``ĥ ≤ 0`` for low-entropy tokens).
 
     Args:
         entropy: ``(B, L)`` nats (detached). mask: ``(B, L)`` bool. pivot_quantile: 0.8 in HAPO.
     Returns:
-        ``(B, L)`` float ``ĥ`` (0 at invalid positions).
+        ``(B, L)`` ``ĥ`` in ``entropy``'s dtype (0 at invalid positions).
+    Raises:
+        ValueError: as :func:`hapo_entropy_stats`.
 
-    Reference: HAPO arXiv 2509.16591 (entropy normalisation).
+    Reference: HAPO arXiv 2509.16591 (entropy normalisation; authors' code, ``compute_entropy_h``).
     """
-    stats = hapo_entropy_stats(entropy, mask, pivot_quantile)
-    h_hat = stats.normalize(entropy.detach().double()).to(entropy.dtype)
-    return torch.where(mask, h_hat, torch.zeros((), dtype=entropy.dtype))
+    h_hat = hapo_entropy_stats(entropy, mask, pivot_quantile).normalize(entropy)
+    return torch.where(mask, h_hat, torch.zeros((), dtype=h_hat.dtype))
 
 
 def hapo_temperature(
@@ -179,7 +211,8 @@ def hapo_temperature(
     Returns:
         Temperatures of ``entropy``'s shape.
 
-    Reference: HAPO arXiv 2509.16591 (adaptive temperature sampling).
+    Reference: HAPO arXiv 2509.16591 (adaptive temperature sampling; authors' vLLM sampler,
+    ``compute_entropy_based_temperature``).
     """
     return temperature * (1.0 + tau * stats.normalize(entropy))
 
@@ -246,7 +279,7 @@ def egsw_weights(
     temperature: float = 1.0,
     stepwise: bool = False,
 ) -> torch.Tensor:
-    """EGSW weights ``w = n · softmax((A + α·H) / P)`` over each group, scaled so equal scores give 1.
+    """EGSW weights ``w = n · softmax((A + α·H) / temperature)`` over each group, scaled so equal scores give 1.
 
     - sequence-wise (default): over the rows of a group, ``H = H̄_i`` the row's mean valid-token
       entropy and ``n`` the group's row count. Multiplying row ``i``'s loss by ``w_i`` under ``grpo``
@@ -254,12 +287,12 @@ def egsw_weights(
     - ``stepwise``: at each position ``t``, over the rows of the group valid at ``t``, with the token
       entropy ``H_{i,t}`` and ``n`` the number of such rows; ``(B, L)`` weights, 0 at invalid positions.
 
-    Where the weight enters and the defaults ``α = 0.5``, ``P = 1`` are a **(dlmrl interpretation)**.
+    Where the weight enters and the defaults ``α = 0.5``, ``temperature = 1`` are a **(dlmrl interpretation)**.
 
     Args:
         advantages: ``(B,)`` per-sequence advantages. entropy: ``(B, L)`` nats (detached).
         mask: ``(B, L)`` bool. group_ids: ``(B,)`` ids of each row's prompt group.
-        alpha: ``α``. temperature: ``P > 0``. stepwise: per-position weights.
+        alpha: ``α``. temperature: the softmax temperature, ``> 0``. stepwise: per-position weights.
     Returns:
         ``(B,)`` or ``(B, L)`` weights (no gradient).
 

@@ -101,7 +101,7 @@ class GroupObjective:
         kl_reference: ``reference`` (the frozen initial model, GRPO) | ``old`` (the rollout policy's own
             scores, as TraceRL's code does; no reference model is loaded).
         weighting: ``none`` | ``egsw`` (per sequence) | ``egsw_step`` (per position); needs
-            ``entropy`` and ``group_ids``. egsw_alpha, egsw_temperature: EGSW's ``α``, ``P``.
+            ``entropy`` and ``group_ids``. egsw_alpha, egsw_temperature: EGSW's ``α`` and softmax temperature.
         entropy_num_groups, entropy_top_fraction: ESPO's groups and ``ρ``. espo_alpha: ESPO's ``α``.
         vocab_size: ``|V|`` for ``clip_rule="espo"``.
         hapo_entropy_pivot: HAPO's pivot quantile. hapo_clip_alpha: ``α``.

@@ -17,7 +17,7 @@ def passk_bonus(n: int, c: int, k: int = 4) -> tuple[float, float]:
     Both are 0 when ``σ = 0`` or ``n < k``.
 
     Args:
-        n: group size (finite rewards). c: exact matches, ``0 <= c <= n``. k: K (4 in SRPO).
+        n: group size (finite rewards). c: exact matches, ``0 <= c <= n``. k: the ``k`` of pass@k (4 in SRPO).
     Returns:
         ``(bonus for an exact match, bonus otherwise)``.
 
@@ -49,7 +49,7 @@ def srpo_passk_advantages(
         rewards: ``(B,)`` graded rewards (e.g. :func:`dlmrl.objectives.shaping.srpo_graded_reward`).
         num_generations: G.
         exact: ``(B,)`` bool exact-match flags; default ``rewards >= 1``.
-        k: K (4 in SRPO).
+        k: the ``k`` of pass@k (4 in SRPO).
     Returns:
         ``(B,)`` float32 advantages.
     Raises:
@@ -57,8 +57,8 @@ def srpo_passk_advantages(
 
     Reference: SRPO / GREAM arXiv 2510.20815 (bonus-calibrated group advantage).
     """
-    r, valid = _grouped(rewards, num_generations)  # (P, G)
-    flat = _all_equal(r, valid)  # (P, 1)
+    r, valid = _grouped(rewards, num_generations)  # (B/G, G)
+    flat = _all_equal(r, valid)  # (B/G, 1)
     base = torch.where(valid & ~flat, _group_zscore(r, valid), 0.0)
     hit = torch.nan_to_num(r, nan=-torch.inf) >= 1.0 if exact is None else exact.bool().reshape(r.shape)
     hit = hit & valid

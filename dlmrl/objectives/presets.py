@@ -349,7 +349,7 @@ def egsw() -> AlgorithmPreset:
     """EGSW (arXiv 2503.22456): GRPO with each sequence's loss weighted by
     ``G · softmax_group((A + 0.5·H̄) / 1)``.
 
-    **(dlmrl interpretation)**: where the weight enters, α = 0.5, P = 1, and GRPO's other parts
+    **(dlmrl interpretation)**: where the weight enters, α = 0.5, temperature 1, and GRPO's other parts
     (ε 0.2, β 0.04). ``weighting="egsw_step"`` gives the step-wise variant. Needs ``entropy`` and
     ``group_ids``. AR and diffusion.
     """
@@ -394,7 +394,7 @@ def hapo() -> AlgorithmPreset:
 def srpo() -> AlgorithmPreset:
     """SRPO (GREAM, arXiv 2510.20815): graded reward
     (:func:`dlmrl.objectives.shaping.srpo_graded_reward`) with the bonus-calibrated pass@k group
-    advantage (K 4), token ratio, ε 0.2/0.2, dual clip 10, ``dapo`` loss, k3 KL β 0.001. AR and diffusion."""
+    advantage (pass@k, k = 4), token ratio, ε 0.2/0.2, dual clip 10, ``dapo`` loss, k3 KL β 0.001. AR and diffusion."""
     objective = GroupObjective(epsilon=0.2, epsilon_high=0.2, dual_clip=10.0, loss_type="dapo", beta=0.001)
     return AlgorithmPreset("srpo", objective, "srpo_passk", {"k": 4}, reference="2510.20815")
 

@@ -56,15 +56,15 @@ def gtpo_advantages(
     normalisation of the positive and negative sets).
     """
     check_token_tensors(mask, entropy=entropy)
-    r, valid = _grouped(rewards, num_generations)  # (P, G)
-    P, G, L = r.shape[0], num_generations, mask.shape[1]
-    tok = mask.reshape(P, G, L)
-    H = torch.where(tok, entropy.detach().double().reshape(P, G, L), 0.0)
-    succ = (valid & (r >= success_threshold))[..., None]  # (P, G, 1)
+    r, valid = _grouped(rewards, num_generations)  # (B/G, G)
+    n_prompts, G, L = r.shape[0], num_generations, mask.shape[1]
+    tok = mask.reshape(n_prompts, G, L)
+    H = torch.where(tok, entropy.detach().double().reshape(n_prompts, G, L), 0.0)
+    succ = (valid & (r >= success_threshold))[..., None]  # (B/G, G, 1)
     fail = (valid & (r < success_threshold))[..., None]
-    pos, neg = tok & succ, tok & fail  # (P, G, L)
+    pos, neg = tok & succ, tok & fail  # (B/G, G, L)
 
-    d = pos.sum(1, keepdim=True).double()  # (P, 1, L)
+    d = pos.sum(1, keepdim=True).double()  # (B/G, 1, L)
     s_pos = torch.where(pos, H, 0.0).sum(1, keepdim=True)
     share_pos = torch.where(s_pos > 0, H / s_pos.clamp(min=1e-300), 1.0 / d.clamp(min=1))
     shaped_pos = alpha1 * torch.where(valid, r, 0.0)[..., None] + alpha2 * share_pos * d
@@ -77,7 +77,7 @@ def gtpo_advantages(
     shaped = torch.where(pos, shaped_pos, torch.where(neg, shaped_neg, 0.0))
     adv = _split_zscore(shaped, pos, neg, (1, 2))
     adv = torch.where(_all_equal(r, valid)[..., None], 0.0, adv)
-    return adv.reshape(P * G, L).float()
+    return adv.reshape(n_prompts * G, L).float()
 
 
 def grpo_s_advantages(
@@ -103,10 +103,10 @@ def grpo_s_advantages(
     Reference: GRPO-S, arXiv 2508.04349 (sequence-level reward shaping with policy entropy).
     """
     check_token_tensors(mask, entropy=entropy)
-    r, valid = _grouped(rewards, num_generations)  # (P, G)
-    P, G = r.shape
-    n = mask.sum(-1).double().reshape(P, G)
-    H = (torch.where(mask, entropy.detach().double(), 0.0).sum(-1).reshape(P, G) / n.clamp(min=1))
+    r, valid = _grouped(rewards, num_generations)  # (B/G, G)
+    n_prompts, G = r.shape
+    n = mask.sum(-1).double().reshape(n_prompts, G)
+    H = (torch.where(mask, entropy.detach().double(), 0.0).sum(-1).reshape(n_prompts, G) / n.clamp(min=1))
     pos = valid & (r >= success_threshold)
     neg = valid & (r < success_threshold)
 

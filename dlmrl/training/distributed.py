@@ -1,8 +1,8 @@
-"""Data-parallel training over processes (``accelerate launch --num_processes P``).
+"""Data-parallel training over processes (``accelerate launch --num_processes W``; W, the world size).
 
-A step's global batch (``prompts_per_step × G`` completions) is split across the P processes by whole
-prompt groups: process ``p`` samples prompts ``[p·n/P, (p+1)·n/P)`` of the step and all G completions of
-each. Every random number a row uses is the one it has in the whole batch (the sampler draws its noise
+A step's global batch (``prompts_per_step × G`` completions) is split across the W processes by whole
+prompt groups: process ``p`` samples prompts ``[p·n/W, (p+1)·n/W)`` of the step's ``n = prompts_per_step``
+and all G completions of each. Every random number a row uses is the one it has in the whole batch (the sampler draws its noise
 for the whole batch and keeps its rows, :func:`dlmrl.models.sampler.generate` ``rows``; AR sampling
 through :class:`dlmrl.models.ar.RowSliceSampler`; MaskPlans are drawn for the whole batch and sliced),
 so a row comes out the same whichever process samples it. The sampled rows are then gathered, so every
@@ -147,10 +147,10 @@ def cpu_relaunch_command(argv: list[str], num_processes: int) -> list[str]:
 def check_process_split(cfg: Config, num_processes: int) -> None:
     """Refuse, before any model is loaded, a config whose batch does not split over ``num_processes``.
 
-    The rule: each process samples ``prompts_per_step / P`` prompts and all their G completions, so
-    ``train.prompts_per_step`` must be a multiple of P and G >= 2. Presets whose loss ranks or normalises
+    The rule: each process samples ``prompts_per_step / W`` prompts and all their G completions, so
+    ``train.prompts_per_step`` must be a multiple of W and G >= 2. Presets whose loss ranks or normalises
     token entropies over the whole batch (SSPO's sentence-entropy rank, HAPO's entropy normalisation) are
-    refused with P > 1: each process would see only its share.
+    refused with W > 1: each process would see only its share.
 
     Raises:
         ConfigError: naming the key and the process count.
@@ -181,7 +181,7 @@ def split_range(n: int, index: int, count: int) -> tuple[int, int]:
 
 
 def group_share(group_ids: torch.Tensor, index: int, count: int) -> torch.Tensor:
-    """``(K,)`` long indices of the rows of process ``index``: the rows of its contiguous range of groups
+    """``(n,)`` long indices of the rows of process ``index``: the rows of its contiguous range of groups
     (groups ordered by first appearance), so a group's rows (and DaGRPO's anchor, a Flow-GRPO trajectory's
     turns) never straddle processes.
 
@@ -218,10 +218,10 @@ def loss_units(loss_type: str, mask: torch.Tensor) -> float:
 def loss_share(loss_type: str, local_mask: torch.Tensor, global_mask: torch.Tensor) -> float:
     """The fraction ``u_p / u`` of the loss's normaliser this process's rows carry (:func:`loss_units`).
 
-    An objective aggregated over a batch is ``Σ terms / u(batch)``; with rows split over P processes and
-    gradients averaged, the process loss ``P · (u_p / u) · objective(rows_p)`` averages to the 1-process
-    ``objective(all rows)``: ``(1/P) Σ_p P (u_p/u) Σ_p terms / u_p = Σ terms / u``. (For ``dapo`` the
-    normaliser is the global token count already, so the factor is 1 and the weight is P.)
+    An objective aggregated over a batch is ``Σ terms / u(batch)``; with rows split over W processes and
+    gradients averaged, the process loss ``W · (u_p / u) · objective(rows_p)`` averages to the 1-process
+    ``objective(all rows)``: ``(1/W) Σ_p W (u_p/u) Σ_p terms / u_p = Σ terms / u``. (For ``dapo`` the
+    normaliser is the global token count already, so the factor is 1 and the weight is W.)
     """
     if loss_type == "dapo":
         return 1.0
@@ -292,7 +292,7 @@ class Processes:
                 group, size = [], 0
 
     def combine_metrics(self, metrics: dict[str, float | None], weight: float) -> dict[str, float | None]:
-        """Batch-level values of per-process metrics: ``loss`` summed over processes / P (each process's loss is
+        """Batch-level values of per-process metrics: ``loss`` summed over processes / W (each process's loss is
         its weighted share), ``*_min`` / ``*_max`` the min / max over processes with rows (``weight > 0``),
         ``grad_norm`` and ``lr`` as they are (the same everywhere), every other value the mean weighted by each
         process's share of the loss normaliser ``weight`` (exact for the aggregated KL; for token-level ratio

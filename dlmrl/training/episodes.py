@@ -120,5 +120,5 @@ def rollout_episodes(policy, task, make_env: Callable[[], object], examples: Seq
 
 
 def trajectory_rewards(ro: Rollout) -> torch.Tensor:
-    """``(T,)`` one reward per trajectory (its first row's), in order of first appearance."""
+    """``(n_traj,)`` one reward per trajectory (its first row's), in order of first appearance."""
     return ro.rewards[first_rows(ro.trajectories().tolist())]

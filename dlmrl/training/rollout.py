@@ -85,7 +85,7 @@ class Rollout:
         return dataclasses.replace(self, **mapped, **changes)
 
     def rows(self, index: torch.Tensor) -> Rollout:
-        """The rows ``index`` (a ``(K,)`` long tensor), every per-row field included (``passes``, a count
+        """The rows ``index`` (an ``(n,)`` long tensor), every per-row field included (``passes``, a count
         over the sampled batch, is not carried over)."""
         return self._map(lambda t: t[index], examples=[self.examples[i] for i in index.tolist()], passes=None)
 
@@ -342,7 +342,7 @@ class DiffusionScorer:
         trajectory and ``advantages`` ``(B,)`` of its rows); score old (updates 2..μ) and reference (every
         update) under no grad.
 
-        ``rows``: ``(K,)`` long, score only these rows of ``ro`` (one process's share); the plans are drawn
+        ``rows``: ``(n,)`` long, score only these rows of ``ro`` (one process's share); the plans are drawn
         for all of ``ro`` and cut to them, so a row's masks do not depend on which process scores it.
         """
         plans = [self.estimator.rollout_plan(ro.completion_mask, generator, ro.prompt_mask,
@@ -433,13 +433,13 @@ class ARScorer:
         self.policy, self.ref = policy, ref
         self.old_scores, self.share_forward = old_scores, share_forward
         self.nfe = 1
-        self._shared: torch.Tensor | None = None  # (K, L) log-probs with grad of the first update, when shared
+        self._shared: torch.Tensor | None = None  # (n, L) log-probs with grad of the first update, when shared
         self._deterministic: bool | None = None  # train_mode_is_deterministic(policy.model), computed once
 
     def prepare(self, ro: Rollout, num_iterations: int, generator: torch.Generator, entropy: bool = False,
                 rows: torch.Tensor | None = None, advantages: torch.Tensor | None = None) -> OldScores:
         """The reference log-probs (every update) and, where the step reads them, the old log-probs (updates
-        2..μ) and the rollout policy's entropies ``(K, L)``, under no grad except for a shared forward (see the
+        2..μ) and the rollout policy's entropies ``(n, L)``, under no grad except for a shared forward (see the
         class). ``rows``: only these rows of ``ro``; ``advantages`` unused (exact log-probs need no plan).
         Update 1's old scores are ``None``: the current policy's own log-probs, detached."""
         ro = ro if rows is None else ro.rows(rows)
@@ -622,8 +622,8 @@ def add_anchors(ro: Rollout, task, anchor_threshold: float, num_generations: int
         num_generations: G (groups when ``ro.group_ids`` is None). kind: ``"ar"`` | ``"diffusion"``.
         eos_token_id: appended to AR anchors, fills a diffusion canvas after a short reference (``None``:
             nothing appended; ``pad_id`` fills). pad_id: AR padding.
-        shape: ``(rewards (K,), lengths (K,)) -> (K,)`` training rewards of the anchors.
-        reveal_steps: ``completion_mask (K, L) -> (K, L)`` the anchors' trajectory when ``ro`` carries one
+        shape: ``(rewards (n,), lengths (n,)) -> (n,)`` training rewards of the ``n`` anchors.
+        reveal_steps: ``completion_mask (n, L) -> (n, L)`` the anchors' trajectory when ``ro`` carries one
             (the trainer: :func:`dlmrl.models.sampler.left_to_right_reveal_steps` with the sampler's schedule).
     Returns:
         The rollout with the anchor rows appended (``group_ids``, ``trajectory_ids`` and ``anchor`` set)
@@ -672,26 +672,26 @@ def add_anchors(ro: Rollout, task, anchor_threshold: float, num_generations: int
         return ro, 0
     dev = ro.completion.device
     index = torch.tensor(rows, device=dev)
-    comp, mask = torch.stack(comps).to(dev), torch.stack(masks).to(dev)  # (K, L)
+    comp, mask = torch.stack(comps).to(dev), torch.stack(masks).to(dev)  # (n, L)
     examples = [ro.examples[i] for i in rows]
     rewards = torch.tensor(task.rewards(examples, task.decode(comp)), dtype=torch.float32)
     train = shape(rewards, mask.sum(-1).cpu()).float()
     trajs = ro.trajectories()
-    K = len(rows)
+    n = len(rows)
     steps = None
     if ro.reveal_step is not None:
         if reveal_steps is None:
             raise ValueError("add_anchors: the rollout carries reveal steps; pass reveal_steps for the anchors")
         steps = torch.cat([ro.reveal_step, reveal_steps(mask).to(ro.reveal_step)])
     # (no sampler drew the anchors: no recorded log-probs, no sampling passes)
-    logps = None if ro.token_logprobs is None else torch.cat([ro.token_logprobs, ro.token_logprobs.new_zeros(K, L)])
-    row_nfe = None if ro.row_nfe is None else torch.cat([ro.row_nfe, ro.row_nfe.new_zeros(K)])
+    logps = None if ro.token_logprobs is None else torch.cat([ro.token_logprobs, ro.token_logprobs.new_zeros(n, L)])
+    row_nfe = None if ro.row_nfe is None else torch.cat([ro.row_nfe, ro.row_nfe.new_zeros(n)])
     out = Rollout(
         ro.examples + examples, torch.cat([ro.prompt_ids, ro.prompt_ids[index]]),
         torch.cat([ro.prompt_mask, ro.prompt_mask[index]]), torch.cat([ro.completion, comp]),
         torch.cat([ro.completion_mask, mask]), ro.nfe, torch.cat([groups, groups[index]]),
-        torch.cat([trajs, int(trajs.max()) + 1 + torch.arange(K, device=trajs.device)]),
-        torch.cat([ro.anchors(), torch.ones(K, dtype=torch.bool, device=dev)]),
+        torch.cat([trajs, int(trajs.max()) + 1 + torch.arange(n, device=trajs.device)]),
+        torch.cat([ro.anchors(), torch.ones(n, dtype=torch.bool, device=dev)]),
         torch.cat([ro.rewards, rewards.to(ro.rewards)]), torch.cat([ro.train_rewards, train.to(ro.train_rewards)]),
         ro.sampling_passes(), steps, logps, row_nfe)
-    return out, K
+    return out, n

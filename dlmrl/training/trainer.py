@@ -51,7 +51,7 @@ from dlmrl.config import (
 from dlmrl.config import build_estimator as estimator_from_config
 from dlmrl.data.encoding import pad_token_id
 from dlmrl.envs import default_env, make_env
-from dlmrl.models.ar import EntropyStats, HapoTemperature, hapo_entropy_stats
+from dlmrl.models.ar import HapoTemperature
 from dlmrl.models.loading import load_policy
 from dlmrl.models.lora import (
     AdapterDisabledPolicy,
@@ -62,6 +62,7 @@ from dlmrl.models.lora import (
 )
 from dlmrl.models.sampler import left_to_right_reveal_steps
 from dlmrl.objectives.advantage_registry import AdvantageInputs
+from dlmrl.objectives.entropy import HapoEntropyStats, hapo_entropy_stats
 from dlmrl.objectives.objective import GroupObjective
 from dlmrl.objectives.pairwise import ngram_jaccard
 from dlmrl.objectives.segments import delimiter_token_ids, sentence_segments
@@ -512,7 +513,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
             temperature_fn = None
             if is_ar and preset.adaptive_temperature_tau is not None:
                 # HAPO: temperature T·(1 + τ·ĥ_t), ĥ normalised by the previous step's statistics
-                stats = EntropyStats(**state.hapo_stats) if state.hapo_stats else None
+                stats = HapoEntropyStats(**state.hapo_stats) if state.hapo_stats else None
                 temperature_fn = HapoTemperature(stats, preset.adaptive_temperature_tau)
 
             ro, sampled = sample_step(policy, task, cfg, preset, state.step, gen, max_length, temperature_fn, env,
@@ -547,7 +548,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
             # the processes' losses is the loss of the whole batch (distributed.loss_share)
             local, share, own_rows = None, 1.0, True
             if processes.count > 1 and len(rows):
-                local = group_share(group_ids[rows], processes.index, processes.count)  # (K,) rows of sub
+                local = group_share(group_ids[rows], processes.index, processes.count)  # (n,) rows of sub
                 share = loss_share(objective.loss_type, sub.completion_mask[local], sub.completion_mask)
                 row_weight *= processes.count * share
                 if not len(local):
@@ -558,11 +559,12 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
             old = (scorer.prepare(sub, tr.num_iterations, gen, entropy="entropy" in needs, rows=local,
                                   advantages=adv[rows] if adv is not None else None) if len(rows)
                    else None)  # (no row to score: this batch carries no signal)
-            entropy = old.entropy if old is not None else None  # (K, L) this process's rows
+            entropy = old.entropy if old is not None else None  # (n, L) this process's rows
             if entropy is not None and local is not None:
                 entropy = processes.gather_rows(entropy, local if row_weight else local[:0], len(sub))  # whole batch
             if preset.adaptive_temperature_tau is not None and old is not None:
-                state.hapo_stats = dataclasses.asdict(hapo_entropy_stats(entropy, sub.completion_mask))
+                stats = hapo_entropy_stats(entropy, sub.completion_mask, objective.hapo_entropy_pivot)  # the loss's rule
+                state.hapo_stats = dataclasses.asdict(stats)
             if adv is None and old is not None:  # (here every row is kept: sub is ro)
                 adv = preset.advantages(AdvantageInputs(ro.train_rewards, G, entropy=entropy, **adv_inputs))
             adv_rows = adv[mine_rows] if adv is not None else None

@@ -1,4 +1,5 @@
-"""Exact ELBO by enumeration, checked against an independent brute force (both forms of SPEC §1)."""
+"""Exact ELBO by enumeration, checked against an independent brute force (the continuous-time and the
+exact-count forms; LLaDA arXiv 2502.09992, GDPO arXiv 2510.08554 §2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Gauss–Legendre on [0, 1]: the SPEC's N = 3 rule and exactness for degree 2N − 1."""
+"""Gauss–Legendre on [0, 1]: the N = 3 rule of GDPO's SDMC (arXiv 2510.08554 §4) and exactness for
+degree 2N − 1."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from dlmrl.estimators import gauss_legendre_unit
 
 
-def test_three_nodes_match_the_spec():
+def test_three_nodes_match_gdpo_sdmc_rule():
     t, w = gauss_legendre_unit(3)
     assert t.dtype == w.dtype == torch.float64
     # t = 1/2 ∓ sqrt(3/5)/2, 1/2; w = 5/18, 8/18, 5/18.

@@ -15,16 +15,14 @@ from dlmrl.data.tasks import SudokuTask
 from dlmrl.models.ar import (
     TINY_AR_DEFAULT,
     AutoregressivePolicy,
-    EntropyStats,
     HapoTemperature,
     StepTemperatureProcessor,
     build_tiny_causal_model,
-    hapo_entropy_stats,
-    hapo_normalized_entropy,
     load_ar_policy,
     resolve_ar_model_path,
 )
 from dlmrl.models.tokenizer import build_char_tokenizer
+from dlmrl.objectives.entropy import HapoEntropyStats, hapo_entropy_stats, hapo_normalized_entropy
 
 EOS, PAD = 2, 0
 
@@ -234,20 +232,49 @@ def test_a_constant_factor_multiplies_the_sampling_temperature(policy):
     assert not torch.equal(cold.completion, plain.completion)
 
 
-def test_hapo_statistics_and_normalised_entropy_by_hand():
+def uniform_scores(ks, vocab=16):
+    """``(len(ks), vocab)`` logits uniform over the first ``k`` tokens of each row: entropy exactly ``log k``."""
+    cols = torch.arange(vocab)[None]
+    return torch.where(cols < torch.tensor(ks)[:, None], 0.0, -torch.inf)
+
+
+def test_sampler_temperature_and_loss_see_the_same_normalised_entropy():
+    # rows uniform over k = 2, 3, 4, 8, 16 tokens: H = log k, e = log log k (sorted); the 0.8 quantile by
+    # nearest rank (HAPO's authors' code) is element round(0.8 · 4) = 3, i.e. log log 8 (linear interpolation
+    # would give e_3 + 0.2·(e_4 − e_3))
+    ks = [2, 3, 4, 8, 16]
+    scores = uniform_scores(ks)
+    entropy = torch.special.entr(scores.softmax(-1)).sum(-1)  # (5,) what the sampler computes
+    assert entropy.tolist() == pytest.approx([math.log(k) for k in ks], abs=1e-6)
+    e = [math.log(math.log(k)) for k in ks]
+    stats = hapo_entropy_stats(entropy[None], torch.ones(1, 5, dtype=torch.bool))
+    assert stats.pivot == pytest.approx(e[3], abs=1e-6)
+    h = [x - e[3] for x in e]
+    scale = math.sqrt(sum(x * x for x in h) / 5)
+    assert stats.scale == pytest.approx(scale, abs=1e-6)
+    h_hand = [x / max(h) if x > 0 else x / -min(h) for x in h]  # (−1, ..., 0, 1)
+    h_loss = hapo_normalized_entropy(entropy[None], torch.ones(1, 5, dtype=torch.bool))[0]  # the loss's ĥ
+    assert h_loss.tolist() == pytest.approx(h_hand, abs=1e-6)
+    factor = HapoTemperature(stats, tau=0.05)(torch.zeros(5, 1, dtype=torch.long), scores)  # the sampler's
+    assert torch.equal(factor, 1.0 + 0.05 * h_loss)  # the same ĥ, bit for bit
+
+
+def test_hapo_sampler_stats_follow_the_configured_pivot():
     entropy = torch.tensor([[math.e ** -2, math.e ** -1, 1.0, 9.0], [math.e ** 1, 5.0, 5.0, 5.0]])
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]], dtype=torch.bool)
-    stats = hapo_entropy_stats(entropy, mask, pivot_quantile=0.5)  # e = -2, -1, 0, 1: median -0.5
-    scale = math.sqrt((1.5**2 + 0.5**2 + 0.5**2 + 1.5**2) / 4)
-    assert stats.pivot == pytest.approx(-0.5) and stats.scale == pytest.approx(scale)
-    assert stats.pos_max == pytest.approx(1.5 / scale) and stats.neg_max == pytest.approx(1.5 / scale)
-    h_hat = hapo_normalized_entropy(entropy, stats)
-    assert h_hat[mask].tolist() == pytest.approx([-1.0, -1 / 3, 1 / 3, 1.0], abs=1e-6)
-    assert h_hat[0, 3].item() == 1.0  # a new token beyond the batch's range is clamped
+    # e = -2, -1, 0, 1; q = 0.5: element round(1.5) = 2 (half to even), so pivot 0 and h = -2, -1, 0, 1
+    stats = hapo_entropy_stats(entropy, mask, pivot_quantile=0.5)
+    assert stats.pivot == 0.0 and stats.scale == pytest.approx(math.sqrt(6 / 4))
+    f = HapoTemperature(stats, tau=0.1)(None, torch.log(torch.tensor([[1.0, 1.0, 1.0], [1.0, 1e-9, 1e-9]])))
+    h_loss = hapo_normalized_entropy(entropy, mask, pivot_quantile=0.5)
+    assert h_loss[mask].tolist() == pytest.approx([-1.0, -0.5, 0.0, 1.0], abs=1e-6)
+    # row 0: H = log 3, e = log log 3 ≈ 0.094 > 0: ĥ = e / scale / pos_max, pos_max = 1 / scale
+    assert f[0].item() == pytest.approx(1 + 0.1 * math.log(math.log(3)), abs=1e-6)
+    assert f[1].item() == pytest.approx(0.9, abs=1e-6)  # H ≈ 0: far below every batch token, clamped to −1
 
 
 def test_hapo_temperature_is_one_plus_tau_h_hat_of_the_current_step():
-    stats = EntropyStats(pivot=0.0, scale=1.0, pos_max=2.0, neg_max=4.0)
+    stats = HapoEntropyStats(pivot=0.0, scale=1.0, pos_max=2.0, neg_max=4.0)
     scores = torch.tensor([[0.0, 0.0, 0.0], [10.0, 0.0, 0.0]])
     f = HapoTemperature(stats, tau=0.1)(torch.zeros(2, 1, dtype=torch.long), scores)
     expected = []

@@ -1,4 +1,4 @@
-"""Tests for the LLaDA-style diffusion sampler (SPEC §3)."""
+"""Tests for the LLaDA-style diffusion sampler (LLaDA arXiv 2502.09992, the reference ``generate``)."""
 
 from __future__ import annotations
 

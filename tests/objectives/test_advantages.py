@@ -1,4 +1,5 @@
-"""Group advantages (SPEC §4) on hand-computed tiny tensors."""
+"""Group advantages (GRPO arXiv 2402.03300 §4.1.2, Dr. GRPO arXiv 2503.20783 §3, RLOO arXiv 2402.14740;
+TRL's ``scale_rewards``) on hand-computed tiny tensors."""
 
 from __future__ import annotations
 

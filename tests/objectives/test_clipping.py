@@ -1,4 +1,5 @@
-"""The clipped surrogate and its per-token flags (SPEC §4)."""
+"""The clipped surrogate (PPO arXiv 1707.06347 Eq. 7; DAPO arXiv 2503.14476 decoupled ε_low / ε_high; dual
+clip for A < 0) and its per-token flags."""
 
 from __future__ import annotations
 

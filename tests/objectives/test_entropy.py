@@ -77,11 +77,11 @@ M5 = torch.tensor([[T, T, T, T, T, F]])  # the padded 6th token must not move th
 def test_hapo_normalised_entropy_by_hand():
     stats = hapo_entropy_stats(H5, M5)
     assert stats.pivot == pytest.approx(1.0)
-    assert stats.std == pytest.approx(math.sqrt(3))
+    assert stats.scale == pytest.approx(math.sqrt(3))
     assert stats.pos_max == pytest.approx(1 / math.sqrt(3)) and stats.neg_max == pytest.approx(3 / math.sqrt(3))
     h_hat = hapo_normalized_entropy(H5, M5)
     assert close(h_hat, [[-1.0, -2 / 3, -1 / 3, 0.0, 1.0, 0.0]])
-    assert hapo_entropy_stats(H5, torch.zeros_like(M5)).std == 1.0  # nothing valid: identity stats
+    assert hapo_entropy_stats(H5, torch.zeros_like(M5)).scale == 1.0  # nothing valid: identity stats
 
 
 def test_hapo_temperature_uses_previous_statistics():

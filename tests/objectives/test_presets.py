@@ -263,7 +263,8 @@ def test_grpo_s():
 
 
 def hapo_h_hat(values, q=0.8):
-    """Plain-Python ĥ of SPEC (HAPO) over a flat list of valid entropies."""
+    """Plain-Python ĥ of HAPO (arXiv 2509.16591, the authors' ``compute_entropy_h``) over a flat list of
+    valid entropies."""
     e = [math.log(max(v, 1e-8)) for v in values]
     pivot = sorted(e)[round(q * (len(e) - 1))]
     h = [x - pivot for x in e]

@@ -1,4 +1,5 @@
-"""Ratio levels (SPEC §4): values and gradients by hand."""
+"""Ratio levels (token: GRPO arXiv 2402.03300; sequence and sequence-token: GSPO arXiv 2507.18071):
+values and gradients by hand."""
 
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ from tests.conftest import make_toy_policy
 
 
 def test_sft_loss_is_an_unbiased_estimate_of_the_negative_elbo_per_token():
-    """E_t E_m[Σ_masked CE / t] / L = −ELBO / L (SPEC §1), checked against exact enumeration."""
+    """E_t E_m[Σ_masked CE / t] / L = −ELBO / L (the MDLM/LLaDA continuous-time ELBO, GDPO arXiv 2510.08554
+    §2), checked against exact enumeration."""
     policy = make_toy_policy()
     prompt = torch.tensor([[1, 2, 0]])
     answer = torch.tensor([[3, 5, 4, 2]])
