@@ -154,10 +154,16 @@ class TextTask:
                             f"{split!r} (slice it, e.g. 'train[-500:]', or set task.test_file)")
         try:
             records = load_records(source, split, subset, cfg.cache_dir, cfg.num_proc)
-            examples = cls.converter(records, which)
+            examples = cls.convert(cfg, records, which)
             return cls.filter_examples(cfg, examples, f"{source} (split {split!r})")
         except DataError as e:
             raise DataError(f"{key}: {e}") from None
+
+    @classmethod
+    def convert(cls, cfg, records, which: str) -> list:
+        """The examples of loaded ``records`` (a :class:`~dlmrl.data.loading.Records`): the task's ``converter``
+        (a task whose conversion reads ``cfg``, such as the dataset task's prompt column, overrides this)."""
+        return cls.converter(records, which)
 
     @classmethod
     def filter_examples(cls, cfg, examples: list, where: str) -> list:
@@ -253,10 +259,15 @@ class TextTask:
         return render_prompt(self.tokenizer, template.format(example.fields()), self.answer_prefix(example),
                              chat=self.chat)
 
+    def prompt_token_ids(self, example) -> list[int]:
+        """The prompt's token ids: :meth:`prompt_text` tokenized; the chat template writes its own special tokens
+        (BOS), plain text gets the tokenizer's."""
+        return self.tokenizer(self.prompt_text(example), add_special_tokens=not self.chat)["input_ids"]
+
     def encode(self, examples: Sequence, device: str | torch.device = "cpu") -> TaskBatch:
-        """Left-padded prompts and a canvas of ``gen_length`` mask tokens, all of it written and scored."""
-        # the chat template writes its own special tokens (BOS); plain text gets the tokenizer's
-        ids = [self.tokenizer(self.prompt_text(e), add_special_tokens=not self.chat)["input_ids"] for e in examples]
+        """Left-padded prompts (:meth:`prompt_token_ids`) and a canvas of ``gen_length`` mask tokens, all of it
+        written and scored."""
+        ids = [self.prompt_token_ids(e) for e in examples]
         prompt_ids, prompt_mask = left_pad(ids, self.pad_token_id)  # (B, P)
         fill = self.mask_token_id if self.mask_token_id is not None else self.pad_token_id
         canvas = torch.full((len(ids), self.gen_length), fill, dtype=torch.long)  # (B, L)
