@@ -157,7 +157,7 @@ class DatasetTask(TextTask):
                 raise ValueError(f"eval_metric: its name {self.primary_metric!r} is a key the held-out summary "
                                  "already has; rename the function")
         for examples in (train_examples or (), test_examples or ()):
-            self.check_prompts(examples)
+            self.check_examples(examples)
 
     # -- examples ---------------------------------------------------------------------------------------
     @staticmethod
@@ -195,19 +195,9 @@ class DatasetTask(TextTask):
             raise ValueError(f"{first.where}: the prompt is chat messages but the tokenizer has no chat template; give "
                              "plain-text prompts or a tokenizer with a chat_template")
 
-    @property
-    def train_examples(self) -> list:
-        if self._train is None:
-            self._train = self._loaders["train"]() if "train" in self._loaders else []
-            self.check_prompts(self._train)
-        return self._train
-
-    @property
-    def test_examples(self) -> list:
-        if self._test is None:
-            self._test = self._loaders["test"]() if "test" in self._loaders else []
-            self.check_prompts(self._test)
-        return self._test
+    def check_examples(self, examples: list) -> list:
+        self.check_prompts(examples)
+        return examples
 
     # -- encoding ---------------------------------------------------------------------------------------
     def prompt_text(self, example: DatasetExample) -> str:

@@ -215,14 +215,19 @@ class TextTask:
     @property
     def train_examples(self) -> list:
         if self._train is None:
-            self._train = self._loaders["train"]() if "train" in self._loaders else []
+            self._train = self.check_examples(self._loaders["train"]() if "train" in self._loaders else [])
         return self._train
 
     @property
     def test_examples(self) -> list:
         if self._test is None:
-            self._test = self._loaders["test"]() if "test" in self._loaders else []
+            self._test = self.check_examples(self._loaders["test"]() if "test" in self._loaders else [])
         return self._test
+
+    def check_examples(self, examples: list) -> list:
+        """Examples loaded on first use, returned as they are (a task whose examples need this task's tokenizer to
+        be checked, such as the dataset task's chat messages, checks them here)."""
+        return examples
 
     # -- data -----------------------------------------------------------------------------------------
     def _order(self, seed: int, epoch: int) -> list[int]:

@@ -168,3 +168,24 @@ def test_a_local_file_checked_at_validation_reports_the_row(tmp_path, registered
         validate(dataset_config(**{"task.train_file": bad}))
     with pytest.raises(DataError):
         DatasetTask.load_split(dataset_config(**{"task.train_file": bad}).task, "train")
+
+
+def test_sudoku_prompts_encode_and_decode_as_the_sudoku_task_in_full_mode():
+    """The same puzzles given as a dataset reach the model exactly as the built-in task's 'full' mode gives them."""
+    from transformers import AutoTokenizer
+
+    from dlmrl.data.sudoku import load_test_split
+    from dlmrl.data.tasks import SudokuTask
+    from dlmrl.models.loading import resolve_model_path
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path("tiny-sudoku"))
+    puzzles = load_test_split()[:5]
+    sudoku = SudokuTask(tok, tok.mask_token_id, answer_mode="full")
+    task = make_task(DatasetTask.examples_of({"prompt": [e.puzzle + "=" for e in puzzles]}, "train", "d"),
+                     tokenizer=tok)
+    task.gen_length = 16
+    a, b = sudoku.encode(puzzles), task.encode(task.train_examples)
+    for name in ("prompt_ids", "prompt_mask", "canvas", "completion_mask"):
+        assert getattr(a, name).tolist() == getattr(b, name).tolist(), name
+    solved = b.canvas.new_tensor([[tok.convert_tokens_to_ids(c) for c in e.solution] for e in puzzles])
+    assert task.decode(solved) == sudoku.decode(solved) == [e.solution for e in puzzles]

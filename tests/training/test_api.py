@@ -132,19 +132,6 @@ def test_resume_continues_a_stopped_run_to_the_same_parameters(tmp_path):
         assert steps == [1, 2, 3]
 
 
-@pytest.fixture
-def no_model_load(monkeypatch):
-    """Fail the test if any model is loaded."""
-    import dlmrl.models.ar
-    import dlmrl.training.trainer
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded before the error")
-
-    for owner, name in ((dlmrl.training.trainer, "load_configured_policy"), (dlmrl.training.trainer, "load_policy"),
-                        (dlmrl.models.ar, "load_ar_policy")):
-        monkeypatch.setattr(owner, name, refuse)
-
 
 def test_a_dataset_without_the_prompt_column_stops_before_any_model_loads(no_model_load):
     data = Dataset.from_dict({"question": ["1="], "solution": ["1"]})

@@ -112,18 +112,6 @@ def test_a_registered_reward_is_unknown_without_its_import(user_code, capsys):
     assert rc == 2 and "unknown reward 'cells_right_registered'" in capsys.readouterr().err
 
 
-@pytest.fixture
-def no_model_load(monkeypatch):
-    import dlmrl.models.ar
-    import dlmrl.training.trainer
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded before the error")
-
-    for owner, name in ((dlmrl.training.trainer, "load_configured_policy"), (dlmrl.training.trainer, "load_policy"),
-                        (dlmrl.models.ar, "load_ar_policy")):
-        monkeypatch.setattr(owner, name, refuse)
-
 
 def test_a_wrong_import_string_names_the_key_module_and_attribute_before_any_model_loads(user_code, no_model_load,
                                                                                          capsys):
@@ -173,42 +161,41 @@ def default_job(out, *overrides) -> list[str]:
             "eval.after=false", "save_steps=10", "--no-progress", "--output-dir", str(out), *overrides]
 
 
-def test_the_default_job_trains_the_same_parameters_through_every_way_in(tmp_path):
-    """`dlmrl train` (3 steps, small batch) against the function with the same config, and against the function
-    given the policy and task it would build: bit-identical parameters."""
-    from dlmrl.config import default_job_config
+def loaded_and_given(cfg, tmp_path) -> tuple[dict, dict]:
+    """The final parameters of ``train(cfg)`` (it loads the model and builds the task) and of ``train`` given the
+    policy and task it would build."""
     from dlmrl.training.trainer import build_task, load_configured_policy, train
 
-    assert cli.main(default_job(tmp_path / "cli")) == 0
-    overrides = [o for o in default_job(tmp_path / "fn")[1:] if "=" in o]
-    cfg = default_job_config(overrides)
-    cfg.output_dir = str(tmp_path / "fn")
-    train(cfg, progress=False)
-    cfg.output_dir = str(tmp_path / "given")
-    policy = load_configured_policy(cfg)
-    train(cfg, progress=False, policy=policy, task=build_task(cfg, policy))
-    ref = load_file(str(tmp_path / "cli" / "final_model" / "model.safetensors"))
-    for run in ("fn", "given"):
-        got = load_file(str(tmp_path / run / "final_model" / "model.safetensors"))
-        assert all(torch.equal(ref[k], got[k]) for k in ref), run
-
-
-def test_a_given_ar_policy_with_a_kl_reference_trains_as_a_loaded_one(tmp_path):
-    """grpo (beta 0.04): the reference of a given policy is a frozen copy of it, the loaded model otherwise."""
-    from dlmrl.config import build_preset, default_job_config
-    from dlmrl.training.trainer import build_task, load_configured_policy, train
-
-    cfg = default_job_config(["model.kind=ar", "model.name_or_path=tiny-sudoku-ar", "task.answer_mode=full",
-                              "algorithm=grpo", "max_steps=2", "prompts_per_step=2", "num_generations=4",
-                              "num_iterations=2", "eval.before=false", "eval.after=false"])
-    assert "logp_ref" in build_preset(cfg).objective.required_inputs  # (a reference model is used)
     cfg.output_dir = str(tmp_path / "loaded")
     train(cfg, progress=False)
     cfg.output_dir = str(tmp_path / "given")
     policy = load_configured_policy(cfg)
     train(cfg, progress=False, policy=policy, task=build_task(cfg, policy))
-    a = load_file(str(tmp_path / "loaded" / "final_model" / "model.safetensors"))
-    b = load_file(str(tmp_path / "given" / "final_model" / "model.safetensors"))
+    return tuple(load_file(str(tmp_path / run / "final_model" / "model.safetensors")) for run in ("loaded", "given"))
+
+
+def test_the_default_job_trains_the_same_parameters_through_every_way_in(tmp_path):
+    """`dlmrl train` (3 steps, small batch) against the function with the same config, and against the function
+    given the policy and task it would build: bit-identical parameters."""
+    from dlmrl.config import default_job_config
+
+    assert cli.main(default_job(tmp_path / "cli")) == 0
+    overrides = [o for o in default_job(tmp_path)[1:] if "=" in o]  # (the same job, for the function)
+    cfg = default_job_config(overrides)
+    loaded, given = loaded_and_given(cfg, tmp_path)
+    ref = load_file(str(tmp_path / "cli" / "final_model" / "model.safetensors"))
+    assert all(torch.equal(ref[k], loaded[k]) and torch.equal(ref[k], given[k]) for k in ref)
+
+
+def test_a_given_ar_policy_with_a_kl_reference_trains_as_a_loaded_one(tmp_path):
+    """grpo (beta 0.04): the reference of a given policy is a frozen copy of it, the loaded model otherwise."""
+    from dlmrl.config import build_preset, default_job_config
+
+    cfg = default_job_config(["model.kind=ar", "model.name_or_path=tiny-sudoku-ar", "task.answer_mode=full",
+                              "algorithm=grpo", "max_steps=2", "prompts_per_step=2", "num_generations=4",
+                              "num_iterations=2", "eval.before=false", "eval.after=false"])
+    assert "logp_ref" in build_preset(cfg).objective.required_inputs  # (a reference model is used)
+    a, b = loaded_and_given(cfg, tmp_path)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
