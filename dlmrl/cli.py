@@ -3,6 +3,11 @@
 ``dlmrl train`` with no arguments runs the packaged recipe ``dlmrl/recipes/gdpo_sudoku_tiny.yaml``
 (``configs/gdpo_sudoku_tiny.yaml`` is a link to it) on the shipped tiny model. ``--resume`` starts
 from the run's own ``config.yaml``. Config errors are reported before any model is loaded.
+
+User code reaches the command through imports (:mod:`dlmrl.plugins`): the ``dlmrl.plugins`` entry points are
+loaded at start, ``--import MODULE`` (train, eval, list; repeatable) imports a module before the config is read,
+and the current folder is on ``sys.path`` (last), so a ``my_rewards.py`` there is importable by
+``--import my_rewards`` or an import string ``my_rewards:exact_match``.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
                             + help_text(cls))
         sp.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
         sp.add_argument("--config", help="YAML config file")
+        if name != "pretrain":
+            _import_argument(sp)
         sp.add_argument("--output-dir", help="output folder (same as output_dir=...)")
         if name == "train":
             sp.add_argument("--resume", action="store_true", help="continue from the last checkpoint in the output folder")
@@ -61,7 +68,24 @@ def _parser() -> argparse.ArgumentParser:
     _estimators_parser(sub)
     sp = sub.add_parser("list", help="List a registry (algorithms, estimators, rewards, tasks, advantages).")
     sp.add_argument("registry", choices=sorted(_REGISTRIES))
+    _import_argument(sp)
     return p
+
+
+def _import_argument(sp) -> None:
+    sp.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                    help="import MODULE first (repeatable), so the estimators, algorithms, rewards and tasks it "
+                         "registers are known (also: the dlmrl.plugins entry points, loaded at start)")
+
+
+def _load_user_code(args) -> None:
+    """The ``dlmrl.plugins`` entry points, then each ``--import`` module (raises ``PluginError`` naming it)."""
+    from dlmrl.plugins import import_modules, load_plugins
+
+    if os.getcwd() not in sys.path:  # (as `python -m` has it, but last: installed packages keep their names)
+        sys.path.append(os.getcwd())
+    load_plugins()
+    import_modules(getattr(args, "imports", None) or [])
 
 
 _REGISTRIES = {
@@ -337,6 +361,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     # key=value overrides may come after flags too (argparse's subparsers stop at the first flag).
     args, extra = parser.parse_known_args(argv)
+    from dlmrl.plugins import PluginError
+
+    try:
+        _load_user_code(args)
+    except PluginError as e:
+        print(f"dlmrl {args.command}: {e}", file=sys.stderr)
+        return 2
     if args.command == "list":
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -381,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"dlmrl train: accelerate launch --cpu starts one process unless it runs mpirun; starting the "
                   f"{cpu_processes} CPU processes with torch.distributed.run", file=sys.stderr, flush=True)
             return subprocess.call(cpu_relaunch_command(argv if argv is not None else sys.argv[1:], cpu_processes))
+        from dlmrl.rewards.functions import RewardFunctionError
         from dlmrl.training.trainer import train
 
         try:
@@ -391,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
             summary = train(cfg, resume=args.resume, progress=not args.no_progress)
         except KeyboardInterrupt:
             return 130
-        except (FileNotFoundError, ConfigError) as e:
+        except (FileNotFoundError, ConfigError, RewardFunctionError) as e:
             print(f"dlmrl train: {e}", file=sys.stderr)
             return 2
         if os.environ.get("RANK", "0") != "0":  # (several processes: the main one reports)

@@ -68,7 +68,8 @@ class ModelConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = doc("sudoku", "Task name (see dlmrl.data.TASKS): sudoku | gsm8k | math | countdown.")
+    name: str = doc("sudoku", "Task name (see dlmrl.data.TASKS): sudoku | gsm8k | math | countdown | dataset (your "
+                              "own prompts from task.dataset / task.train_file, scored by train.reward_funcs).")
     answer_mode: str = doc(
         "infill",
         "Sudoku answer format: 'infill' (given digits pre-placed on the canvas, only blanks masked and "
@@ -108,6 +109,9 @@ class TaskConfig:
                                      "killed past it; the answer then scores 0).")
     verify_workers: int = doc(2, "math: math-verify worker processes (a thread-safe pool; 2 keeps one serving "
                                  "while a killed one restarts).")
+    prompt_column: str = doc("prompt", "dataset: the column holding each prompt, plain text or chat messages "
+                                       "[{role, content}, ...] (rendered with the tokenizer's chat template); the "
+                                       "other columns reach the reward functions as keyword arguments.")
     num_proc: int | None = doc(None, "Processes datasets.load_dataset uses to prepare data; null = one.")
     cache_dir: str | None = doc(None, "datasets cache folder; null = datasets' default "
                                       "(~/.cache/huggingface/datasets).")
@@ -229,6 +233,12 @@ class TrainConfig:
     env: str | None = doc(None, "Environment of multi-turn presets (flow_grpo): sudoku_feedback | sudoku_retry "
                                 "(dlmrl.envs.ENVS); null = the task's default (sudoku: sudoku_feedback).")
     max_turns: int = doc(3, "Multi-turn presets: most turns (policy responses) per episode.")
+    reward_funcs: list[str] = field(default_factory=list, metadata={"help": (
+        "task.name dataset: the reward functions, each a registry name (dlmrl list rewards) or an import string "
+        "module:function; TRL's signature f(prompts, completions, **columns) -> list[float | None] (None: not "
+        "applicable to that completion). A comma list on the command line.")})
+    reward_weights: list[float] = field(default_factory=list, metadata={"help": (
+        "Weight of each reward function in the summed reward (TRL's reward_weights); empty = all 1.")})
     seed: int = doc(0, "Seed for rollouts, masks and data.")
     save_steps: int = doc(25, "Checkpoint every this many steps (and at the end).")
     logging_steps: int = doc(1, "Write metrics every this many steps.")
@@ -334,6 +344,14 @@ def _resolve_key(cls: type, key: str) -> str:
 def _coerce(key: str, ftype: Any, value: Any, where: str = "") -> Any:
     origin = typing.get_origin(ftype)
     args = typing.get_args(ftype)
+    if origin is list:  # (a comma list from the command line, a YAML list, or one bare value)
+        if value is None:
+            return []
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        return [_coerce(f"{key}[{i}]", args[0], v, where) for i, v in enumerate(value)]
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
@@ -380,9 +398,20 @@ def apply_mapping(cfg: Any, mapping: dict, where: str = "", prefix: str = "") ->
         _set(cfg, key, _coerce(key, fields[key], v, where))
 
 
+def mapping_keys(cls: type, mapping: dict) -> set[str]:
+    """The dotted keys of ``cls`` that a mapping (as :func:`apply_mapping` takes it: nested sections, dotted keys,
+    unique bare leaf names) sets; an empty section sets none.
+
+    Raises:
+        ConfigError: an unknown or ambiguous key.
+    """
+    sections = {k.rsplit(".", 1)[0] for k, _, _ in iter_fields(cls) if "." in k}
+    return {_resolve_key(cls, k) for k, v in flatten(mapping) if not (v is None and k in sections)}
+
+
 def _yaml_line(path: Path, dotted: str) -> str:
     """``"<file> line N: "`` for the line that sets ``dotted`` (section-aware), else ``"<file>: "``."""
-    *sections, leaf = dotted.split(".")
+    *sections, leaf = dotted.split("[", 1)[0].split(".")  # (a list entry, key[i], is set on its key's line)
     section = sections[0] if sections else None
     current = None
     for i, line in enumerate(path.read_text().splitlines(), 1):
@@ -488,7 +517,8 @@ def apply_overrides(cfg: Any, overrides: list[str]) -> None:
             value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:
             value = raw
-        if fields[key] is str or (typing.get_origin(fields[key]) is not None and str in typing.get_args(fields[key])):
+        optional = typing.get_origin(fields[key]) in (typing.Union, types.UnionType)
+        if fields[key] is str or (optional and str in typing.get_args(fields[key])):
             value = raw if value is not None and not isinstance(value, str) else value
         _set(cfg, key, _coerce(key, fields[key], value))
 
@@ -562,9 +592,13 @@ def tracker_available(name: str) -> bool:
     return bool(getattr(utils, f"is_{name}_available")())
 
 
-def validate(cfg: Config, for_training: bool = True) -> None:
+def validate(cfg: Config, for_training: bool = True, data: bool = True) -> None:
     """Check every value of a train/eval config against its allowed range and the registries.
 
+    Args:
+        data: also check the task's data (local files loaded, held-out size) and resolve ``train.reward_funcs``
+            (importing the modules their import strings name); ``False`` when the caller built the task itself
+            (the Python API, :class:`dlmrl.api.Trainer`, which checks its datasets and reward functions).
     Raises:
         ConfigError: naming the first bad key.
     """
@@ -591,11 +625,18 @@ def validate(cfg: Config, for_training: bool = True) -> None:
     _check(t.name in TASKS, "task.name", f"unknown task {t.name!r}; known: {TASKS.names()}")
     _check(t.answer_mode in ("infill", "full", "text"), "task.answer_mode", "must be 'infill', 'full' or 'text'")
     _check(1 <= t.min_blanks <= t.max_blanks <= 12, "task.min_blanks", "need 1 <= min_blanks <= max_blanks <= 12")
-    for key, path in (("task.train_file", t.train_file), ("task.test_file", t.test_file)):
-        _check(path is None or Path(path).exists(), key, f"file {path} does not exist")
-    test_size = _check_data_files(t)
-    _check(ev.num_puzzles <= test_size, "eval.num_puzzles",
-           f"{ev.num_puzzles} puzzles asked, the held-out split has {test_size}")
+    if data:
+        for key, path in (("task.train_file", t.train_file), ("task.test_file", t.test_file)):
+            _check(path is None or Path(path).exists(), key, f"file {path} does not exist")
+        test_size = _check_data_files(t)
+        if test_size == 0:  # (the dataset task names no held-out data)
+            _check(not (ev.before or ev.after or ev.eval_steps), "eval.before",
+                   f"task {t.name!r} has no held-out data; set task.test_file, task.test_dataset or task.test_split, "
+                   "or turn held-out evaluation off (eval.before: false, eval.after: false, eval.eval_steps: 0)")
+        else:
+            _check(ev.num_puzzles <= test_size, "eval.num_puzzles",
+                   f"{ev.num_puzzles} puzzles asked, the held-out split has {test_size}")
+        _check_reward_funcs(cfg)
     _check(not sudoku_grid or s.gen_length == 16, "sampling.gen_length",
            f"the sudoku task's canvas is 16 cells with answer_mode {t.answer_mode!r}; set 16 (answer_mode text "
            "takes any length)")
@@ -927,6 +968,34 @@ def _check_data_files(t: TaskConfig) -> int | float:
             raise ConfigError(f"config key {key!r}: {msg}") from None
         raise ConfigError(str(e)) from None
     return math.inf if size is None else size
+
+
+def _check_reward_funcs(cfg: Config) -> None:
+    """``train.reward_funcs`` / ``reward_weights``: set exactly for tasks that read them (the dataset task), every
+    entry a registry name or an import string that imports (the user's module is imported here, before any model
+    is loaded), one weight per function.
+
+    Raises:
+        ConfigError: naming the key, and for an import string the module and the attribute.
+    """
+    from dlmrl.data import TASKS
+    from dlmrl.rewards.functions import RewardFunctions
+
+    tr, t = cfg.train, cfg.task
+    if not getattr(TASKS.get(t.name), "takes_reward_funcs", False):
+        _check(not tr.reward_funcs, "train.reward_funcs",
+               f"task {t.name!r} scores completions with its own reward; reward functions score your own prompts "
+               "(task.name dataset)")
+        _check(not tr.reward_weights, "train.reward_weights", "there are no train.reward_funcs to weigh")
+        return
+    _check(bool(tr.reward_funcs), "train.reward_funcs",
+           f"task {t.name!r} has no reward of its own: name at least one reward function, a registry name (dlmrl list "
+           "rewards) or an import string module:function")
+    try:
+        RewardFunctions(tr.reward_funcs, tr.reward_weights, what="")
+    except (ValueError, TypeError, ImportError) as e:
+        key = "train.reward_weights" if str(e).startswith("reward_weights") else "train.reward_funcs"
+        raise ConfigError(f"config key {key!r}: {e}") from None
 
 
 def validate_pretrain(cfg: PretrainConfig) -> None:

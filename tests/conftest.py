@@ -55,6 +55,20 @@ def make_toy_policy(vocab_size: int = 8, seed: int = 0) -> MaskedDiffusionPolicy
 
 
 @pytest.fixture
+def no_model_load(monkeypatch):
+    """Fail the test if any model is loaded (errors that must come first)."""
+    import dlmrl.models.ar
+    import dlmrl.training.trainer
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the error")
+
+    for owner, name in ((dlmrl.training.trainer, "load_configured_policy"), (dlmrl.training.trainer, "load_policy"),
+                        (dlmrl.models.ar, "load_ar_policy")):
+        monkeypatch.setattr(owner, name, refuse)
+
+
+@pytest.fixture
 def toy_policy() -> MaskedDiffusionPolicy:
     """A seeded toy policy: vocabulary 8, mask id 7, EOS/pad id 6."""
     torch.manual_seed(0)

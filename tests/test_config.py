@@ -276,3 +276,20 @@ def test_a_preset_estimator_by_null_gets_the_presets_settings_not_the_recipes():
     for algorithm, order in (("tracerl", "sampled"), ("just_grpo", "left_to_right")):
         name, e = estimator_settings(default_job_config([f"algorithm={algorithm}", "estimator.name=null"]))
         assert (name, e.order, e.merge) == ("trajectory", order, 1), algorithm
+
+
+def test_list_keys_take_comma_lists_yaml_lists_and_top_level_names(tmp_path):
+    cfg = Config()
+    apply_overrides(cfg, ["reward_funcs=my_pkg.rewards:exact_match, xmlcount", "train.reward_weights=[1, 0.5]"])
+    assert cfg.train.reward_funcs == ["my_pkg.rewards:exact_match", "xmlcount"]
+    assert cfg.train.reward_weights == [1.0, 0.5] and all(isinstance(w, float) for w in cfg.train.reward_weights)
+    apply_overrides(cfg, ["reward_funcs=", "reward_weights=2"])
+    assert cfg.train.reward_funcs == [] and cfg.train.reward_weights == [2.0]
+    p = tmp_path / "r.yaml"
+    p.write_text("reward_funcs: [a:b, gsm8k]\ntrain:\n  reward_weights: [1, x]\n")
+    with pytest.raises(ConfigError, match=r"r\.yaml line 3: config key 'train\.reward_weights\[1\]' expects float"):
+        load_yaml(Config(), p)
+    p.write_text("reward_funcs: [a:b, gsm8k]\n")
+    cfg = Config()
+    load_yaml(cfg, p)
+    assert cfg.train.reward_funcs == ["a:b", "gsm8k"]

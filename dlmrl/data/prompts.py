@@ -108,6 +108,9 @@ TEMPLATES: dict[str, dict[str, PromptTemplate]] = {
         "d1_eval": PromptTemplate(_lit(D1_EVAL_COUNTDOWN) + "\n\n{question}", "<reasoning>"),
         "plain": PromptTemplate("{question}"),
     },
+    "dataset": {  # the dataset task's prompts are its prompt column as written (dlmrl.data.dataset_task)
+        "plain": PromptTemplate("{prompt}"),
+    },
     "sudoku": {  # task.answer_mode text (dlmrl.data.sudoku_text)
         "d1": PromptTemplate(_lit(D1_SUDOKU_SYSTEM_PROMPT) + "\n\nSolve the following Sudoku puzzle: {puzzle}\n"),
         "plain": PromptTemplate("{puzzle}"),
@@ -116,7 +119,7 @@ TEMPLATES: dict[str, dict[str, PromptTemplate]] = {
 
 #: fields a custom template may use, per task
 FIELDS = {"gsm8k": ("question",), "math": ("question",), "countdown": ("question", "nums", "target"),
-          "sudoku": ("puzzle",)}
+          "sudoku": ("puzzle",), "dataset": ("prompt",)}
 
 
 def check_template(task: str, template: str) -> str | None:

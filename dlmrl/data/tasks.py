@@ -182,13 +182,14 @@ class SudokuTask:
                 "mean_reward": sum(rewards) / n, "num_examples": len(examples)}
 
 
-def build_task(cfg, tokenizer, mask_token_id: int | None, gen_length: int | None = None):
+def build_task(cfg, tokenizer, mask_token_id: int | None, gen_length: int | None = None, **options):
     """The registered task ``cfg.name`` built from ``cfg`` (a :class:`~dlmrl.config.TaskConfig`) by its
-    ``from_config(cfg, tokenizer, mask_token_id, gen_length=...)``.
+    ``from_config(cfg, tokenizer, mask_token_id, gen_length=..., **options)``.
 
     Args:
         gen_length: canvas length for the text tasks (the trainer passes ``sampling.gen_length``); Sudoku's
             canvas is always 16.
+        options: more ``from_config`` keywords (the dataset task's ``reward_functions``).
 
     Raises:
         KeyError: unknown task name (with suggestions).
@@ -198,4 +199,4 @@ def build_task(cfg, tokenizer, mask_token_id: int | None, gen_length: int | None
     if not hasattr(cls, "from_config"):
         raise TypeError(f"task {cfg.name!r} ({cls.__name__}) has no from_config(cfg, tokenizer, mask_token_id, "
                         "gen_length) classmethod")
-    return cls.from_config(cfg, tokenizer, mask_token_id, gen_length=gen_length)
+    return cls.from_config(cfg, tokenizer, mask_token_id, gen_length=gen_length, **options)

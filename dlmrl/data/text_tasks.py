@@ -154,10 +154,16 @@ class TextTask:
                             f"{split!r} (slice it, e.g. 'train[-500:]', or set task.test_file)")
         try:
             records = load_records(source, split, subset, cfg.cache_dir, cfg.num_proc)
-            examples = cls.converter(records, which)
+            examples = cls.convert(cfg, records, which)
             return cls.filter_examples(cfg, examples, f"{source} (split {split!r})")
         except DataError as e:
             raise DataError(f"{key}: {e}") from None
+
+    @classmethod
+    def convert(cls, cfg, records, which: str) -> list:
+        """The examples of loaded ``records`` (a :class:`~dlmrl.data.loading.Records`): the task's ``converter``
+        (a task whose conversion reads ``cfg``, such as the dataset task's prompt column, overrides this)."""
+        return cls.converter(records, which)
 
     @classmethod
     def filter_examples(cls, cfg, examples: list, where: str) -> list:
@@ -209,14 +215,19 @@ class TextTask:
     @property
     def train_examples(self) -> list:
         if self._train is None:
-            self._train = self._loaders["train"]() if "train" in self._loaders else []
+            self._train = self.check_examples(self._loaders["train"]() if "train" in self._loaders else [])
         return self._train
 
     @property
     def test_examples(self) -> list:
         if self._test is None:
-            self._test = self._loaders["test"]() if "test" in self._loaders else []
+            self._test = self.check_examples(self._loaders["test"]() if "test" in self._loaders else [])
         return self._test
+
+    def check_examples(self, examples: list) -> list:
+        """Examples loaded on first use, returned as they are (a task whose examples need this task's tokenizer to
+        be checked, such as the dataset task's chat messages, checks them here)."""
+        return examples
 
     # -- data -----------------------------------------------------------------------------------------
     def _order(self, seed: int, epoch: int) -> list[int]:
@@ -253,10 +264,15 @@ class TextTask:
         return render_prompt(self.tokenizer, template.format(example.fields()), self.answer_prefix(example),
                              chat=self.chat)
 
+    def prompt_token_ids(self, example) -> list[int]:
+        """The prompt's token ids: :meth:`prompt_text` tokenized; the chat template writes its own special tokens
+        (BOS), plain text gets the tokenizer's."""
+        return self.tokenizer(self.prompt_text(example), add_special_tokens=not self.chat)["input_ids"]
+
     def encode(self, examples: Sequence, device: str | torch.device = "cpu") -> TaskBatch:
-        """Left-padded prompts and a canvas of ``gen_length`` mask tokens, all of it written and scored."""
-        # the chat template writes its own special tokens (BOS); plain text gets the tokenizer's
-        ids = [self.tokenizer(self.prompt_text(e), add_special_tokens=not self.chat)["input_ids"] for e in examples]
+        """Left-padded prompts (:meth:`prompt_token_ids`) and a canvas of ``gen_length`` mask tokens, all of it
+        written and scored."""
+        ids = [self.prompt_token_ids(e) for e in examples]
         prompt_ids, prompt_mask = left_pad(ids, self.pad_token_id)  # (B, P)
         fill = self.mask_token_id if self.mask_token_id is not None else self.pad_token_id
         canvas = torch.full((len(ids), self.gen_length), fill, dtype=torch.long)  # (B, L)

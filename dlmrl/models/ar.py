@@ -449,9 +449,21 @@ def load_ar_policy(name_or_path: str = TINY_AR_DEFAULT, trust_remote_code: bool 
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=trust_remote_code, dtype=DTYPES[dtype],
                                                  use_safetensors=True).to(device)
+    return ar_policy_from_model(model, tokenizer, label=path)
+
+
+def ar_policy_from_model(model: nn.Module, tokenizer, label: str | None = None) -> AutoregressivePolicy:
+    """An already-loaded causal LM and its tokenizer as a policy (what :func:`load_ar_policy` does after loading):
+    the tokenizer switched to left padding, EOS as padding when it has no pad token, the stop ids from the
+    tokenizer and the generation config.
+
+    Raises:
+        ValueError: a tokenizer with neither a pad nor an EOS token (naming ``label``, default the model's path).
+    """
     tokenizer.padding_side = "left"
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if pad is None:
-        raise ValueError(f"{path}: the tokenizer has neither a pad nor an EOS token")
+        label = label or getattr(getattr(model, "config", None), "_name_or_path", None) or type(model).__name__
+        raise ValueError(f"{label}: the tokenizer has neither a pad nor an EOS token")
     return AutoregressivePolicy(model=model, tokenizer=tokenizer, eos_token_id=tokenizer.eos_token_id,
                                 pad_token_id=int(pad), stop_token_ids=_stop_ids(tokenizer, model))

@@ -154,16 +154,40 @@ def load_policy(
         )
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     model = fam.load(path, trust_remote_code, DTYPES[dtype]).to(device)
+    return _assemble_policy(model, tokenizer, config, name, mask_token_id, name_or_path)
+
+
+def _assemble_policy(model, tokenizer, config: dict, family: str, mask_token_id: int | None,
+                     label: str) -> MaskedDiffusionPolicy:
+    """The policy of a loaded model: the family's logits, the mask id (:func:`resolve_mask_token_id`) checked
+    against the vocabulary (errors start with ``label``)."""
+    fam = FAMILIES.get(family)
     mask_id = resolve_mask_token_id(tokenizer, config, fam.default_mask_token_id, mask_token_id)
     vocab = _output_vocab_size(model)
     if vocab is not None and not 0 <= mask_id < vocab:
-        raise ValueError(f"{name_or_path}: mask token id {mask_id} is outside the model's vocabulary of {vocab}")
+        raise ValueError(f"{label}: mask token id {mask_id} is outside the model's vocabulary of {vocab}")
     return MaskedDiffusionPolicy(
         model=model,
         tokenizer=tokenizer,
         mask_token_id=mask_id,
-        family=name,
+        family=family,
         logits_fn=fam.logits,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+
+
+def diffusion_policy_from_model(model, tokenizer, family: str = "auto",
+                                mask_token_id: int | None = None) -> MaskedDiffusionPolicy:
+    """An already-loaded ``transformers`` masked-diffusion model and its tokenizer as a policy (what
+    :func:`load_policy` does after loading: the family detected from ``model.config`` unless named, the mask
+    id resolved from the tokenizer, the config or the family).
+
+    Raises:
+        ValueError: an undetectable family, no mask token, or a mask id outside the vocabulary.
+        KeyError: an unknown family name.
+    """
+    config = model.config.to_dict()
+    name = detect_family(config) if family == "auto" else family
+    return _assemble_policy(model, tokenizer, config, name, mask_token_id,
+                            config.get("_name_or_path") or type(model).__name__)

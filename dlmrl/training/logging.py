@@ -41,11 +41,12 @@ def eval_metric_name(rows: list[dict], summary: dict | None = None) -> str:
 
 
 def plot_curves(metrics_path: str | Path, png_path: str | Path, summary: dict | None = None) -> None:
-    """Plot rollout reward (with a moving average) and held-out accuracy, and the gradient norm, against step."""
-    import matplotlib
+    """Plot rollout reward (with a moving average) and held-out accuracy, and the gradient norm, against step.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Draws on a bare ``matplotlib.figure.Figure`` (no pyplot): the process's backend is left as it is, so a notebook
+    that trains keeps its inline plots.
+    """
+    from matplotlib.figure import Figure
 
     rows = read_metrics(metrics_path)
     if not rows:
@@ -55,7 +56,8 @@ def plot_curves(metrics_path: str | Path, png_path: str | Path, summary: dict | 
     window = max(1, len(reward) // 20)
     smooth = [sum(reward[max(0, i - window + 1): i + 1]) / len(reward[max(0, i - window + 1): i + 1])
               for i in range(len(reward))]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    fig = Figure(figsize=(10, 3.5))
+    axes = fig.subplots(1, 2)
     axes[0].plot(steps, reward, alpha=0.35, label="rollout reward (mean)")
     axes[0].plot(steps, smooth, label=f"moving average ({window})")
     metric = eval_metric_name(rows, summary)
@@ -77,4 +79,3 @@ def plot_curves(metrics_path: str | Path, png_path: str | Path, summary: dict | 
     axes[1].set_ylabel("gradient norm (before clipping)")
     fig.tight_layout()
     fig.savefig(png_path, dpi=100)
-    plt.close(fig)

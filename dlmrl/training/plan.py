@@ -125,10 +125,13 @@ def _estimator_section(cfg: Config) -> dict:
 
 def _task_section(cfg: Config) -> dict:
     from dlmrl.data import TASKS
+    from dlmrl.data.dataset_task import DatasetTask
 
     t = cfg.task
     cls = TASKS.get(t.name)
     out: dict = {"name": t.name}
+    if issubclass(cls, DatasetTask):
+        return {**out, **_dataset_task_section(cfg, cls)}
     text_form = t.name != "sudoku" or t.answer_mode == "text"
     if t.name == "sudoku":
         out["answer_mode"] = t.answer_mode
@@ -153,6 +156,25 @@ def _task_section(cfg: Config) -> dict:
         out["test_prompt_template"] = t.test_prompt_template or t.prompt_template
         out["chat_template"] = t.chat_template
         out["format_rewards"] = t.format_rewards
+    return out
+
+
+def _dataset_task_section(cfg: Config, cls) -> dict:
+    """The dataset task's sources, prompt column and reward functions (their names as the logs give them)."""
+    from dlmrl.rewards.functions import RewardFunctions
+
+    t, tr = cfg.task, cfg.train
+    out: dict = {}
+    for which, (source, split, subset, _) in cls.sources(t).items():
+        where = "local file, checked" if Path(source).exists() else "hub dataset, loaded by the run"
+        out[f"{which}_data"] = f"{source}{f' [{subset}]' if subset else ''} split {split!r} ({where})"
+    if "test" not in cls.sources(t):
+        out["test_data"] = "none (no held-out evaluation)"
+    funcs = RewardFunctions(tr.reward_funcs, tr.reward_weights, "train.reward_funcs")
+    out.update(prompt_column=t.prompt_column, chat_template=t.chat_template, primary_metric="mean_reward",
+               reward="weighted sum of the reward functions (None = not applicable, left out: TRL's nansum)",
+               reward_funcs=[{"name": n, "spec": spec, "weight": float(w)}
+                             for n, spec, w in zip(funcs.names, tr.reward_funcs, funcs.weights.tolist())])
     return out
 
 

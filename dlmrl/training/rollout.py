@@ -54,6 +54,9 @@ class Rollout:
             rollouts.
         row_nfe: ``(B,)`` long forward passes each row took part in while sampling
             (:attr:`~dlmrl.models.sampler.SampleOutput.row_nfe`; 0 on anchor rows). ``None`` for AR rollouts.
+        reward_parts: ``(B, F)`` float32, each reward function's value (NaN where it returned ``None``) when the
+            task's reward is a sum of reward functions (:class:`~dlmrl.rewards.functions.ScoresEachReward`);
+            ``None`` otherwise (and on rollouts with anchor rows).
     """
 
     examples: list
@@ -71,13 +74,14 @@ class Rollout:
     reveal_step: torch.Tensor | None = None
     token_logprobs: torch.Tensor | None = None
     row_nfe: torch.Tensor | None = None
+    reward_parts: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.completion)
 
     #: the per-row tensor fields (``None`` allowed), which :meth:`rows` and :meth:`to` map
     _TENSORS = ("prompt_ids", "prompt_mask", "completion", "completion_mask", "group_ids", "trajectory_ids",
-                "anchor", "rewards", "train_rewards", "reveal_step", "token_logprobs", "row_nfe")
+                "anchor", "rewards", "train_rewards", "reveal_step", "token_logprobs", "row_nfe", "reward_parts")
 
     def _map(self, fn, **changes) -> Rollout:
         """A copy with ``fn`` applied to every per-row tensor field and the ``changes`` made."""
@@ -122,8 +126,8 @@ class Rollout:
         Prompts are left-padded (``pad_id``, mask False) to the longest; completions must have the same
         width. Group and trajectory ids are renumbered so rows of different parts never share one; NFE
         and sampling passes add up; ``anchor`` / ``rewards`` / ``train_rewards`` / ``reveal_step`` /
-        ``token_logprobs`` / ``row_nfe`` must be set on every part or on none (``anchor``: a missing one means no
-        anchors).
+        ``token_logprobs`` / ``row_nfe`` / ``reward_parts`` must be set on every part or on none (``anchor``: a
+        missing one means no anchors).
 
         Raises:
             ValueError: on no parts, different completion widths, or rewards set on some parts only.
@@ -162,6 +166,7 @@ class Rollout:
             torch.cat([p.anchors() for p in parts]) if any(p.anchor is not None for p in parts) else None,
             optional("rewards"), optional("train_rewards"), sum(p.sampling_passes() for p in parts),
             optional("reveal_step"), optional("token_logprobs"), optional("row_nfe"),
+            reward_parts=optional("reward_parts"),
         )
 
 
@@ -521,6 +526,8 @@ class SamplingStats:
             the sampling cost in forward passes over one sequence, unlike ``completions · nfe``).
         rewards: ``(N,)`` float32 task rewards of every sampled completion of every round (episodes:
             one final reward per trajectory), for logging.
+        reward_parts: ``(N, F)`` float32 each reward function's values on those completions (NaN: ``None``),
+            when the rollouts carry them (:attr:`Rollout.reward_parts`), for logging; else ``None``.
     """
 
     rounds: int
@@ -529,6 +536,7 @@ class SamplingStats:
     nfe: int | float
     passes: int
     rewards: torch.Tensor
+    reward_parts: torch.Tensor | None = None
 
 
 def fill_informative_groups(first: Rollout, sample_more: Callable[[int], Rollout | None], num_groups: int,
@@ -558,13 +566,14 @@ def fill_informative_groups(first: Rollout, sample_more: Callable[[int], Rollout
     from dlmrl.objectives.shaping import dynamic_sampling_keep
 
     G = num_generations
-    parts, rewards = [], []
+    parts, rewards, reward_parts = [], [], []
     kept = dropped = completions = nfe = passes = 0
     ro, rounds = first, 1
     while True:
         if ro is not None and len(ro):
             completions, nfe, passes = completions + len(ro), nfe + ro.nfe, passes + ro.sampling_passes()
             rewards.append(ro.rewards)
+            reward_parts.append(ro.reward_parts)
             keep = dynamic_sampling_keep(ro.train_rewards, G)  # (prompts,)
             dropped += int((~keep).sum())
             take = torch.nonzero(keep).squeeze(-1)[: num_groups - kept]
@@ -576,7 +585,9 @@ def fill_informative_groups(first: Rollout, sample_more: Callable[[int], Rollout
         ro, rounds = sample_more(rounds), rounds + 1
     out = Rollout.cat(parts, G, pad_id) if parts else first.rows(torch.zeros(0, dtype=torch.long))
     out.nfe, out.passes = nfe, passes
-    stats = SamplingStats(rounds, completions, dropped, nfe, passes, torch.cat(rewards) if rewards else torch.zeros(0))
+    stats = SamplingStats(rounds, completions, dropped, nfe, passes, torch.cat(rewards) if rewards else torch.zeros(0),
+                          torch.cat(reward_parts) if reward_parts and all(p is not None for p in reward_parts)
+                          else None)
     return out, stats
 
 

@@ -16,11 +16,16 @@ have been sampled (an equal rollout budget across algorithms).
 
 Every random draw of step ``s`` comes from a generator seeded with ``(seed, s)``, so a run resumed
 from a checkpoint takes exactly the same steps as an uninterrupted one.
+
+:func:`train` loads the configured model and builds the configured task, or takes them already built (the Python
+API, :class:`dlmrl.api.Trainer`, passes its policy and its dataset task), and calls the run's callbacks
+(:mod:`dlmrl.training.callbacks`).
 Reference: GDPO, arXiv 2510.08554 (Algorithm 1).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import math
@@ -67,6 +72,8 @@ from dlmrl.objectives.objective import GroupObjective
 from dlmrl.objectives.pairwise import ngram_jaccard
 from dlmrl.objectives.segments import delimiter_token_ids, sentence_segments
 from dlmrl.objectives.shaping import soft_overlong_punishment
+from dlmrl.rewards.functions import RewardFunctions, ScoresEachReward
+from dlmrl.training.callbacks import Callbacks
 from dlmrl.training.checkpoint import atomic_dir, latest_checkpoint, staging_dir, write_json_atomic
 from dlmrl.training.distributed import (
     Processes,
@@ -174,13 +181,22 @@ def step_generator(seed: int, step: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * 1_000_003 + step)
 
 
+def canvas_token_id(policy) -> int | None:
+    """The token a task writes on the canvas: the policy's mask id (an AR policy has none; its tokenizer may)."""
+    mask_id = getattr(policy, "mask_token_id", None)
+    return mask_id if mask_id is not None else getattr(policy.tokenizer, "mask_token_id", None)
+
+
 def build_task(cfg: Config, policy):
-    """The configured task (:func:`dlmrl.data.build_task`; text tasks get a canvas of ``sampling.gen_length``)."""
+    """The configured task (:func:`dlmrl.data.build_task`; text tasks get a canvas of ``sampling.gen_length``; the
+    dataset task gets the reward functions of ``train.reward_funcs`` and ``train.reward_weights``)."""
     from dlmrl.data import build_task as build_data_task
 
-    mask_id = getattr(policy, "mask_token_id", None)  # (an AR policy has none; its tokenizer may)
-    mask_id = mask_id if mask_id is not None else getattr(policy.tokenizer, "mask_token_id", None)
-    return build_data_task(cfg.task, policy.tokenizer, mask_id, gen_length=cfg.sampling.gen_length)
+    tr = cfg.train
+    options = ({"reward_functions": RewardFunctions(tr.reward_funcs, tr.reward_weights, "train.reward_funcs")}
+               if tr.reward_funcs else {})
+    return build_data_task(cfg.task, policy.tokenizer, canvas_token_id(policy), gen_length=cfg.sampling.gen_length,
+                           **options)
 
 
 def build_estimator(cfg: Config):
@@ -284,7 +300,12 @@ def sample_groups(policy, task, cfg: Config, preset, examples: list, generator: 
                         temperature_fn=temperature_fn, prompts=share)
     else:
         ro = rollout_diffusion(policy, task, cfg, examples, generator, prompts=share)
-    ro.rewards = torch.tensor(task.rewards(ro.examples, task.decode(ro.completion)), dtype=torch.float32)  # (B,)
+    texts = task.decode(ro.completion)
+    if isinstance(task, ScoresEachReward):  # (a sum of reward functions: each one's values are logged too)
+        ro.reward_parts = task.reward_table(ro.examples, texts)  # (B, F), NaN where a function returned None
+        ro.rewards = task.reward_functions.combine(ro.reward_parts)  # (B,) TRL's weighted nansum
+    else:
+        ro.rewards = torch.tensor(task.rewards(ro.examples, texts), dtype=torch.float32)  # (B,)
     ro.train_rewards = shaped_rewards(preset, ro.rewards, ro.completion_mask.sum(-1).cpu(), max_length)
     return ro if share is None else gather_rollout(ro, processes, G, pad_id)
 
@@ -314,7 +335,7 @@ def sample_step(policy, task, cfg: Config, preset, step: int, generator: torch.G
     ro = sample(examples)
     if not preset.dynamic_sampling:
         return ro, SamplingStats(1, len(ro), 0, ro.nfe, ro.sampling_passes(),
-                                 trajectory_rewards(ro) if env else ro.rewards)
+                                 trajectory_rewards(ro) if env else ro.rewards, None if env else ro.reward_parts)
     seen = {example_key(e) for e in examples}
     return fill_informative_groups(
         ro, lambda r: sample(fresh_prompts(task, tr.prompts_per_step, tr.seed, step, r, seen)),
@@ -333,14 +354,30 @@ def load_configured_policy(cfg: Config):
         policy = load_policy(m.name_or_path, m.family, m.trust_remote_code, m.dtype)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model.name_or_path {m.name_or_path!r} (family {m.family!r}) cannot be loaded: {e}") from e
-    if cfg.sampling.cache != "none":  # (a detected family is known only now; refused before any rollout)
+    check_policy(cfg, policy)
+    return policy
+
+
+def check_policy(cfg: Config, policy) -> None:
+    """What only a loaded (or given) policy can tell: its kind is ``model.kind``, and with ``sampling.cache`` its
+    family has a block cache (a detected family is known only now; refused before any rollout).
+
+    Raises:
+        ConfigError: naming ``model.kind`` or ``sampling.cache``.
+    """
+    from dlmrl.models.ar import AutoregressivePolicy
+
+    kind = "ar" if isinstance(policy, AutoregressivePolicy) else "diffusion"
+    if kind != cfg.model.kind:
+        raise ConfigError(f"config key 'model.kind': the policy is a {kind} policy ({type(policy).__name__}) but "
+                          f"model.kind is {cfg.model.kind!r}")
+    if cfg.sampling.cache != "none" and kind == "diffusion":
         from dlmrl.models.families import cached_logits_of
 
         try:
             cached_logits_of(policy.family, cfg.sampling.cache)
         except ValueError as e:
-            raise ConfigError(f"config key 'sampling.cache' with model {m.name_or_path!r}: {e}") from None
-    return policy
+            raise ConfigError(f"config key 'sampling.cache' with model {cfg.model.name_or_path!r}: {e}") from None
 
 
 def evaluate_config(cfg: Config, policy, task) -> dict:
@@ -359,7 +396,8 @@ def solved_reward(task) -> float | None:
     were right)."""
     if getattr(task, "format_rewards", ()):
         return None
-    return float(getattr(task, "CORRECT", 1.0))
+    correct = getattr(task, "CORRECT", 1.0)
+    return None if correct is None else float(correct)  # (None: no reward means solved, e.g. reward functions)
 
 
 def tracker_config(cfg: Config) -> dict:
@@ -382,14 +420,29 @@ def configure_deepspeed(accelerator: Accelerator, max_grad_norm: float) -> None:
         ds["gradient_clipping"] = max_grad_norm
 
 
-def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
+def train(cfg: Config, resume: bool = False, progress: bool = True, *, policy=None, task=None,
+          callbacks=()) -> dict:
     """Run the configured algorithm; write the run files (see README); return ``summary.json``'s content.
 
+    Args:
+        cfg: the run's config.
+        resume: continue from the newest checkpoint in ``output_dir``.
+        progress: show the progress bar.
+        policy: an already-built policy to train (in place) instead of loading ``model.name_or_path``: a
+            :class:`~dlmrl.models.policy.MaskedDiffusionPolicy` or an
+            :class:`~dlmrl.models.ar.AutoregressivePolicy`, of ``model.kind``; the ``model`` section's LoRA and
+            checkpointing switches still apply, and a KL reference is a frozen copy of it.
+        task: an already-built task instead of the ``task`` section's (its data and rewards are then not
+            validated here: whoever built it checked them, as :class:`dlmrl.api.Trainer` does).
+        callbacks: objects with any of ``on_log(record)``, ``on_step_end(step, record)``,
+            ``on_evaluate(metrics)`` (:class:`~dlmrl.training.callbacks.Callback`).
     Raises:
-        ConfigError: on an invalid config (before any model is loaded).
+        ConfigError: on an invalid config (before any model is loaded), or a ``policy`` of another kind.
         FileNotFoundError: ``resume=True`` with no checkpoint in ``output_dir``.
+        dlmrl.rewards.functions.RewardFunctionError: a reward function returned the wrong number of values.
     """
-    validate(cfg)
+    validate(cfg, data=task is None)
+    hooks = Callbacks(callbacks)
     check_process_split(cfg, launched_processes())  # (accelerate launch: the batch must split over the processes)
     check_sharding_backend()  # (FSDP / DeepSpeed on a machine without GPUs: refused, never silently plain DDP)
     tr, out = cfg.train, Path(cfg.output_dir)
@@ -409,7 +462,10 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
     torch.manual_seed(tr.seed)
 
     preset, is_ar = build_preset(cfg), cfg.model.kind == "ar"
-    policy = prepare_for_training(load_configured_policy(cfg), cfg.model)  # LoRA adapter, gradient checkpointing
+    given = policy is not None
+    if given:
+        check_policy(cfg, policy)
+    policy = prepare_for_training(policy if given else load_configured_policy(cfg), cfg.model)  # LoRA, checkpointing
     if preset.objective.clip_rule == "espo" and preset.objective.vocab_size is None:
         preset = preset.with_overrides(vocab_size=len(policy.tokenizer))
     objective = preset.objective
@@ -418,9 +474,10 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
     if wants_ref and is_peft_model(policy.model):
         ref = AdapterDisabledPolicy(policy)  # LoRA: the base itself, adapter disabled (no second copy)
     elif wants_ref:
-        ref = load_configured_policy(cfg)
+        # the initial model, frozen (a given policy: a copy of its model; the tokenizer is shared)
+        ref = dataclasses.replace(policy, model=copy.deepcopy(policy.model)) if given else load_configured_policy(cfg)
         ref.model.requires_grad_(False).eval().to(accelerator.device)
-    task = build_task(cfg, policy)
+    task = build_task(cfg, policy) if task is None else task
     # (AR with one process: an entropy preset with μ = 1 takes its entropies from the update's own forward)
     scorer = (ARScorer(policy, ref, old_scores=objective.needs_old_scores, share_forward=processes.count == 1)
               if is_ar else
@@ -463,8 +520,13 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
                       if accelerator.is_main_process else None)
     metric, solved = primary_metric(task), solved_reward(task)  # held-out headline metric; rollout "right" reward
 
+    def held_out() -> dict:
+        metrics = evaluate_config(cfg, policy, task)
+        hooks.on_evaluate(metrics)
+        return metrics
+
     if cfg.eval.before and state.eval_before is None:
-        state.eval_before = evaluate_config(cfg, policy, task)
+        state.eval_before = held_out()
         accelerator.print(f"held-out {metric} before: {state.eval_before[metric]:.4f}")
 
     def save_checkpoint() -> None:
@@ -631,6 +693,8 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
                       "seconds_rollout": t1 - t0, "seconds_scoring_old": t2 - t1, "seconds_update": time.time() - t2,
                       "seconds_scoring": seconds_scoring, "seconds_optimizer": seconds_optimizer,
                       "seconds_step": elapsed}
+            if sampled.reward_parts is not None:  # each reward function's rewards/<name>/mean and /std (TRL's)
+                record.update(task.reward_functions.metrics(sampled.reward_parts))
             if gap_measured and ro.token_logprobs is not None:
                 record.update(mismatch_metrics(mismatch if own_rows else None, processes, tr.rollout_is_cap))
             if preset.anchor_threshold is not None:
@@ -643,12 +707,13 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
             if updates:  # (several processes: the whole batch's values from the shares')
                 record.update(processes.combine_metrics({k: record[k] for k in UPDATE_METRICS}, share))
             if cfg.eval.eval_steps and state.step % cfg.eval.eval_steps == 0:
-                record[f"eval_{metric}"] = evaluate_config(cfg, policy, task)[metric]
+                record[f"eval_{metric}"] = held_out()[metric]
             stop["now"] = processes.any(stop["now"])  # (a signal that reached one process stops them all)
             if accelerator.is_main_process and state.step % tr.logging_steps == 0:
                 metrics_writer.write(record)
                 if tr.report_to != "none":
                     accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=state.step)
+                hooks.on_log(record)
             bar.update(1)
             bar.set_postfix(reward=f"{record['reward_mean']:.3f}", rows=len(rows))
             # 7. checkpoint (also when the rollout budget train.max_completions is spent: the run ends here)
@@ -658,6 +723,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
             if budget_spent():
                 accelerator.print(f"rollout budget spent: {state.completions_total} completions sampled "
                                   f"(train.max_completions {tr.max_completions}) at step {state.step}")
+            hooks.on_step_end(state.step, record)  # (after the checkpoint: a callback that raises leaves it resumable)
     finally:
         bar.close()
         for sig, handler in previous_handlers.items():
@@ -666,7 +732,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> dict:
         accelerator.print(f"interrupted at step {state.step}; continue with --resume")
         raise KeyboardInterrupt
 
-    eval_after = evaluate_config(cfg, policy, task) if cfg.eval.after else None
+    eval_after = held_out() if cfg.eval.after else None
     summary = {"eval_before": state.eval_before, "eval_after": eval_after, "steps": state.step,
                "stop_reason": "max_completions" if budget_spent() else "max_steps",
                "completions_total": state.completions_total, "nfe_sampling_total": state.nfe_sampling_total,

@@ -1,0 +1,295 @@
+"""The Python API: :class:`Trainer`, shaped like TRL's ``GRPOTrainer``, over dlmrl's one training loop.
+
+.. code-block:: python
+
+    from datasets import Dataset
+    from dlmrl import Trainer
+
+    def digits(prompts, completions, **columns):          # TRL's reward signature
+        return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
+
+    data = Dataset.from_dict({"prompt": ["1234=", "4321="]})
+    trainer = Trainer("tiny-sudoku", reward_funcs=[digits], train_dataset=data,
+                      config={"train.max_steps": 2, "train.prompts_per_step": 2, "train.num_generations": 2})
+    trainer.train()
+
+The trainer builds a ``task.name: dataset`` task (:class:`~dlmrl.data.dataset_task.DatasetTask`) from the datasets
+and reward functions, loads (or takes) the policy, and runs :func:`dlmrl.training.trainer.train` with both, so a
+run writes the files of any ``dlmrl train`` run into ``output_dir`` and resumes from its checkpoints.
+
+Source of the conventions: TRL ``trl/trainer/grpo_trainer.py`` (``GRPOTrainer(model, reward_funcs, args,
+train_dataset, eval_dataset, processing_class, callbacks)``; reward functions ``f(prompts, completions, **kwargs)``,
+``None`` rewards, ``reward_weights``, ``rewards/<name>/mean`` logs).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from dlmrl.config import (
+    Config,
+    ConfigError,
+    apply_mapping,
+    default_config_path,
+    load_yaml,
+    mapping_keys,
+    use_the_algorithms_estimator,
+    validate,
+)
+from dlmrl.data.dataset_task import DatasetTask
+from dlmrl.rewards.functions import RewardFunctions
+from dlmrl.training.callbacks import Callbacks
+
+__all__ = ["DEFAULT_OUTPUT_DIR", "Trainer", "trainer_config"]
+
+#: where a Python API run writes when the config names no ``output_dir``
+DEFAULT_OUTPUT_DIR = "runs/trainer_output"
+#: the shipped models whose name says the policy kind
+_SHIPPED_KIND = {"tiny-sudoku": "diffusion", "tiny-sudoku-ar": "ar"}
+
+
+def _model_kind(model) -> str | None:
+    """The policy kind ``model`` itself tells (a dlmrl policy, a shipped model's name), else ``None``."""
+    from dlmrl.models.ar import AutoregressivePolicy
+    from dlmrl.models.policy import MaskedDiffusionPolicy
+
+    if isinstance(model, AutoregressivePolicy):
+        return "ar"
+    if isinstance(model, MaskedDiffusionPolicy):
+        return "diffusion"
+    return _SHIPPED_KIND.get(model) if isinstance(model, str) else None
+
+
+def trainer_config(config: Config | dict | None = None, model: Any = None) -> Config:
+    """The config a :class:`Trainer` runs, not yet validated.
+
+    - a :class:`~dlmrl.config.Config`: used as it is (a copy), every field as given;
+    - a dict (``{"train.max_steps": 2}``, nested ``{"train": {"max_steps": 2}}`` or unique bare leaf names) or
+      ``None``: overrides on the default recipe, as ``dlmrl train key=value ...`` applies them, and for the keys it
+      does not set the API's defaults: ``output_dir`` :data:`DEFAULT_OUTPUT_DIR`, ``eval.num_puzzles`` 0 (the whole
+      eval dataset), ``model.kind`` from the model (a dlmrl policy's type, ``"tiny-sudoku-ar"``), ``train.algorithm``
+      ``grpo`` for an AR policy (the recipe's ``gdpo`` is diffusion-only).
+
+    Either way ``task.name`` is ``dataset`` and ``model.name_or_path`` names ``model`` (a string, or a loaded
+    model's ``config._name_or_path``).
+
+    Raises:
+        ConfigError: an unknown key or bad value (naming it), ``task.name`` other than ``dataset``, or a
+            ``model.kind`` the policy contradicts.
+        TypeError: a config of another type.
+    """
+    kind = _model_kind(model)
+    if isinstance(config, Config):
+        cfg, explicit = copy.deepcopy(config), None
+    elif config is None or isinstance(config, dict):
+        cfg = Config()
+        load_yaml(cfg, default_config_path())
+        mapping = dict(config or {})
+        apply_mapping(cfg, mapping)
+        explicit = mapping_keys(Config, mapping)
+        if "output_dir" not in explicit:
+            cfg.output_dir = DEFAULT_OUTPUT_DIR
+        if "eval.num_puzzles" not in explicit:
+            cfg.eval.num_puzzles = 0
+        if "model.kind" not in explicit and kind is not None:
+            cfg.model.kind = kind
+        if "train.algorithm" not in explicit and cfg.model.kind == "ar":
+            cfg.train.algorithm = "grpo"
+        use_the_algorithms_estimator(cfg, [f"{k}=" for k in explicit])
+    else:
+        raise TypeError(f"config: expected a dlmrl.config.Config, a dict of overrides or None, got "
+                        f"{type(config).__name__}")
+    if explicit is not None and "task.name" in explicit and cfg.task.name != "dataset":
+        raise ConfigError(f"config key 'task.name': the Python API trains on train_dataset (task 'dataset'), got "
+                          f"{cfg.task.name!r}")
+    cfg.task.name = "dataset"
+    if kind is not None and cfg.model.kind != kind:
+        raise ConfigError(f"config key 'model.kind': the model is a {kind} policy but model.kind is "
+                          f"{cfg.model.kind!r}")
+    if isinstance(model, str):
+        cfg.model.name_or_path = model
+    elif model is not None:
+        inner = getattr(model, "model", model)  # (a dlmrl policy holds the transformers model)
+        name = getattr(getattr(inner, "config", None), "_name_or_path", None)
+        cfg.model.name_or_path = name or f"<{type(inner).__name__} object>"
+    return cfg
+
+
+def _policy_of(model, tokenizer, cfg: Config):
+    """The policy to train: a dlmrl policy as it is; a name loaded as ``model.*`` says; a loaded ``transformers``
+    model wrapped with ``tokenizer`` (else the tokenizer saved with it)."""
+    from torch import nn
+
+    from dlmrl.models.ar import AutoregressivePolicy, ar_policy_from_model
+    from dlmrl.models.loading import diffusion_policy_from_model
+    from dlmrl.models.policy import MaskedDiffusionPolicy
+    from dlmrl.training.trainer import load_configured_policy
+
+    if isinstance(model, (MaskedDiffusionPolicy, AutoregressivePolicy)):
+        if tokenizer is not None:
+            model.tokenizer = tokenizer
+        if model.tokenizer is None:
+            raise ValueError("model: this policy has no tokenizer; pass tokenizer=")
+        return model
+    if isinstance(model, str):
+        return load_configured_policy(cfg)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a hub id or local path, a transformers model or a dlmrl policy, got "
+                        f"{type(model).__name__}")
+    if tokenizer is None:
+        from transformers import AutoTokenizer
+
+        path = getattr(getattr(model, "config", None), "_name_or_path", None)
+        if not path:
+            raise ValueError("model: a transformers model built in memory has no saved tokenizer; pass tokenizer=")
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
+    if cfg.model.kind == "ar":
+        return ar_policy_from_model(model, tokenizer)
+    return diffusion_policy_from_model(model, tokenizer, cfg.model.family)
+
+
+class Trainer:
+    """Train a diffusion (or AR) policy on your prompts with your reward functions, as TRL's ``GRPOTrainer``.
+
+    Args:
+        model: a hub id, local folder or shipped name (``"tiny-sudoku"``, ``"tiny-sudoku-ar"``), loaded with the
+            ``model`` section (its ``kind``, ``family``, ``dtype``, ...); a loaded ``transformers`` model (its
+            tokenizer from ``tokenizer`` or the folder in its ``config._name_or_path``; ``model.kind`` says
+            diffusion or AR); or a dlmrl policy (:class:`~dlmrl.models.policy.MaskedDiffusionPolicy`,
+            :class:`~dlmrl.models.ar.AutoregressivePolicy`), trained in place.
+        reward_funcs: a reward function or a list of them: callables ``f(prompts, completions, **columns) ->
+            list[float | None]``, registry names (:data:`dlmrl.rewards.REWARDS`) or import strings
+            ``module:function`` (:class:`~dlmrl.rewards.functions.RewardFunctions`).
+        train_dataset: a ``datasets.Dataset`` (or a dict of columns) with a prompt column (``task.prompt_column``,
+            default ``prompt``): plain text or chat messages; its other columns reach the reward functions.
+        eval_dataset: the held-out prompts, same form; ``None``: no held-out evaluation (``eval.before``,
+            ``eval.after`` off).
+        eval_metric: ``f(prompts, completions, **columns) -> float`` over the whole held-out split, reported under
+            its name as the primary metric; ``None``: the mean reward.
+        config: a :class:`~dlmrl.config.Config` or a dict of overrides on the default recipe
+            (:func:`trainer_config`).
+        reward_weights: one weight per reward function (TRL's ``reward_weights``); ``None``: ``train.reward_weights``,
+            else all 1.
+        callbacks: objects with ``on_log(record)``, ``on_step_end(step, record)``, ``on_evaluate(metrics)``
+            (any of them; :mod:`dlmrl.training.callbacks`).
+        tokenizer: the tokenizer of a loaded ``transformers`` model (TRL's ``processing_class``).
+    Attributes:
+        config: the validated :class:`~dlmrl.config.Config`. policy: the policy (trained in place).
+        task: the :class:`~dlmrl.data.dataset_task.DatasetTask`.
+    Raises:
+        ConfigError: a bad config key or value (naming it), before any model is loaded.
+        ValueError: a dataset without the prompt column (naming it and the columns it has), a bad row, a reward
+            function or weight refused, ``eval_metric`` or ``eval.eval_steps`` without an eval dataset, or
+            ``eval.num_puzzles`` above its size; all before any model is loaded. After loading: chat-message
+            prompts the tokenizer cannot render.
+        TypeError: a model, dataset, reward function or callback of a type it cannot use.
+        dlmrl.plugins.PluginError: an import string whose module or attribute cannot be found.
+    """
+
+    def __init__(self, model, reward_funcs, train_dataset, eval_dataset=None, eval_metric: Callable | None = None,
+                 config: Config | dict | None = None, reward_weights: Sequence[float] | None = None,
+                 callbacks: Sequence | None = None, tokenizer=None):
+        self.callbacks = Callbacks(callbacks)
+        cfg = trainer_config(config, model)
+        if cfg.train.reward_funcs:
+            raise ConfigError("config key 'train.reward_funcs': the Python API takes its reward functions as "
+                              "Trainer(reward_funcs=...)")
+        if eval_dataset is None:
+            if eval_metric is not None:
+                raise ValueError("eval_metric: needs an eval_dataset to score")
+            if cfg.eval.eval_steps:
+                raise ConfigError("config key 'eval.eval_steps': evaluating every few steps needs an eval_dataset")
+            cfg.eval.before = cfg.eval.after = False
+        validate(cfg, data=False)
+        try:
+            DatasetTask.check_text_config(cfg.task)  # (the task.* keys the dataset task reads, and refuses)
+        except ValueError as e:
+            key, _, msg = str(e).partition(": ")
+            raise ConfigError(f"config key {key!r}: {msg}") from None
+        self.reward_functions = RewardFunctions(
+            reward_funcs, cfg.train.reward_weights if reward_weights is None else reward_weights, "reward_funcs")
+        column = cfg.task.prompt_column
+        train_examples = DatasetTask.examples_of(train_dataset, "train", "train_dataset", column)
+        test_examples = (DatasetTask.examples_of(eval_dataset, "test", "eval_dataset", column)
+                         if eval_dataset is not None else [])
+        if eval_dataset is not None and cfg.eval.num_puzzles > len(test_examples):
+            raise ConfigError(f"config key 'eval.num_puzzles': {cfg.eval.num_puzzles} examples asked, eval_dataset has "
+                              f"{len(test_examples)} (0 = all of it)")
+        self.config = cfg
+        # (everything above needs no weights: a mistake there costs no model load)
+        from dlmrl.training.trainer import canvas_token_id, check_policy
+
+        self.policy = _policy_of(model, tokenizer, cfg)
+        check_policy(cfg, self.policy)
+        self.task = DatasetTask(self.policy.tokenizer, canvas_token_id(self.policy), cfg.sampling.gen_length,
+                                train_examples, test_examples, reward_functions=self.reward_functions,
+                                chat_template=cfg.task.chat_template, eval_metric=eval_metric)
+
+    @property
+    def model(self):
+        """The ``transformers`` model being trained (TRL's ``trainer.model``)."""
+        return self.policy.model
+
+    @property
+    def tokenizer(self):
+        return self.policy.tokenizer
+
+    def train(self, resume: bool = False, resume_from: str | Path | None = None, progress: bool = True) -> dict:
+        """Run the training loop (:func:`dlmrl.training.trainer.train`) into ``config.output_dir``.
+
+        Args:
+            resume: continue the run in ``output_dir`` from its newest checkpoint (its saved ``config.yaml`` must
+                match this trainer's config, as ``dlmrl train --resume`` requires).
+            resume_from: a run folder (an earlier ``output_dir``) to continue; becomes ``output_dir`` (implies
+                ``resume``).
+            progress: show the progress bar.
+        Returns:
+            ``summary.json``'s content: ``eval_before``, ``eval_after`` (``None`` without an eval dataset), the
+            steps, the final metrics, ``train_seconds``.
+        Raises:
+            ConfigError: ``output_dir`` holds a run and ``resume`` is off, or the saved settings differ.
+            FileNotFoundError: ``resume`` with nothing to resume.
+            dlmrl.rewards.functions.RewardFunctionError: a reward function returned the wrong number of values
+                (checked on every call, naming it, the length got and expected).
+        """
+        from dlmrl.training.trainer import train
+
+        if resume_from is not None:
+            self.config.output_dir, resume = str(resume_from), True
+        return train(self.config, resume=resume, progress=progress, policy=self.policy, task=self.task,
+                     callbacks=self.callbacks.callbacks)
+
+    def evaluate(self) -> dict:
+        """The held-out metrics of the current policy on ``eval_dataset`` (greedy, the ``eval`` section's
+        settings): ``mean_reward``, each reward function's ``rewards/<name>/mean``, the ``eval_metric`` when given,
+        ``primary_metric`` naming the headline one. Calls the callbacks' ``on_evaluate``.
+
+        Raises:
+            ValueError: the trainer has no eval dataset.
+        """
+        from dlmrl.training.trainer import evaluate_config
+
+        if not self.task.test_examples:
+            raise ValueError("evaluate: this trainer has no eval_dataset")
+        metrics = evaluate_config(self.config, self.policy, self.task)
+        self.callbacks.on_evaluate(metrics)
+        return metrics
+
+    def save(self, path: str | Path) -> Path:
+        """Write the policy's weights (a LoRA run: its adapter and a note of its base) and tokenizer with
+        ``save_pretrained`` (safetensors) into ``path``, written to a temporary folder and renamed; the folder
+        loads back with ``Trainer(str(path), ...)``, ``load_policy`` / ``load_ar_policy`` and ``dlmrl eval --model``.
+        Returns ``path``."""
+        from accelerate.utils import extract_model_from_parallel
+
+        from dlmrl.models.lora import save_final_model
+        from dlmrl.training.checkpoint import atomic_dir
+
+        path = Path(path)
+        with atomic_dir(path) as tmp:
+            save_final_model(extract_model_from_parallel(self.policy.model), self.policy.tokenizer, tmp,
+                             self.config.model)
+        return path
