@@ -61,9 +61,13 @@ PHASES = (("sampling", "sampling", "seconds_rollout"), ("old_ref", "old/ref scor
 
 @dataclass
 class CacheRef:
-    """A KV cache argument of a recorded call: the length it held when the call began."""
+    """A KV cache argument of a recorded call: the length it held when the call began, and, for a cache the model
+    had not seen in its previous call (the sampler's block cache builds a new one per pass), its per-layer
+    ``(keys, values)`` (copied) so that a replay can rebuild it; a cache that continues the previous call's (AR
+    decoding) is replayed by continuing the replayed one."""
 
     length: int
+    tensors: list | None = None
 
 
 @dataclass
@@ -101,17 +105,22 @@ class Call:
                 "input": list(first.shape) if first is not None else None, "cache": cache}
 
 
-def _snapshot(x):
+def _snapshot(x, previous_cache=None):
+    """A copy of a call's inputs; a cache as a :class:`CacheRef` (``previous_cache``: the cache object of the
+    model's previous call, whose continuation needs no copy)."""
     from transformers.cache_utils import Cache
 
     if isinstance(x, torch.Tensor):
         return x.detach().clone()
     if isinstance(x, Cache):
-        return CacheRef(int(x.get_seq_length()))
+        length = int(x.get_seq_length())
+        fresh = length > 0 and x is not previous_cache
+        return CacheRef(length, [(layer.keys.detach().clone(), layer.values.detach().clone()) for layer in x.layers]
+                        if fresh else None)
     if isinstance(x, (list, tuple)):
-        return type(x)(_snapshot(v) for v in x)
+        return type(x)(_snapshot(v, previous_cache) for v in x)
     if isinstance(x, dict):
-        return {k: _snapshot(v) for k, v in x.items()}
+        return {k: _snapshot(v, previous_cache) for k, v in x.items()}
     return x
 
 
@@ -138,11 +147,16 @@ class Recorder:
 
     def attach(self, module: torch.nn.Module, name: str) -> None:
         device = next(module.parameters()).device
+        from transformers.cache_utils import Cache
+
+        last_cache: dict = {}  # the cache object of this model's previous call
 
         def pre(mod, args, kwargs):
             _sync(device)
+            previous = last_cache.get("cache")
             call = Call(name, self.step, self.phase, torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
-                        mod.training, _snapshot(args), _snapshot(kwargs))
+                        mod.training, _snapshot(args, previous), _snapshot(kwargs, previous))
+            last_cache["cache"] = next((v for v in kwargs.values() if isinstance(v, Cache)), None)
             self._open.append((call, time.perf_counter()))
 
         def post(mod, args, kwargs, out):
@@ -228,7 +242,8 @@ def replay(models: dict, calls: list) -> dict:
 
     A call with grad runs its forward and the backward of its logits' sum (gradients then cleared, untimed); a
     call that took a KV cache continues the cache of the model's previous replayed call, or a fresh
-    ``DynamicCache`` where the recorded cache was empty.
+    ``DynamicCache`` where the recorded cache was empty, or one rebuilt from the recorded keys and values where
+    the call got a cache of its own (the diffusion sampler's block cache).
 
     Raises:
         RuntimeError: when a replayed cache's length or a replayed call's logits shape is not the recorded one
@@ -245,6 +260,8 @@ def replay(models: dict, calls: list) -> dict:
         if ref is not None:
             if ref.length == 0:
                 caches[c.model] = DynamicCache(config=model.config)
+            elif ref.tensors is not None:  # (a cache built for this pass: rebuilt, untimed)
+                caches[c.model] = DynamicCache(ddp_cache_data=ref.tensors)
             cache = caches.get(c.model)
             if cache is None or cache.get_seq_length() != ref.length:
                 raise RuntimeError(f"replay: a cache of length {ref.length} was expected")

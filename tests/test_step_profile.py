@@ -75,3 +75,23 @@ def test_the_table_adds_up(result, job):
     assert table["step"]["ratio"] == pytest.approx(step["seconds_step"] / table["step"]["raw_seconds"])
     assert table["sampling"]["raw_seconds"] > 0 and table["grad"]["raw_seconds"] > 0
     assert table["optimizer"]["raw_seconds"] == 0 and table["loop"]["seconds"] is None  # (no step after it)
+
+
+def test_a_block_cached_sampler_is_replayed_with_its_own_caches(tmp_path):
+    # the dual cache builds a key/value cache per pass (not a continuing one, as AR decoding does): the replay
+    # rebuilds each from the recorded tensors, so the step's passes replay with their recorded cache lengths
+    out = tmp_path / "cached.json"
+    threads = torch.get_num_threads()
+    try:
+        load_benchmark().main(["--jobs", "default", "--steps", "1", "--warmup", "0", "--prompts", "2",
+                               "--generations", "2", "--repeats", "1", "--threads", "1", "--runs-dir",
+                               str(tmp_path / "runs"), "--output", str(out), "sampling.cache=dual",
+                               "sampling.block_length=8", "sampling.steps=4"])
+    finally:
+        torch.set_num_threads(threads)
+    (step,) = json.loads(out.read_text())["jobs"]["default"]["steps"]
+    sampling = [c for c in step["calls"] if c["phase"] == "sampling"]
+    # 2 blocks x 2 steps: each block's first pass over the whole sequence, its second over the block alone
+    assert [c["cache"] for c in sampling] == [None, sampling[0]["input"][1] - 8] * 2  # (first: no cache given)
+    assert [c["input"][1] for c in sampling[1::2]] == [8, 8]
+    assert step["raw"]["sampling"] > 0
