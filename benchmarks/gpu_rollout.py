@@ -9,7 +9,7 @@ shape; the threshold's depend on the confidence the sharpened random weights giv
 
     python benchmarks/gpu_rollout.py                         # on a GPU machine (writes benchmarks/results/gpu_rollout.json)
     python benchmarks/gpu_rollout.py --device cpu --dtype float32 --hidden 64 --layers 2 --heads 2 \\
-        --intermediate 128 --vocab 256 --batch 2 --gen-length 64   # the toy run the tests make
+        --intermediate 128 --vocab 256 --batch 2 --gen-length 64 --output /tmp/toy.json  # the tests' toy run
 
 Any option of ``sampler_speed.py`` applies.
 """

@@ -12,18 +12,18 @@ Modes (``dlmrl.models.sampler.generate``): ``plain`` (LLaDA's schedule, one forw
    counting; tokens/s = batch × gen_length / seconds, with the forward passes (NFE) each row took and the fraction
    of tokens equal to the plain decode's. Random weights predict nearly uniformly (no position would reach a 0.9
    confidence, and a threshold would reveal one token per pass), so the final norm's weight is multiplied by
-   ``--head-scale`` (default 32: logits × 32), which gives the random model a spread of confidences under which
-   threshold 0.9 reveals about 2-3 tokens per pass, as Fast-dLLM's GSM8K figures imply (arXiv 2505.22618,
-   Table 1: 2.5x from parallel decoding alone at length 256) and the shipped model does on Sudoku (part 2). The
-   cost of a pass does not depend on the weights; what the threshold saves does, so its rows say what it saves
-   for a model this confident (``nfe_mean``), not for any model; ``--head-scale 1`` shows the random model as
-   initialised.
+   ``--head-scale`` (default 32: logits × 32), to give the random model some confident positions. How many
+   depends on the canvas: at gen_length 64 threshold 0.9 then reveals about 8 tokens per pass, at 256 about one
+   (the README's run). The cost of a pass does not depend on the weights; what the threshold saves does, so its
+   rows say what it saves for this model (``nfe_mean``), not for any model; ``--head-scale 1`` shows the random
+   model as initialised.
 2. **Accuracy**: the shipped tiny Sudoku model (``tiny-sudoku``) decodes the held-out puzzles (``--puzzles``;
-   default all 256) greedily in each mode at (gen 16, block 16, steps 16) and (gen 16, block 4, steps 16): held-out
+   default all 256) greedily in each mode at (gen 16, block 16, steps 4: the default job's shape) and
+   (gen 16, block 4, steps 16): held-out
    cell accuracy and mean NFE per mode.
 
     python benchmarks/sampler_speed.py                      # the README table (run it alone: about 10 minutes)
-    python benchmarks/sampler_speed.py --batch 1 --gen-length 64   # a quick look
+    python benchmarks/sampler_speed.py --batch 1 --gen-length 64 --puzzles 32 --output /tmp/quick.json  # a quick look
 
 Writes ``benchmarks/results/sampler_speed.json`` (``--output``).
 """

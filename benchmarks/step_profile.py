@@ -19,7 +19,7 @@ tiny AR model, ``configs/grpo_sudoku_tiny_ar.yaml``). For each:
    grad counts under "scoring with grad" wherever it ran.
 
     python benchmarks/step_profile.py                                # both jobs, 1 warm-up + 3 steps, full size
-    python benchmarks/step_profile.py --steps 2 --prompts 8 --generations 4   # a quick look
+    python benchmarks/step_profile.py --steps 2 --prompts 8 --generations 4 --output /tmp/quick.json  # a quick look
     python benchmarks/step_profile.py --jobs grpo_ar sampling.temperature=0.7 # overrides apply to every job
 
 Writes ``benchmarks/results/step_profile.json`` (``--output``): settings, machine, per job the per-step

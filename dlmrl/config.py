@@ -320,11 +320,16 @@ def help_text(cls: type) -> str:
 _SECTION_ALIASES = {"sampler": "sampling"}
 
 
+def _unalias(key: str) -> str:
+    """``key`` with an aliased section name replaced (``sampler.cache`` -> ``sampling.cache``)."""
+    head, dot, rest = key.partition(".")
+    return f"{_SECTION_ALIASES[head]}.{rest}" if dot and head in _SECTION_ALIASES else key
+
+
 def _resolve_key(cls: type, key: str) -> str:
     keys = [k for k, _, _ in iter_fields(cls)]
-    head, dot, rest = key.partition(".")
-    if dot and head in _SECTION_ALIASES and f"{_SECTION_ALIASES[head]}.{rest}" in keys:
-        key = f"{_SECTION_ALIASES[head]}.{rest}"
+    if _unalias(key) in keys:
+        key = _unalias(key)
     if key in keys:
         return key
     leaf = [k for k in keys if k.rsplit(".", 1)[-1] == key]
@@ -494,7 +499,7 @@ def locate_error(error: ConfigError, path: str | Path | None, overrides: list[st
     key = _key_in(str(error))
     if key:
         for o in overrides:
-            name = o.split("=", 1)[0].strip()
+            name = _unalias(o.split("=", 1)[0].strip())
             if name and (name == key or key.endswith("." + name) or name.endswith("." + key)):
                 return ConfigError(f"command-line override {o!r}: {error}")
     if path is None or str(error).startswith(str(path)) or not Path(path).is_file():

@@ -9,7 +9,8 @@ Every adapter returns ``(B, T, V)`` logits in which position ``i`` predicts toke
   checkpoint's own code; logits shifted right by one, mask id 151666.
 - ``masked_lm``: any ``transformers`` ``*ForMaskedLM`` (BERT, RoBERTa, ModernBERT, ...); the
   tokenizer's mask token.
-- ``tiny``: the shipped default, a Llama with ``is_causal=False`` (``dlmrl.models.tiny``).
+- ``tiny``: the shipped default, a Llama with ``is_causal=False`` (``dlmrl.models.tiny``), and any ``transformers``
+  ``*ForCausalLM`` whose config sets ``is_causal: false`` (Qwen2, Mistral, ... run bidirectionally).
 
 ``FAMILIES`` is a registry: register a :class:`Family` under a new name to add one.
 :func:`detect_family` reads the checkpoint's ``config.json`` (``model_type``, ``architectures``,
@@ -242,8 +243,10 @@ def _is_masked_lm(config) -> bool:
 
 
 def _is_tiny(config) -> bool:
-    # The tiny default is a Llama with bidirectional attention (config.is_causal = False).
-    return _model_type(config) == "llama" and config_value(config, "is_causal", True) is False
+    # The tiny default is a Llama with bidirectional attention (config.is_causal = False); any transformers
+    # decoder class run that way (Qwen2, Mistral, ...) takes the same adapter.
+    return config_value(config, "is_causal", True) is False and (
+        _model_type(config) == "llama" or any(a.endswith("ForCausalLM") for a in _architectures(config)))
 
 
 FAMILIES.register("tiny")(

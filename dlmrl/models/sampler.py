@@ -261,9 +261,11 @@ def _validate(
         raise ValueError("fill_after_eos=True needs eos_token_id")
     if threshold is not None and threshold_factor is not None:
         raise ValueError("give threshold or threshold_factor, not both")
-    if threshold is not None and not (isinstance(threshold, (int, float)) and 0 < threshold <= 1):
+    if threshold is not None and not (isinstance(threshold, (int, float)) and not isinstance(threshold, bool)
+                                      and 0 < threshold <= 1):
         raise ValueError(f"threshold must be in (0, 1] (a probability), got {threshold!r}")
-    if threshold_factor is not None and not (isinstance(threshold_factor, (int, float)) and threshold_factor > 0):
+    if threshold_factor is not None and not (isinstance(threshold_factor, (int, float))
+                                             and not isinstance(threshold_factor, bool) and threshold_factor > 0):
         raise ValueError(f"threshold_factor must be > 0, got {threshold_factor!r}")
     if (threshold is not None or threshold_factor is not None) and remasking != "low_confidence":
         raise ValueError(f"threshold / threshold_factor compare the model's confidence in its token: they need "
@@ -518,7 +520,8 @@ def generate(
         cache: ``"none"`` (every pass over the whole sequence), ``"prefix"`` or ``"dual"`` (block caching).
     Returns:
         :class:`SampleOutput` with ``canvas`` ``(B, L)`` long (``rows``: ``(stop - start, L)``), ``nfe``,
-        ``reveal_step`` and ``token_logprobs`` (same shape as ``canvas``) and ``row_nfe`` ``(B,)``.
+        ``reveal_step`` and ``token_logprobs`` (same shape as ``canvas``) and ``row_nfe`` ``(B,)`` (``rows``:
+        ``(stop - start,)``).
     Raises:
         ValueError: if ``gen_length % block_length != 0``, ``steps % num_blocks != 0``, fewer than
             one step per block, an unknown ``remasking``, mismatched ``prompt_mask`` / ``canvas``

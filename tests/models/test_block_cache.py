@@ -137,3 +137,18 @@ def test_generate_refuses_a_cache_it_cannot_serve(toy_policy):
     tiny = MaskedDiffusionPolicy(toy_policy.model, None, toy_policy.mask_token_id, "tiny", toy_policy.logits_fn)
     with pytest.raises(ValueError, match="classifier-free guidance"):
         generate(tiny, ids, attn, gen_length=4, block_length=2, steps=2, cache="dual", cfg_scale=1.0)
+
+
+def test_a_boolean_threshold_is_refused(toy_policy):
+    ids, attn = torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.bool)
+    for kw in ({"threshold": True}, {"threshold_factor": True}):
+        with pytest.raises(ValueError, match="threshold"):
+            generate(toy_policy, ids, attn, gen_length=4, block_length=2, steps=2, **kw)
+
+
+def test_any_bidirectional_causal_lm_class_is_detected_as_tiny():
+    from dlmrl.models.families import detect_family
+
+    assert detect_family({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "is_causal": False}) == "tiny"
+    with pytest.raises(ValueError, match="model.kind=ar"):  # (a causal one is still pointed at the AR adapter)
+        detect_family({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]})

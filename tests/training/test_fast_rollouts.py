@@ -80,3 +80,8 @@ def test_every_diffusion_preset_trains_with_threshold_decoding_and_the_dual_cach
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert all(1 <= r["nfe_sampling"] <= 16 for r in rows)
+
+
+def test_an_error_of_a_sampler_alias_override_names_the_override(capsys):
+    assert cli.main(["train", "--dry-run", "sampler.cache=Dual"]) == 2
+    assert "command-line override 'sampler.cache=Dual': config key 'sampling.cache'" in capsys.readouterr().err
