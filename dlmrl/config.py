@@ -786,12 +786,23 @@ def _check_cache(cfg: Config) -> None:
     _check(s.cfg_scale == 0, "sampling.cache", "is not implemented with classifier-free guidance (sampling.cfg_scale "
                                                "> 0); set one of them off")
     if cfg.model.family not in (None, "auto"):
-        from dlmrl.models.families import cached_logits_of
+        check_cache_family(cfg.model.family, s.cache)
 
-        try:
-            cached_logits_of(cfg.model.family, s.cache)
-        except ValueError as err:
-            raise ConfigError(f"config key 'sampling.cache': {err}") from None
+
+def check_cache_family(family: str | None, mode: str, model: str | None = None) -> None:
+    """Refuse ``sampling.cache = mode`` for a model family without a block cache (validation, when the family is
+    named; the trainer, once ``family: auto`` has been detected at load).
+
+    Raises:
+        ConfigError: naming ``sampling.cache``, the model when given, the family and why.
+    """
+    from dlmrl.models.families import cached_logits_of
+
+    try:
+        cached_logits_of(family, mode)
+    except ValueError as err:
+        where = f" with model {model!r}" if model else ""
+        raise ConfigError(f"config key 'sampling.cache'{where}: {err}") from None
 
 
 def _check_rollout_is_cap(cfg: Config, name: str, e: EstimatorConfig) -> None:

@@ -101,6 +101,7 @@ class BlockCache:
         self.prompt_ids, self.prompt_mask = prompt_ids, prompt_mask.bool()
         self.past: KeyValues | None = None
         self.rows: torch.Tensor | None = None  # (n0,) the batch rows of the block's first pass
+        self.keep: torch.Tensor | None = None  # the sequence positions whose keys/values the cache holds
         self.lo = self.hi = 0
         self.full_passes = 0  # passes over the whole sequence (one per block with a masked row)
         self.cached_passes = 0  # passes over the block (dual) or block + suffix (prefix)

@@ -409,11 +409,10 @@ class _BlockForward:
     def __call__(self, x: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         if self.cache is not None:
             return self.cache.logits(x, rows)
-        if rows is None:
-            return _guided_logits(self.policy, self.prompt_ids, self.prompt_mask, x, self.mask_id,
-                                  self.cfg_scale)[:, self.lo : self.hi]
-        return _guided_logits(self.policy, self.prompt_ids[rows], self.prompt_mask[rows], x[rows], self.mask_id,
-                              self.cfg_scale)[:, self.lo : self.hi]
+        ids, mask = (self.prompt_ids, self.prompt_mask) if rows is None else (self.prompt_ids[rows],
+                                                                           self.prompt_mask[rows])
+        canvas = x if rows is None else x[rows]
+        return _guided_logits(self.policy, ids, mask, canvas, self.mask_id, self.cfg_scale)[:, self.lo : self.hi]
 
 
 #: odd 64-bit constant that spreads the per-step seeds of threshold decoding (the golden-ratio increment)

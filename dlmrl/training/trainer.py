@@ -46,6 +46,7 @@ from dlmrl.config import (
     Config,
     ConfigError,
     build_preset,
+    check_cache_family,
     estimator_settings,
     flatten,
     load_yaml,
@@ -371,13 +372,8 @@ def check_policy(cfg: Config, policy) -> None:
     if kind != cfg.model.kind:
         raise ConfigError(f"config key 'model.kind': the policy is a {kind} policy ({type(policy).__name__}) but "
                           f"model.kind is {cfg.model.kind!r}")
-    if cfg.sampling.cache != "none" and kind == "diffusion":
-        from dlmrl.models.families import cached_logits_of
-
-        try:
-            cached_logits_of(policy.family, cfg.sampling.cache)
-        except ValueError as e:
-            raise ConfigError(f"config key 'sampling.cache' with model {cfg.model.name_or_path!r}: {e}") from None
+    if cfg.sampling.cache != "none" and kind == "diffusion":  # (a detected family is known only now)
+        check_cache_family(policy.family, cfg.sampling.cache, cfg.model.name_or_path)
 
 
 def evaluate_config(cfg: Config, policy, task) -> dict:
