@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dlmrl.config import Config, ConfigError, TaskConfig, _check_data_files, apply_overrides, validate
+from dlmrl.config import Config, ConfigError, TaskConfig, apply_overrides, validate
+from dlmrl.config.validation import _check_data_files
 from dlmrl.data import TASKS, CountdownExample, GSM8KExample, MathExample, SudokuTask, build_task
 from dlmrl.data.prompts import D1_SYSTEM_PROMPT
 from dlmrl.data.text_tasks import CountdownTask, GSM8KTask, MathTask

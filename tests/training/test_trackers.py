@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from dlmrl import cli, config
-from dlmrl.config import Config, ConfigError, apply_overrides, validate
+from dlmrl import cli
+from dlmrl.config import Config, ConfigError, apply_overrides, validate, validation
 
 SMALL = ["max_steps=2", "prompts_per_step=2", "num_generations=2", "eval.before=false", "eval.after=false",
          "save_steps=2", "--no-progress"]
@@ -33,7 +33,7 @@ def test_off_by_default_and_unknown_or_missing_trackers_fail_up_front(tmp_path, 
     apply_overrides(cfg, ["report_to=mlflow"])
     with pytest.raises(ConfigError, match="train.report_to.*unknown tracker 'mlflow'"):
         validate(cfg)
-    monkeypatch.setattr(config, "tracker_available", lambda name: False)
+    monkeypatch.setattr(validation, "tracker_available", lambda name: False)
     cfg = Config()
     apply_overrides(cfg, ["report_to=wandb"])
     with pytest.raises(ConfigError, match="'wandb' needs the wandb package.*pip install wandb"):

@@ -1,0 +1,302 @@
+"""The config schema: nested dataclasses whose field docs are the ``--help`` text.
+
+Option names follow TRL's ``GRPOConfig`` where one exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_TRAIN_CONFIG = "gdpo_sudoku_tiny.yaml"
+
+
+def default_config_path(name: str = DEFAULT_TRAIN_CONFIG) -> Path:
+    """The packaged recipe ``dlmrl/recipes/<name>`` (``dlmrl train`` with no ``--config`` runs it)."""
+    from importlib import resources
+
+    return Path(str(resources.files("dlmrl") / "recipes" / name))
+
+
+#: transformers schedules that need nothing beyond warm-up and total steps.
+SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+              "inverse_sqrt")
+
+
+def doc(default: Any, help: str, **kw) -> Any:
+    """A dataclass field with a help string (shown by ``dlmrl <cmd> --help``)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass
+class ModelConfig:
+    kind: str = doc("diffusion", "Policy kind: diffusion (masked-diffusion LM: sampler + ELBO estimator) | ar "
+                                 "(causal LM: generate + exact token log-probs; task.answer_mode full).")
+    name_or_path: str = doc("tiny-sudoku", "Checkpoint: local folder, hub id, or 'tiny-sudoku' (shipped diffusion "
+                                           "default) / 'tiny-sudoku-ar' (shipped AR default).")
+    family: str = doc("auto", "Family adapter (diffusion): auto | llada | dream | masked_lm | tiny; auto reads "
+                              "config.json (model_type / architectures / auto_map), a name overrides it.")
+    trust_remote_code: bool = doc(False, "Allow the checkpoint's own modeling code (only if you trust it).")
+    dtype: str = doc("float32", "Weights dtype: float32 | bfloat16 | float16. Log-probs are computed in float32 "
+                                "whatever the weights; a LoRA adapter stays float32 on a bfloat16 base.")
+    use_peft: bool = doc(False, "Train a LoRA adapter (peft) instead of the whole model; the KL reference is the "
+                                "base with the adapter disabled (no second copy), final_model/ holds the adapter.")
+    lora_r: int = doc(16, "LoRA rank r (trainable parameters: r * (in + out) per targeted linear layer).")
+    lora_alpha: int = doc(32, "LoRA alpha: the adapter's update B A is scaled by alpha / r.")
+    lora_dropout: float = doc(0.05, "Dropout on the LoRA branch's input (train mode only).")
+    lora_target_modules: str = doc("all-linear", "Layers that get an adapter: all-linear (every linear layer but "
+                                                 "the output head) | a comma list of module names matched as name "
+                                                 "suffixes, e.g. q_proj,k_proj,v_proj.")
+    gradient_checkpointing: bool = doc(False, "Recompute each layer's activations in the backward pass (less "
+                                              "memory, more time; same gradients).")
+
+
+@dataclass
+class TaskConfig:
+    name: str = doc("sudoku", "Task name (see dlmrl.data.TASKS): sudoku | gsm8k | math | countdown | dataset (your "
+                              "own prompts from task.dataset / task.train_file, scored by train.reward_funcs).")
+    answer_mode: str = doc(
+        "infill",
+        "Sudoku answer format: 'infill' (given digits pre-placed on the canvas, only blanks masked and "
+        "scored), 'full' (the whole 16-cell grid is generated) or 'text' (d1's reasoning prompt and a canvas of "
+        "sampling.gen_length tokens with the answer inside <answer>: for instruction-tuned models such as LLaDA).",
+    )
+    train_file: str | None = doc(None, "Optional local training data. sudoku: d1-format CSV/JSONL (default: "
+                                       "generated puzzles); gsm8k/math/countdown: a .json/.jsonl/.csv/.parquet "
+                                       "file with the dataset's columns (replaces dataset/split).")
+    test_file: str | None = doc(None, "Optional local held-out data, same formats. sudoku default: the shipped "
+                                      "256-puzzle split; others: test_dataset/test_split. For Countdown, d1's "
+                                      "countdown_cd3_test.jsonl (input/output columns) works as is.")
+    min_blanks: int = doc(6, "Fewest blank cells in generated training puzzles.")
+    max_blanks: int = doc(10, "Most blank cells in generated training puzzles.")
+    dataset: str | None = doc(None, "gsm8k/math/countdown: hub name or local file/folder for "
+                                    "datasets.load_dataset; null = the task's (gsm8k: openai/gsm8k; math: "
+                                    "ankner/math-500, d1's training set; countdown: Jiayi-Pan/Countdown-Tasks-3to4).")
+    subset: str | None = doc(None, "Dataset configuration name; null = the task's ('main' for openai/gsm8k).")
+    split: str | None = doc(None, "Training split, slicing allowed ('train[:90%]'); null = the task's ('train'; "
+                                  "countdown 'train[:-500]'). A local file's only split is 'train'.")
+    test_dataset: str | None = doc(None, "Held-out dataset; null = dataset, else the task's (math: "
+                                         "HuggingFaceH4/MATH-500).")
+    test_split: str | None = doc(None, "Held-out split; null = the task's ('test'; countdown 'train[-500:]', "
+                                       "disjoint from its training split).")
+    prompt_template: str = doc("d1", "gsm8k/math/countdown training prompts: d1 (d1's RL prompts) | d1_eval (d1's "
+                                     "evaluation prompts: \\boxed{} inside <answer>, the answer starts after "
+                                     "<reasoning>) | plain | a format string over {question} (countdown also "
+                                     "{nums}, {target}).")
+    test_prompt_template: str | None = doc(None, "Held-out prompts, same choices; null = prompt_template.")
+    chat_template: str = doc("auto", "Wrap prompts in the tokenizer's chat template (with the generation prompt): "
+                                     "auto (when the tokenizer has one) | on | off (plain text).")
+    format_rewards: str = doc("none", "Format rewards added to correctness: none | d1 (d1's set: gsm8k xmlcount, "
+                                      "soft_format, strict_format, int_format; math boxed_in_answer; countdown "
+                                      "none) | a comma list of those names.")
+    num_numbers: int = doc(0, "countdown: keep only problems with this many numbers (d1 trains on 3); 0 = all.")
+    verify_timeout: float = doc(1.0, "math: seconds math-verify may spend on one answer (in a worker process, "
+                                     "killed past it; the answer then scores 0).")
+    verify_workers: int = doc(2, "math: math-verify worker processes (a thread-safe pool; 2 keeps one serving "
+                                 "while a killed one restarts).")
+    prompt_column: str = doc("prompt", "dataset: the column holding each prompt, plain text or chat messages "
+                                       "[{role, content}, ...] (rendered with the tokenizer's chat template); the "
+                                       "other columns reach the reward functions as keyword arguments.")
+    num_proc: int | None = doc(None, "Processes datasets.load_dataset uses to prepare data; null = one.")
+    cache_dir: str | None = doc(None, "datasets cache folder; null = datasets' default "
+                                      "(~/.cache/huggingface/datasets).")
+
+
+@dataclass
+class SamplingConfig:
+    gen_length: int = doc(16, "Canvas length L in tokens (16 cells for 4x4 Sudoku).")
+    block_length: int = doc(16, "Block length for semi-autoregressive decoding; must divide gen_length.")
+    steps: int = doc(4, "Total denoising steps (forward passes) per rollout canvas; must split evenly over blocks.")
+    temperature: float = doc(1.0, "Rollout sampling temperature (0 = greedy). Gumbel noise is float64.")
+    remasking: str = doc("low_confidence", "Which masked positions to reveal: low_confidence | random | "
+                                           "left_to_right (an autoregressive order, as JustGRPO's rollouts).")
+    cfg_scale: float = doc(0.0, "Classifier-free guidance scale s (0 = off).")
+    threshold: float | None = doc(
+        None, "Threshold parallel decoding (Fast-dLLM, arXiv 2505.22618): each step reveals every masked position of "
+              "the block whose confidence (the drawn token's probability under the model's full softmax) is >= "
+              "this, at least the most confident one; null = off (the steps schedule). 0 < threshold <= 1; needs "
+              "remasking low_confidence. A block then runs until decoded (1 to block_length steps, data-dependent; "
+              "steps must still split over the blocks but does not set the pace); the run logs nfe_sampling, the "
+              "mean forward passes per completion. Rollouts only: evaluation decodes with eval.steps.")
+    threshold_factor: float | None = doc(
+        None, "Fast-dLLM's factor rule instead of a fixed threshold: each step reveals the longest run of the most "
+              "confident masked positions whose n-th has confidence >= 1 - f / (n + 1), at least one; null = off. "
+              "> 0; not with threshold; same step count rules as threshold.")
+    cache: str = doc(
+        "none", "Block caching (Fast-dLLM, arXiv 2505.22618): none | prefix | dual. A block's first pass runs over "
+                "the whole sequence and keeps the keys/values before the block (prefix) or outside it (dual); its later "
+                "passes feed only the block (and, for prefix, what follows). An approximation for a bidirectional "
+                "model (the cached states are stale by the tokens revealed since the block's first pass): the "
+                "rollout log-probs are those of the logits used; with the trajectory estimator at merge 1 the run "
+                "logs their gap to exact scores (rollout_logp_gap_*) and train.rollout_is_cap corrects it. Families with a cache: tiny (transformers "
+                "Llama/Qwen-style models with is_causal=False); others are refused by name. Not with cfg_scale > 0. "
+                "Rollouts only.")
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether threshold decoding is on (``threshold`` or ``threshold_factor``): the steps are data-dependent."""
+        return self.threshold is not None or self.threshold_factor is not None
+
+    @property
+    def max_steps(self) -> int:
+        """The most steps a rollout can take: ``steps``, or ``gen_length`` with threshold decoding (at least one
+        token per step)."""
+        return self.gen_length if self.adaptive else self.steps
+
+
+@dataclass
+class EstimatorConfig:
+    name: str | None = doc(None, "Likelihood estimator for training: sdmc | coupled_sdmc | double_mc | coupled | "
+                                 "stratified_coupled | one_step | trajectory | spg; null = the algorithm preset's "
+                                 "recipe estimator (diffu_grpo: one_step, gdpo: sdmc, tracerl: trajectory), else "
+                                 "sdmc. An explicit name always wins.")
+    num_nodes: int = doc(3, "sdmc/coupled_sdmc: Gauss-Legendre nodes N on [0,1] (double_mc: N*K random times).")
+    samples_per_node: int = doc(1, "K: masks per node (sdmc, coupled_sdmc; NFE = N*K), mask/complement pairs "
+                                   "(coupled, stratified_coupled; NFE = 2K), prompt masks (one_step; NFE = K) or "
+                                   "block-wise masks (spg; NFE = K, SPG uses 2).")
+    masking: str = doc("exact_count", "Masking: exact_count | bernoulli | reference (GDPO's code; sdmc only).")
+    stratified: bool = doc(False, "double_mc: draw one time per stratum ((k-1)/K, k/K].")
+    p_mask_prompt: float = doc(0.15, "one_step: probability of masking each prompt token (d1: 0.15).")
+    t_min: float = doc(0.2, "coupled: times t ~ U(t_min, t_max) (DiffuCoder: 0.2, 0.8; 0, 1 is unbiased).")
+    t_max: float = doc(0.8, "coupled: upper end of the time interval.")
+    merge: int = doc(1, "trajectory: consecutive sampling steps scored from one canvas (TraceRL's shrink; 1 = exact, "
+                        "NFE = ceil(steps / merge)).")
+    order: str = doc("sampled", "trajectory: sampled (the order the sampler took, from its record) | left_to_right "
+                                "(the autoregressive chain rule, JustGRPO; NFE = L / merge; any completion).")
+    eubo_beta: float = doc(1.5, "spg: Renyi order beta >= 1 of the upper bound scored on negative-advantage rows "
+                                "(SPG: 1.5; 1.0 for Sudoku).")
+    mix_weight: float = doc(0.5, "spg: weight omega of the upper bound on negative-advantage rows, the rest the ELBO "
+                                 "(1 = SPG's pure EUBO, 0.5 its mixture).")
+    mask_block_length: int = doc(0, "spg: block size of the block-wise masks (0 = sampling.block_length, as SPG).")
+    micro_batch: int = doc(
+        0,
+        "Most masked canvases per forward call when scoring (0 = all S*B at once). Training uses a "
+        "two-pass surrogate when the canvases do not fit in one chunk, so peak memory stays that of one "
+        "chunk whatever the NFE.",
+    )
+
+
+@dataclass
+class TrainConfig:
+    algorithm: str = doc("gdpo", "Algorithm preset (dlmrl list algorithms); the fields below left null use the "
+                                 "preset's values.")
+    learning_rate: float = doc(4e-4, "AdamW learning rate (peak).")
+    weight_decay: float = doc(0.0, "AdamW weight decay.")
+    adam_beta1: float = doc(0.9, "AdamW beta1.")
+    adam_beta2: float = doc(0.99, "AdamW beta2.")
+    lr_scheduler_type: str = doc("cosine", "LR schedule: linear | cosine | cosine_with_restarts | polynomial | constant | constant_with_warmup | inverse_sqrt.")
+    warmup_steps: int = doc(5, "Warm-up steps of the LR schedule.")
+    max_grad_norm: float = doc(1.0, "Gradient clipping norm (0 = off).")
+    rollout_is_cap: float | None = doc(
+        None, "Truncated importance sampling of the rollout/training mismatch (TRL's vllm_importance_sampling_cap): "
+              "each token's policy loss is multiplied by min(exp(logp_old - logp_rollout), C), detached, with "
+              "logp_rollout the log-prob the sampler recorded for the token and logp_old the exact old-policy score "
+              "of the same trajectory; null = off. C >= 1. Needs the trajectory estimator with merge 1 and order "
+              "sampled (the only estimator that scores the sampler's own distribution) on a diffusion model.")
+    max_steps: int = doc(260, "Rollout steps (each: sample, reward, score, num_iterations updates).")
+    prompts_per_step: int = doc(64, "Prompts per rollout step; the batch is prompts_per_step * num_generations completions.")
+    num_generations: int = doc(8, "Group size G: completions per prompt.")
+    num_iterations: int = doc(1, "Inner iterations mu per rollout batch, each with a fresh MaskPlan.")
+    epsilon: float | None = doc(None, "Clip epsilon (lower; and upper unless epsilon_high is set); null = the "
+                                      "preset's (gdpo 0.5, grpo 0.2).")
+    epsilon_high: float | None = doc(None, "Upper clip epsilon; null = the preset's (default: epsilon).")
+    beta: float | None = doc(None, "KL coefficient beta against the frozen initial model; null = the preset's "
+                                   "(gdpo 0: no reference model; grpo 0.04).")
+    loss_type: str | None = doc(None, "Loss aggregation: grpo | bnpo | dapo | dr_grpo | segment_mean; null = the "
+                                      "preset's.")
+    importance_sampling_level: str | None = doc(None, "Ratio level: token | sequence | sequence_token | sentence | "
+                                                      "entropy_group; null = the preset's (gdpo: sequence).")
+    scale_rewards: str | None = doc(None, "Advantage scaling: none (R - mean) | group (/ group std) | batch "
+                                          "(/ batch std); null = the preset's advantage (gdpo: none).")
+    advantage: str | None = doc(None, "Advantage estimator by name (rloo, gtpo, ...; see objectives."
+                                      "advantage_registry); null = the preset's. Exclusive with scale_rewards.")
+    dynamic_sampling_max_rounds: int | None = doc(
+        None, "Dynamic sampling (dapo): most extra rollout rounds of new prompts per step to fill the batch with "
+              "groups whose rewards differ; null = the preset's (dapo: 3).")
+    max_completions: int = doc(0, "Rollout budget: stop at the end of the step where the cumulative number of "
+                                  "sampled completions (every round, every turn) reaches this (0 = off).")
+    env: str | None = doc(None, "Environment of multi-turn presets (flow_grpo): sudoku_feedback | sudoku_retry "
+                                "(dlmrl.envs.ENVS); null = the task's default (sudoku: sudoku_feedback).")
+    max_turns: int = doc(3, "Multi-turn presets: most turns (policy responses) per episode.")
+    reward_funcs: list[str] = field(default_factory=list, metadata={"help": (
+        "task.name dataset: the reward functions, each a registry name (dlmrl list rewards) or an import string "
+        "module:function; TRL's signature f(prompts, completions, **columns) -> list[float | None] (None: not "
+        "applicable to that completion). A comma list on the command line.")})
+    reward_weights: list[float] = field(default_factory=list, metadata={"help": (
+        "Weight of each reward function in the summed reward (TRL's reward_weights); empty = all 1.")})
+    seed: int = doc(0, "Seed for rollouts, masks and data.")
+    save_steps: int = doc(25, "Checkpoint every this many steps (and at the end).")
+    logging_steps: int = doc(1, "Write metrics every this many steps.")
+    report_to: str = doc("none", "accelerate tracker: none | tensorboard | wandb | trackio (its package must be "
+                                 "installed); metrics.jsonl is written either way.")
+
+
+@dataclass
+class EvalConfig:
+    num_puzzles: int = doc(256, "Held-out examples to evaluate, the first of the test split (0 = all of it).")
+    steps: int = doc(8, "Denoising steps for evaluation decoding.")
+    temperature: float = doc(0.0, "Evaluation temperature (0 = greedy).")
+    batch_size: int = doc(256, "Puzzles per evaluation batch.")
+    eval_steps: int = doc(0, "Also evaluate the held-out split every this many steps (0 = only before/after).")
+    before: bool = doc(True, "Evaluate the starting model before training.")
+    after: bool = doc(True, "Evaluate the trained model after training.")
+
+
+@dataclass
+class Config:
+    """The ``dlmrl train`` / ``dlmrl eval`` config."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    estimator: EstimatorConfig = field(default_factory=EstimatorConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    output_dir: str = doc("runs/gdpo_sudoku_tiny", "Where config.yaml, metrics.jsonl, checkpoints/, summary.json and plots go.")
+
+
+@dataclass
+class PretrainConfig:
+    """The ``dlmrl pretrain`` config: SFT of a tiny default on Sudoku solutions (masked-diffusion or next-token)."""
+
+    kind: str = doc("diffusion", "Model kind: 'diffusion' (bidirectional, masked-diffusion SFT, infill) or 'ar' "
+                                 "(causal, next-token SFT on d1's full format).")
+    output_dir: str = doc("runs/pretrain_tiny", "Where the checkpoint (config, tokenizer, safetensors) is saved.")
+    seed: int = doc(0, "Seed for initialisation, data and masks.")
+    steps: int = doc(300, "Optimizer steps.")
+    batch_size: int = doc(64, "Sequences per step.")
+    learning_rate: float = doc(1e-3, "AdamW learning rate (linear warm-up then cosine decay).")
+    warmup_steps: int = doc(20, "Warm-up steps.")
+    min_blanks: int = doc(2, "Fewest blanks in SFT puzzles.")
+    max_blanks: int = doc(5, "Most blanks in SFT puzzles.")
+    hidden_size: int = doc(64, "Transformer width.")
+    num_layers: int = doc(4, "Transformer layers.")
+    num_heads: int = doc(4, "Attention heads.")
+    intermediate_size: int = doc(192, "MLP width.")
+    eval_puzzles: int = doc(256, "Held-out puzzles evaluated at the end (greedy, infill).")
+
+
+def iter_fields(cls: type, prefix: str = ""):
+    """Yield ``(dotted_key, dataclass_field)`` for every leaf field of a (nested) config class."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        ftype = hints[f.name]
+        if dataclasses.is_dataclass(ftype):
+            yield from iter_fields(ftype, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", f, ftype
+
+
+def help_text(cls: type) -> str:
+    """Every config field with its type, default and doc (the ``--help`` listing)."""
+    lines = []
+    for key, f, ftype in iter_fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        tname = getattr(ftype, "__name__", str(ftype)).replace("typing.", "")
+        lines.append(f"  {key} ({tname}, default {default!r})\n      {f.metadata.get('help', '')}")
+    return "\n".join(lines)

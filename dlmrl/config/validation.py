@@ -1,0 +1,400 @@
+"""Checking a config's values against their ranges and the registries before any model loads."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+from dlmrl.config.overrides import apply_overrides, load_yaml
+from dlmrl.config.resolve import (
+    _default_recipe,
+    build_estimator,
+    build_preset,
+    estimator_settings,
+    use_the_algorithms_estimator,
+)
+from dlmrl.config.schema import (
+    SCHEDULERS,
+    Config,
+    EstimatorConfig,
+    ModelConfig,
+    PretrainConfig,
+    TaskConfig,
+    default_config_path,
+)
+from dlmrl.errors import ConfigError
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"config key {key!r}: {msg}")
+
+
+#: trackers ``train.report_to`` accepts (accelerate's ``log_with`` names) and the package each needs
+TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
+
+
+def tracker_available(name: str) -> bool:
+    """Whether the package of tracker ``name`` (:data:`TRACKERS`) is installed (accelerate's own check)."""
+    from accelerate import utils
+
+    return bool(getattr(utils, f"is_{name}_available")())
+
+
+def validate(cfg: Config, for_training: bool = True, data: bool = True) -> None:
+    """Check every value of a train/eval config against its allowed range and the registries.
+
+    Args:
+        data: also check the task's data (local files loaded, held-out size) and resolve ``train.reward_funcs``
+            (importing the modules their import strings name); ``False`` when the caller built the task itself
+            (the Python API, :class:`dlmrl.api.Trainer`, which checks its datasets and reward functions).
+    Raises:
+        ConfigError: naming the first bad key.
+    """
+    from dlmrl.data import TASKS
+    from dlmrl.estimators import ESTIMATORS
+
+    m, t, s, tr, ev = cfg.model, cfg.task, cfg.sampling, cfg.train, cfg.eval
+    _check(m.kind in ("diffusion", "ar"), "model.kind", f"unknown policy kind {m.kind!r}; use diffusion or ar")
+    if for_training:  # (first: a preset on the wrong policy kind is the likeliest mistake to report)
+        _check_algorithm(cfg)
+    from dlmrl.models.families import FAMILIES
+
+    _check(m.family == "auto" or m.family in FAMILIES, "model.family",
+           f"unknown family {m.family!r}; known: auto, {', '.join(FAMILIES.names())}")
+    shipped = {"diffusion": "tiny-sudoku", "ar": "tiny-sudoku-ar"}
+    _check(m.name_or_path != shipped["ar" if m.kind == "diffusion" else "diffusion"], "model.name_or_path",
+           f"{m.name_or_path!r} is the shipped {'AR' if m.kind == 'diffusion' else 'diffusion'} model; "
+           f"model.kind is {m.kind!r} (use {shipped[m.kind]!r} or set model.kind)")
+    sudoku_grid = t.name == "sudoku" and t.answer_mode != "text"  # (the tiny model's 16-cell canvas)
+    _check(m.kind != "ar" or not sudoku_grid or t.answer_mode == "full", "task.answer_mode",
+           "model.kind 'ar' generates the whole grid left to right: use answer_mode full (or text)")
+    _check(m.dtype in ("float32", "bfloat16", "float16"), "model.dtype", f"unknown dtype {m.dtype!r}")
+    _check_lora(m)
+    _check(t.name in TASKS, "task.name", f"unknown task {t.name!r}; known: {TASKS.names()}")
+    _check(t.answer_mode in ("infill", "full", "text"), "task.answer_mode", "must be 'infill', 'full' or 'text'")
+    _check(1 <= t.min_blanks <= t.max_blanks <= 12, "task.min_blanks", "need 1 <= min_blanks <= max_blanks <= 12")
+    if data:
+        for key, path in (("task.train_file", t.train_file), ("task.test_file", t.test_file)):
+            _check(path is None or Path(path).exists(), key, f"file {path} does not exist")
+        test_size = _check_data_files(t)
+        if test_size == 0:  # (the dataset task names no held-out data)
+            _check(not (ev.before or ev.after or ev.eval_steps), "eval.before",
+                   f"task {t.name!r} has no held-out data; set task.test_file, task.test_dataset or task.test_split, "
+                   "or turn held-out evaluation off (eval.before: false, eval.after: false, eval.eval_steps: 0)")
+        else:
+            _check(ev.num_puzzles <= test_size, "eval.num_puzzles",
+                   f"{ev.num_puzzles} puzzles asked, the held-out split has {test_size}")
+        _check_reward_funcs(cfg)
+    _check(not sudoku_grid or s.gen_length == 16, "sampling.gen_length",
+           f"the sudoku task's canvas is 16 cells with answer_mode {t.answer_mode!r}; set 16 (answer_mode text "
+           "takes any length)")
+    _check(s.gen_length >= 1 and s.block_length >= 1, "sampling.gen_length", "lengths must be >= 1")
+    _check(s.gen_length % s.block_length == 0, "sampling.block_length",
+           f"gen_length {s.gen_length} is not divisible by block_length {s.block_length}")
+    blocks = s.gen_length // s.block_length
+    for key, steps in (("sampling.steps", s.steps), ("eval.steps", ev.steps)):
+        _check(steps >= blocks and steps % blocks == 0, key, f"{steps} steps do not split evenly over {blocks} blocks")
+    _check(s.temperature >= 0, "sampling.temperature", "must be >= 0")
+    _check(ev.temperature >= 0, "eval.temperature", "must be >= 0")
+    from dlmrl.models.sampler import REMASKING
+
+    _check(s.remasking in REMASKING, "sampling.remasking", f"must be one of {', '.join(REMASKING)}")
+    _check(s.cfg_scale >= 0, "sampling.cfg_scale", "must be >= 0")
+    _check_threshold(cfg)
+    _check_cache(cfg)
+    name, e = estimator_settings(cfg)
+    _check(name in ESTIMATORS, "estimator.name", f"unknown estimator {name!r}; known: {ESTIMATORS.names()}")
+    _check(name != "exact", "estimator.name",
+           "'exact' enumerates 2^L - 1 masks; it is for analysis (dlmrl estimators), train with 'sdmc'")
+    _check(not (name == "trajectory" and m.kind == "diffusion" and s.cfg_scale > 0), "sampling.cfg_scale",
+           "the trajectory estimator scores the sampler's own token distribution, but with classifier-free "
+           "guidance the sampler draws from guided logits the scorer does not compute; set cfg_scale 0 or use an "
+           "ELBO estimator")
+    _warn_estimator_fields(cfg, name, e)
+    _check(not (name == "double_mc" and e.masking == "reference"), "estimator.masking",
+           "double_mc with 'reference' masking has infinite expectation (weight 1/t near t = 0); "
+           "use exact_count or bernoulli")
+    if name in ESTIMATORS:
+        try:
+            build_estimator(e, name, s)
+        except (ValueError, TypeError) as err:
+            # the estimators name their own argument first; map it to the config field
+            arg = str(err).split()[0]
+            fields = {"num_samples": "samples_per_node", "num_pairs": "samples_per_node", "coupled": "t_min",
+                      "beta": "eubo_beta", "mix": "mix_weight", "block_length": "mask_block_length"}
+            field_name = fields.get(arg, arg if arg in {f.name for f in dataclasses.fields(e)} else "name")
+            _check(False, f"estimator.{field_name}", f"{err} (estimator {name!r})")
+    if name == "spg" and m.kind == "diffusion":  # (the block masks tile the canvas the sampler fills)
+        block = e.mask_block_length or s.block_length
+        _check(s.gen_length % block == 0, "estimator.mask_block_length",
+               f"the spg block masks' length {block} must divide sampling.gen_length {s.gen_length}")
+    _check(e.merge <= 1 << 20, "estimator.merge", f"must be at most 2^20 (any merge >= the steps scores one canvas), "
+           f"got {e.merge}")
+    _check(isinstance(e.micro_batch, int) and not isinstance(e.micro_batch, bool) and e.micro_batch >= 0,
+           "estimator.micro_batch", f"must be an integer >= 0 (0 = all canvases at once), got {e.micro_batch!r}")
+    _check(tr.learning_rate > 0, "train.learning_rate", "must be > 0")
+    _check(tr.lr_scheduler_type in SCHEDULERS, "train.lr_scheduler_type", f"must be one of {', '.join(SCHEDULERS)}")
+    _check(tr.max_steps >= 0, "train.max_steps", "must be >= 0")
+    _check(tr.prompts_per_step >= 1, "train.prompts_per_step", "must be >= 1")
+    _check(tr.num_generations >= 2, "train.num_generations", "group size G must be >= 2 (advantages need a group)")
+    _check(tr.num_iterations >= 1, "train.num_iterations", "must be >= 1")
+    _check(tr.max_grad_norm >= 0, "train.max_grad_norm", "must be >= 0")
+    _check_rollout_is_cap(cfg, name, e)
+    _check(tr.save_steps >= 1, "train.save_steps", "must be >= 1")
+    _check(tr.logging_steps >= 1, "train.logging_steps", "must be >= 1")
+    _check(tr.report_to in ("none", *TRACKERS), "train.report_to",
+           f"unknown tracker {tr.report_to!r}; use none, {', '.join(TRACKERS)}")
+    _check(tr.report_to == "none" or tracker_available(tr.report_to), "train.report_to",
+           f"{tr.report_to!r} needs the {TRACKERS.get(tr.report_to)} package, which is not installed: pip install "
+           f"{TRACKERS.get(tr.report_to)} (or use none; metrics.jsonl is always written)")
+    _check(ev.eval_steps >= 0, "eval.eval_steps", "must be >= 0")
+    _check(ev.num_puzzles >= 0, "eval.num_puzzles", "must be >= 0 (0 = the whole held-out split)")
+    _check(ev.batch_size >= 1, "eval.batch_size", "must be >= 1")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_threshold(cfg: Config) -> None:
+    """``sampling.threshold`` / ``threshold_factor``: ranges, exclusive, low-confidence remasking, diffusion only."""
+    s = cfg.sampling
+    _check(s.threshold is None or (_is_number(s.threshold) and 0 < s.threshold <= 1), "sampling.threshold",
+           f"must be in (0, 1] (a probability the drawn token's confidence must reach) or null, got {s.threshold!r}")
+    _check(s.threshold_factor is None or (_is_number(s.threshold_factor) and s.threshold_factor > 0),
+           "sampling.threshold_factor", f"must be > 0 or null, got {s.threshold_factor!r}")
+    _check(s.threshold is None or s.threshold_factor is None, "sampling.threshold_factor",
+           "set sampling.threshold or sampling.threshold_factor, not both")
+    if s.adaptive:
+        key = "sampling.threshold" if s.threshold is not None else "sampling.threshold_factor"
+        _check(s.remasking == "low_confidence", key,
+               f"compares the model's confidence in its drawn token: needs sampling.remasking low_confidence "
+               f"(got {s.remasking!r})")
+        _check(cfg.model.kind == "diffusion", key,
+               "is a diffusion-sampler setting; model.kind 'ar' decodes left to right (set it null)")
+
+
+def _check_cache(cfg: Config) -> None:
+    """``sampling.cache``: a known mode, diffusion only, no guidance, and a family that has a cache when it is named
+    (``model.family: auto`` is checked when the model loads)."""
+    from dlmrl.models.block_cache import CACHE_MODES
+
+    s = cfg.sampling
+    _check(s.cache in CACHE_MODES, "sampling.cache", f"must be one of {', '.join(CACHE_MODES)}, got {s.cache!r}")
+    if s.cache == "none":
+        return
+    _check(cfg.model.kind == "diffusion", "sampling.cache",
+           "is the diffusion sampler's block cache; model.kind 'ar' decodes with transformers' own key/value cache "
+           "(set it none)")
+    _check(s.cfg_scale == 0, "sampling.cache", "is not implemented with classifier-free guidance (sampling.cfg_scale "
+                                               "> 0); set one of them off")
+    if cfg.model.family not in (None, "auto"):
+        check_cache_family(cfg.model.family, s.cache)
+
+
+def check_cache_family(family: str | None, mode: str, model: str | None = None) -> None:
+    """Refuse ``sampling.cache = mode`` for a model family without a block cache (validation, when the family is
+    named; the trainer, once ``family: auto`` has been detected at load).
+
+    Raises:
+        ConfigError: naming ``sampling.cache``, the model when given, the family and why.
+    """
+    from dlmrl.models.families import cached_logits_of
+
+    try:
+        cached_logits_of(family, mode)
+    except ValueError as err:
+        where = f" with model {model!r}" if model else ""
+        raise ConfigError(f"config key 'sampling.cache'{where}: {err}") from None
+
+
+def _check_rollout_is_cap(cfg: Config, name: str, e: EstimatorConfig) -> None:
+    """``train.rollout_is_cap``: ``>= 1``, and only where the old-policy scores are the sampler's own distribution."""
+    cap = cfg.train.rollout_is_cap
+    if cap is None:
+        return
+    _check(_is_number(cap) and cap >= 1, "train.rollout_is_cap",
+           f"must be >= 1 (a cap below 1 would scale down tokens the rollout drew exactly as the policy would) or "
+           f"null, got {cap!r}")
+    _check(cfg.model.kind == "diffusion", "train.rollout_is_cap",
+           "corrects diffusion rollouts; model.kind 'ar' rollouts record no log-probs (set it null)")
+    exact = name == "trajectory" and e.merge == 1 and e.order == "sampled"
+    _check(exact, "train.rollout_is_cap",
+           f"needs estimator.name trajectory with estimator.merge 1 and estimator.order sampled, the exact "
+           f"likelihood of the sampler's own steps (got {name!r}, merge {e.merge}, order {e.order!r}): other "
+           "estimators' per-token scores are not log-probs of the distribution the rollout drew from")
+
+
+def _warn_estimator_fields(cfg: Config, name: str, e: EstimatorConfig) -> None:
+    """Warn about ``estimator`` fields set away from their defaults that ``name`` does not read (they would be
+    ignored silently), and about training with an estimator of infinite variance. A value of the dataclass
+    defaults or of the default recipe counts as unset, so ``dlmrl train estimator.name=sdmc`` does not blame
+    the user for the recipe's own ``merge: 2``."""
+    import warnings
+
+    from dlmrl.estimators.factory import FIELDS_USED
+
+    if cfg.model.kind != "diffusion" or name not in FIELDS_USED:
+        return
+    defaults = (EstimatorConfig(), _default_recipe().estimator)
+    ignored = [f.name for f in dataclasses.fields(e) if f.name not in ("name", "micro_batch")
+               and f.name not in FIELDS_USED[name] and all(getattr(e, f.name) != getattr(d, f.name) for d in defaults)]
+    if ignored:
+        warnings.warn(f"config keys {', '.join(f'estimator.{k}' for k in ignored)} do not apply to the {name!r} "
+                      f"estimator (it reads {', '.join(sorted(FIELDS_USED[name])) or 'none of them'}) and are "
+                      "ignored", UserWarning, stacklevel=3)
+    bernoulli_dmc = name == "double_mc" and e.masking == "bernoulli"
+    bernoulli_coupled = name == "coupled" and e.masking == "bernoulli" and (e.t_min == 0 or e.t_max == 1)
+    if bernoulli_dmc or bernoulli_coupled:
+        warnings.warn(f"estimator {name!r} with bernoulli masking{'' if bernoulli_dmc else ' and t reaching 0 or 1'} "
+                      "has infinite variance (a lone masked token weighs 1/t as t -> 0): its gradients are heavy-"
+                      "tailed; exact_count masking (or sdmc) is unbiased with finite variance", UserWarning,
+                      stacklevel=3)
+
+
+def _check_lora(m: ModelConfig) -> None:
+    """The LoRA fields' ranges (checked whether or not ``use_peft`` is on)."""
+    from dlmrl.models.lora import parse_target_modules
+
+    _check(m.lora_r >= 1, "model.lora_r", f"must be >= 1, got {m.lora_r}")
+    _check(m.lora_alpha > 0, "model.lora_alpha", f"must be > 0, got {m.lora_alpha}")
+    _check(0 <= m.lora_dropout < 1, "model.lora_dropout", f"must be in [0, 1), got {m.lora_dropout}")
+    try:
+        parse_target_modules(m.lora_target_modules)
+    except ValueError as e:
+        _check(False, "model.lora_target_modules", str(e))
+
+
+def _check_algorithm(cfg: Config) -> None:
+    """The preset exists, its overrides are valid, it runs on ``model.kind`` and the trainer supports it."""
+    from dlmrl.objectives.advantages import SCALE_REWARDS
+
+    tr, kind = cfg.train, cfg.model.kind
+    _check(tr.scale_rewards is None or tr.advantage is None, "train.scale_rewards",
+           "set scale_rewards or advantage, not both")
+    _check(tr.scale_rewards is None or tr.scale_rewards in SCALE_REWARDS, "train.scale_rewards",
+           f"must be none, group or batch, got {tr.scale_rewards!r}")
+    _check(tr.epsilon is None or 0 < tr.epsilon < 1, "train.epsilon", "must be in (0, 1)")
+    _check(tr.epsilon_high is None or tr.epsilon_high > 0, "train.epsilon_high", "must be > 0")
+    _check(tr.beta is None or tr.beta >= 0, "train.beta", "must be >= 0")
+    preset = build_preset(cfg)
+    eps, eps_high = preset.objective.epsilon, preset.objective.epsilon_high
+    _check(eps_high is None or eps_high >= eps, "train.epsilon_high",
+           f"the upper clip {eps_high} is below the lower one (epsilon {eps}); clip-higher needs epsilon_high >= "
+           "epsilon")
+    _check(kind in preset.policies, "train.algorithm",
+           f"{tr.algorithm!r} runs on {' and '.join(preset.policies)} policies only, but model.kind is {kind!r}")
+    _check(preset.adaptive_temperature_tau is None or kind == "ar", "train.algorithm",
+           f"{tr.algorithm!r} samples with HAPO's adaptive temperature, which needs model.kind 'ar'")
+    _check(isinstance(tr.max_completions, int) and tr.max_completions >= 0, "train.max_completions",
+           "must be an integer >= 0 (0 = no rollout budget)")
+    _check_rollout_parts(cfg, preset)
+
+
+def _check_rollout_parts(cfg: Config, preset) -> None:
+    """Dynamic sampling, anchors and episodes: combinations the trainer runs, the environment, the advantage."""
+    from dlmrl.envs import ENVS, default_env
+
+    tr, algo = cfg.train, cfg.train.algorithm
+    if preset.multi_turn:
+        _check(cfg.model.kind == "ar", "train.algorithm", f"{algo!r} plays multi-turn episodes: model.kind 'ar' only")
+        _check(not preset.dynamic_sampling and preset.anchor_threshold is None, "train.algorithm",
+               f"{algo!r}: multi-turn episodes cannot be combined with dynamic sampling or anchors")
+        env = tr.env or default_env(cfg.task.name)
+        _check(env is not None, "train.env", f"task {cfg.task.name!r} has no default environment; set train.env "
+                                             f"(known: {', '.join(ENVS.names())})")
+        _check(env in ENVS, "train.env", f"unknown environment {env!r}; known: {', '.join(ENVS.names())}")
+        tasks = getattr(ENVS.get(env), "tasks", ())
+        _check(cfg.task.name in tasks, "train.env", f"environment {env!r} serves tasks {tasks}, not {cfg.task.name!r}")
+        _check(isinstance(tr.max_turns, int) and tr.max_turns >= 1, "train.max_turns", "must be an integer >= 1")
+    else:
+        _check(tr.env is None, "train.env", f"only multi-turn presets (flow_grpo) play episodes; {algo!r} is not one")
+
+
+def _check_data_files(t: TaskConfig) -> int | float:
+    """Check the task's fields and load its local data files up front (bad records fail here, naming the config
+    key, the file, the line and the field), through the task class's ``check_config``.
+
+    Returns the number of held-out examples, or ``math.inf`` when they come from the hub (not downloaded
+    here; the run loads and checks them).
+
+    Raises:
+        ConfigError: naming the key (``task.test_file``, ``task.prompt_template``, ...).
+    """
+    from dlmrl.data import TASKS
+
+    _check(isinstance(t.num_numbers, int) and t.num_numbers >= 0, "task.num_numbers", "must be >= 0 (0 = all)")
+    _check(t.verify_timeout > 0, "task.verify_timeout", "must be > 0 seconds")
+    _check(t.verify_workers >= 1, "task.verify_workers", "must be >= 1")
+    _check(t.num_proc is None or t.num_proc >= 1, "task.num_proc", "must be >= 1 (or null)")
+    for key in ("dataset", "subset", "split", "test_dataset", "test_split", "prompt_template"):
+        value = getattr(t, key)
+        _check(value is None or value.strip() != "", f"task.{key}", "must not be empty (use null for the default)")
+    check = getattr(TASKS.get(t.name), "check_config", None)
+    if check is None:  # (a user task without one: nothing to check up front)
+        return math.inf
+    try:
+        size = check(t)
+    except (ValueError, TypeError) as e:
+        key, sep, msg = str(e).partition(": ")
+        if sep and key.startswith("task.") and " " not in key:
+            raise ConfigError(f"config key {key!r}: {msg}") from None
+        raise ConfigError(str(e)) from None
+    return math.inf if size is None else size
+
+
+def _check_reward_funcs(cfg: Config) -> None:
+    """``train.reward_funcs`` / ``reward_weights``: set exactly for tasks that read them (the dataset task), every
+    entry a registry name or an import string that imports (the user's module is imported here, before any model
+    is loaded), one weight per function.
+
+    Raises:
+        ConfigError: naming the key, and for an import string the module and the attribute.
+    """
+    from dlmrl.data import TASKS
+    from dlmrl.rewards.functions import RewardFunctions
+
+    tr, t = cfg.train, cfg.task
+    if not getattr(TASKS.get(t.name), "takes_reward_funcs", False):
+        _check(not tr.reward_funcs, "train.reward_funcs",
+               f"task {t.name!r} scores completions with its own reward; reward functions score your own prompts "
+               "(task.name dataset)")
+        _check(not tr.reward_weights, "train.reward_weights", "there are no train.reward_funcs to weigh")
+        return
+    _check(bool(tr.reward_funcs), "train.reward_funcs",
+           f"task {t.name!r} has no reward of its own: name at least one reward function, a registry name (dlmrl list "
+           "rewards) or an import string module:function")
+    try:
+        RewardFunctions(tr.reward_funcs, tr.reward_weights, what="")
+    except (ValueError, TypeError, ImportError) as e:
+        key = "train.reward_weights" if str(e).startswith("reward_weights") else "train.reward_funcs"
+        raise ConfigError(f"config key {key!r}: {e}") from None
+
+
+def validate_pretrain(cfg: PretrainConfig) -> None:
+    """Check a pretrain config. Raises ``ConfigError`` naming the key."""
+    _check(cfg.kind in ("diffusion", "ar"), "kind", f"unknown model kind {cfg.kind!r}; use diffusion or ar")
+    for key in ("steps", "batch_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "eval_puzzles"):
+        _check(getattr(cfg, key) >= 1, key, "must be >= 1")
+    _check(cfg.hidden_size % cfg.num_heads == 0, "num_heads", "must divide hidden_size")
+    _check(cfg.learning_rate > 0, "learning_rate", "must be > 0")
+    _check(1 <= cfg.min_blanks <= cfg.max_blanks <= 12, "min_blanks", "need 1 <= min_blanks <= max_blanks <= 12")
+
+
+def default_job_config(overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """The validated config that ``dlmrl train key=value ...`` (no ``--config``) runs: the default recipe, the
+    overrides, and :func:`use_the_algorithms_estimator`. ``Config()`` alone differs from it in the estimator
+    (the dataclass leaves ``estimator.name`` null: the algorithm's own).
+
+    Raises:
+        ConfigError: a bad override or value (naming the key).
+    """
+    cfg = Config()
+    load_yaml(cfg, default_config_path())
+    apply_overrides(cfg, list(overrides))
+    validate(cfg)
+    if use_the_algorithms_estimator(cfg, list(overrides)):
+        validate(cfg)
+    return cfg
