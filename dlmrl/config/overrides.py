@@ -30,11 +30,21 @@ def _unalias(key: str) -> str:
     return f"{_SECTION_ALIASES[head]}.{rest}" if dot and head in _SECTION_ALIASES else key
 
 
+def _options_fields(cls: type) -> list[str]:
+    """The dotted keys of ``cls``'s options mappings (``dict`` fields such as ``estimator.options``): a part's own
+    settings, whose names only the part knows (checked when the part is built, :func:`part_options`)."""
+    return [k for k, _, t in iter_fields(cls) if t is dict or typing.get_origin(t) is dict]
+
+
+def _in_options(cls: type, key: str) -> bool:
+    return any(key.startswith(k + ".") for k in _options_fields(cls))
+
+
 def _resolve_key(cls: type, key: str) -> str:
     keys = [k for k, _, _ in iter_fields(cls)]
-    if _unalias(key) in keys:
+    if _unalias(key) in keys or _in_options(cls, _unalias(key)):
         key = _unalias(key)
-    if key in keys:
+    if key in keys or _in_options(cls, key):
         return key
     leaf = [k for k in keys if k.rsplit(".", 1)[-1] == key]
     if len(leaf) == 1:
@@ -53,6 +63,14 @@ def _resolve_key(cls: type, key: str) -> str:
 def _coerce(key: str, ftype: Any, value: Any, where: str = "") -> Any:
     origin = typing.get_origin(ftype)
     args = typing.get_args(ftype)
+    if ftype is dict or origin is dict:  # (an options mapping: its values are checked by the part it configures)
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}config key {key!r} expects a mapping of settings, got {value!r}")
+        return {str(k): v for k, v in value.items()}
+    if ftype is typing.Any:
+        return value
     if origin is list:  # (a comma list from the command line, a YAML list, or one bare value)
         if value is None:
             return []
@@ -76,7 +94,7 @@ def _coerce(key: str, ftype: Any, value: Any, where: str = "") -> Any:
         int: lambda v: isinstance(v, int) and not isinstance(v, bool),
         float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
         str: lambda v: isinstance(v, str),
-    }[ftype](value)
+    }.get(ftype, lambda v: True)(value)  # (other types: the part that reads the value checks it)
     if not ok:
         raise ConfigError(f"{where}config key {key!r} expects {ftype.__name__}, got {value!r}")
     if ftype is float and not math.isfinite(value):
@@ -87,8 +105,16 @@ def _coerce(key: str, ftype: Any, value: Any, where: str = "") -> Any:
 def _set(obj: Any, dotted: str, value: Any) -> None:
     *path, leaf = dotted.split(".")
     for p in path:
-        obj = getattr(obj, p)
-    setattr(obj, leaf, value)
+        obj = obj.setdefault(p, {}) if isinstance(obj, dict) else getattr(obj, p)
+    if isinstance(obj, dict):
+        obj[leaf] = value
+    else:
+        setattr(obj, leaf, value)
+
+
+def _field_type(fields: dict, key: str) -> Any:
+    """The type ``key`` must have: its field's, or ``Any`` inside an options mapping (the part checks it)."""
+    return fields.get(key, typing.Any)
 
 
 def apply_mapping(cfg: Any, mapping: dict, where: str = "", prefix: str = "") -> None:
@@ -104,7 +130,16 @@ def apply_mapping(cfg: Any, mapping: dict, where: str = "", prefix: str = "") ->
             if is_section:
                 raise ConfigError(f"{where}config key {key!r} is a section; give it a mapping of settings")
             key = _resolve_key(type(cfg), key)  # a unique bare leaf name, or raises with a suggestion
-        _set(cfg, key, _coerce(key, fields[key], v, where))
+        value = _coerce(key, _field_type(fields, key), v, where)
+        if key in _options_fields(type(cfg)):  # (a YAML mapping adds to the options set before it)
+            value = {**_get(cfg, key), **value}
+        _set(cfg, key, value)
+
+
+def _get(obj: Any, dotted: str) -> Any:
+    for p in dotted.split("."):
+        obj = obj[p] if isinstance(obj, dict) else getattr(obj, p)
+    return obj
 
 
 def mapping_keys(cls: type, mapping: dict) -> set[str]:
@@ -226,10 +261,41 @@ def apply_overrides(cfg: Any, overrides: list[str]) -> None:
             value = yaml.safe_load(raw) if raw.strip() else None
         except yaml.YAMLError:
             value = raw
-        optional = typing.get_origin(fields[key]) in (typing.Union, types.UnionType)
-        if fields[key] is str or (optional and str in typing.get_args(fields[key])):
+        ftype = _field_type(fields, key)
+        optional = typing.get_origin(ftype) in (typing.Union, types.UnionType)
+        if ftype is str or (optional and str in typing.get_args(ftype)):
             value = raw if value is not None and not isinstance(value, str) else value
-        _set(cfg, key, _coerce(key, fields[key], value))
+        _set(cfg, key, _coerce(key, ftype, value))
+
+
+def part_options(cls: type, options: dict, key: str, exclude: tuple[str, ...] = ()) -> dict:
+    """``options`` (an options mapping such as ``estimator.options``) checked against the dataclass ``cls``
+    whose settings they are, each value coerced to its field's type: the keyword arguments ``cls(**...)`` takes.
+
+    Args:
+        cls: a dataclass (an estimator class, a task's options class).
+        options: name -> value as the YAML or an override gave it.
+        key: the mapping's dotted config key (``"estimator.options"``), for the error.
+        exclude: fields that are not settings (filled by the caller).
+    Raises:
+        ConfigError: a name that is not a field of ``cls`` (with a did-you-mean), or a value of the wrong type,
+            naming ``<key>.<name>``.
+    """
+    import difflib
+
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in exclude]
+    out = {}
+    for name, value in options.items():
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=3)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(f"config key {key + '.' + name!r}: {cls.__name__} has no setting {name!r}.{hint} "
+                              f"(its settings: {', '.join(names) or 'none'})")
+        ftype = hints[name]
+        simple = ftype in (bool, int, float, str) or typing.get_origin(ftype) in (list, typing.Union, types.UnionType)
+        out[name] = _coerce(f"{key}.{name}", ftype, value) if simple else value
+    return out
 
 
 def to_dict(cfg: Any) -> dict:

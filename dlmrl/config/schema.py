@@ -173,6 +173,10 @@ class EstimatorConfig:
     mix_weight: float = doc(0.5, "spg: weight omega of the upper bound on negative-advantage rows, the rest the ELBO "
                                  "(1 = SPG's pure EUBO, 0.5 its mixture).")
     mask_block_length: int = doc(0, "spg: block size of the block-wise masks (0 = sampling.block_length, as SPG).")
+    options: dict = field(default_factory=dict, metadata={"help": (
+        "Settings of the named estimator by its own field names (its class is built as cls(**options) over the "
+        "keys above it reads): a registered estimator of your own takes its settings here, e.g. "
+        "estimator.options.num_pairs=4.")})
     micro_batch: int = doc(
         0,
         "Most masked canvases per forward call when scoring (0 = all S*B at once). Training uses a "
