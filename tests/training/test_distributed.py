@@ -146,14 +146,14 @@ def test_sampler_rows_get_their_whole_batch_draws(toy_policy, remasking, steps, 
 
 @pytest.mark.parametrize("chunk", [None, 7])
 def test_noise_of_a_row_slice_is_the_whole_batch_noise(monkeypatch, chunk):
-    from dlmrl.models import sampler
+    from dlmrl.models import gumbel
 
     if chunk:
-        monkeypatch.setattr(sampler, "_SKIP_CHUNK", chunk)  # several chunks, none aligned with a row
+        monkeypatch.setattr(gumbel, "_SKIP_CHUNK", chunk)  # several chunks, none aligned with a row
     ref = torch.Generator().manual_seed(3)
     whole = torch.rand((6, 4, 5), generator=ref, dtype=torch.float64)
     gen = torch.Generator().manual_seed(3)
-    assert torch.equal(sampler._uniform((2, 4, 5), gen, torch.device("cpu"), rows=(3, 6)), whole[3:5])
+    assert torch.equal(gumbel._uniform((2, 4, 5), gen, torch.device("cpu"), rows=(3, 6)), whole[3:5])
     assert torch.equal(gen.get_state(), ref.get_state())  # advanced by the whole batch
 
 
