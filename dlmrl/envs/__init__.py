@@ -7,5 +7,7 @@ names to factories ``(task, max_turns) -> Environment`` (one environment object 
 
 from dlmrl.envs.base import ENVS, Environment, StepResult, default_env, make_env
 from dlmrl.envs.sudoku import SudokuRetryEnv
+from dlmrl.envs.tools import MultiHopMemoryEnv, MultiHopReactEnv, ToolEnv  # registers multihop_react/_memory
 
-__all__ = ["ENVS", "Environment", "StepResult", "SudokuRetryEnv", "default_env", "make_env"]
+__all__ = ["ENVS", "Environment", "MultiHopMemoryEnv", "MultiHopReactEnv", "StepResult", "SudokuRetryEnv",
+           "ToolEnv", "default_env", "make_env"]
