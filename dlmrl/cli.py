@@ -66,7 +66,8 @@ def _parser() -> argparse.ArgumentParser:
                             help="evaluate at each generation length (e.g. 128,256,512: d1's), one JSON line per "
                                  "length; eval.steps scales with the length (steps per token kept)")
     _estimators_parser(sub)
-    sp = sub.add_parser("list", help="List a registry (algorithms, estimators, rewards, tasks, advantages).")
+    sp = sub.add_parser("list", help="List a registry (algorithms, estimators, rewards, tasks, advantages, "
+                                         "clip_rules, loss_types, weightings).")
     sp.add_argument("registry", choices=sorted(_REGISTRIES))
     _import_argument(sp)
     return p
@@ -74,8 +75,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _import_argument(sp) -> None:
     sp.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                    help="import MODULE first (repeatable), so the estimators, algorithms, rewards and tasks it "
-                         "registers are known (also: the dlmrl.plugins entry points, loaded at start)")
+                    help="import MODULE first (repeatable), so the estimators, algorithms, rewards, tasks and "
+                         "objective parts it registers are known (also: the dlmrl.plugins entry points, loaded at start)")
 
 
 def _load_user_code(args) -> None:
@@ -94,6 +95,9 @@ _REGISTRIES = {
     "rewards": ("dlmrl.rewards", "REWARDS"),
     "tasks": ("dlmrl.data", "TASKS"),
     "advantages": ("dlmrl.objectives.advantage_registry", "ADVANTAGES"),
+    "clip_rules": ("dlmrl.objectives.clip_rules", "CLIP_RULES"),
+    "loss_types": ("dlmrl.objectives.aggregation", "LOSS_TYPES"),
+    "weightings": ("dlmrl.objectives.weighting", "WEIGHTINGS"),
 }
 
 

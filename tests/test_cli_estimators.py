@@ -124,7 +124,8 @@ def test_estimators_quick(tmp_path):
     assert len(lab["summary_table"].splitlines()) == 2 + 3 * 2  # L = 8, 12, 32 at NFE 3 and 4
 
 
-@pytest.mark.parametrize("registry", ["algorithms", "estimators", "rewards", "tasks", "advantages"])
+@pytest.mark.parametrize("registry", ["algorithms", "estimators", "rewards", "tasks", "advantages", "clip_rules",
+                                      "loss_types", "weightings"])
 def test_dlmrl_list_prints_every_name_with_its_doc_line(registry, capsys):
     import importlib
 

@@ -49,9 +49,20 @@ def build_estimator(e: EstimatorConfig, name: str | None = None, sampling: Sampl
                           s.max_steps)
 
 
+#: ``train`` keys that are :class:`~dlmrl.objectives.objective.GroupObjective` fields of the same name
+#: (null = the preset's); ``importance_sampling_level`` is ``ratio_level``
+OBJECTIVE_KEYS = ("epsilon", "epsilon_high", "beta", "loss_type", "max_completion_length", "clip_rule", "dual_clip",
+                  "delta", "weighting", "egsw_alpha", "egsw_temperature", "entropy_num_groups", "entropy_top_fraction",
+                  "espo_alpha", "vocab_size", "hapo_entropy_pivot", "hapo_clip_alpha", "hapo_advantage_beta",
+                  "kl_kind", "kl_level", "kl_reference", "anchor_weight")
+#: keys whose 0 means "off" (the objective's None), since null already means "the preset's"
+_ZERO_IS_NONE = ("max_completion_length", "dual_clip", "delta")
+
+
 def preset_overrides(tr: TrainConfig) -> dict:
     """The preset parts the ``train`` section sets (TRL names mapped to :class:`GroupObjective` fields)."""
-    out = {k: getattr(tr, k) for k in ("epsilon", "epsilon_high", "beta", "loss_type") if getattr(tr, k) is not None}
+    out = {k: getattr(tr, k) for k in OBJECTIVE_KEYS if getattr(tr, k) is not None}
+    out.update({k: None for k in _ZERO_IS_NONE if out.get(k) == 0})
     if tr.importance_sampling_level is not None:
         out["ratio_level"] = tr.importance_sampling_level
     if tr.scale_rewards is not None:

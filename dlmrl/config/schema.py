@@ -211,8 +211,48 @@ class TrainConfig:
     epsilon_high: float | None = doc(None, "Upper clip epsilon; null = the preset's (default: epsilon).")
     beta: float | None = doc(None, "KL coefficient beta against the frozen initial model; null = the preset's "
                                    "(gdpo 0: no reference model; grpo 0.04).")
-    loss_type: str | None = doc(None, "Loss aggregation: grpo | bnpo | dapo | dr_grpo | segment_mean; null = the "
-                                      "preset's.")
+    loss_type: str | None = doc(None, "Loss aggregation: grpo | bnpo | dapo | dr_grpo | segment_mean | sequence_sum, "
+                                      "or a name a plugin registered (dlmrl list loss_types); null = the preset's.")
+    max_completion_length: int | None = doc(
+        None, "dr_grpo: the loss is the token sum over B * max_completion_length (TRL's name); null = the preset's, "
+              "0 = the batch's completion width.")
+    clip_rule: str | None = doc(
+        None, "Where each token's clip range comes from: fixed (epsilon, epsilon_high) | sspo (both times 0.5 + the "
+              "sentence's entropy rank) | espo (espo_alpha * group entropy / log|V|) | hapo (entropy-adaptive, "
+              "asymmetric), or a name a plugin registered (dlmrl list clip_rules); null = the preset's.")
+    dual_clip: float | None = doc(
+        None, "Dual clip c > 1: a negative-advantage token's loss is at most c*|A| (dual-clip PPO); null = the "
+              "preset's (hapo: 10), 0 = off.")
+    delta: float | None = doc(None, "TRL's delta > 1: the unclipped ratio is capped at delta (two-sided clipping, "
+                                    "INTELLECT-2); null = the preset's, 0 = off.")
+    weighting: str | None = doc(
+        None, "Loss weighting: none | egsw (EGSW's group softmax per sequence) | egsw_step (per position), or a name "
+              "a plugin registered (dlmrl list weightings); null = the preset's.")
+    egsw_alpha: float | None = doc(None, "egsw: weight alpha of the entropy in the softmax score A + alpha*H; null = "
+                                         "the preset's (0.5).")
+    egsw_temperature: float | None = doc(None, "egsw: softmax temperature (> 0); null = the preset's (1).")
+    entropy_num_groups: int | None = doc(
+        None, "ESPO's entropy groups per response (>= 2; ratio level entropy_group, clip rule espo); null = the "
+              "preset's (2).")
+    entropy_top_fraction: float | None = doc(
+        None, "ESPO: fraction rho of a response's tokens, highest entropy first, in group 0 (in (0, 1)); null = the "
+              "preset's (0.2).")
+    espo_alpha: float | None = doc(None, "espo clip rule: alpha of the range alpha * mean group entropy / log|V|; "
+                                         "null = the preset's (0.02).")
+    vocab_size: int | None = doc(None, "espo clip rule: |V| (>= 2); null = the preset's, else the tokenizer's size.")
+    hapo_entropy_pivot: float | None = doc(
+        None, "HAPO: pivot quantile of the log-entropies in its normalisation (loss and adaptive temperature; in "
+              "[0, 1]); null = the preset's (0.8).")
+    hapo_clip_alpha: float | None = doc(None, "hapo clip rule: alpha of the adaptive ranges; null = the preset's (1).")
+    hapo_advantage_beta: float | None = doc(
+        None, "HAPO's advantage redistribution beta (>= 0, 0 = off; needs one process); null = the preset's (hapo: 1).")
+    kl_kind: str | None = doc(None, "KL estimator: k1 | k2 | k3; null = the preset's (k3).")
+    kl_level: str | None = doc(None, "KL level: token | sequence | sequence_sum | sequence_sum_by_length; null = the "
+                                     "preset's (token).")
+    kl_reference: str | None = doc(
+        None, "KL toward: reference (the frozen initial model) | old (the rollout policy's scores, no reference "
+              "model; TraceRL); null = the preset's.")
+    anchor_weight: float | None = doc(None, "DaGRPO: loss weight of the anchor rows (>= 0); null = the preset's (0.1).")
     importance_sampling_level: str | None = doc(None, "Ratio level: token | sequence | sequence_token | sentence | "
                                                       "entropy_group; null = the preset's (gdpo: sequence).")
     scale_rewards: str | None = doc(None, "Advantage scaling: none (R - mean) | group (/ group std) | batch "

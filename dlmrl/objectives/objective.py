@@ -3,38 +3,44 @@ redistribution, weighting, KL and aggregation (GRPO arXiv 2402.03300, TRL's ``GR
 
 from __future__ import annotations
 
-import difflib
 import warnings
 from dataclasses import dataclass, fields
 
 import torch
 
-from dlmrl.objectives.aggregation import LOSS_TYPES, TOKEN_SUM_LOSS_TYPES, aggregate
+from dlmrl.objectives.aggregation import LOSS_TYPES, Aggregation
+from dlmrl.objectives.clip_rules import CLIP_RULES, ClipRule
 from dlmrl.objectives.clipping import ClipResult, clipped_surrogate
 from dlmrl.objectives.entropy import (
-    egsw_weights,
-    espo_clip_epsilon,
     espo_entropy_groups,
-    hapo_clip_epsilon,
     hapo_normalized_entropy,
     hapo_redistribute_advantages,
-    sspo_clip_epsilon,
 )
 from dlmrl.objectives.kl import KL_KINDS, KL_LEVELS, kl_term
+from dlmrl.objectives.parts import check_choice, check_values
 from dlmrl.objectives.ratios import LOG_RATIO_BOUND, RATIO_LEVELS, SEQUENCE_LEVELS, log_ratio
 from dlmrl.objectives.segments import check_token_tensors
+from dlmrl.objectives.weighting import WEIGHTINGS, Weighting
 
-CLIP_RULES = ("fixed", "sspo", "espo", "hapo")
-WEIGHTINGS = ("none", "egsw", "egsw_step")
 KL_REFERENCES = ("reference", "old")
 
 
-def check_choice(field_name: str, value: object, choices: tuple[str, ...]) -> None:
-    """Raise ``ValueError`` naming the field, with a did-you-mean, if ``value`` is not in ``choices``."""
-    if value not in choices:
-        close = difflib.get_close_matches(str(value), choices, n=3)
-        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise ValueError(f"{field_name} {value!r} is not one of {', '.join(map(repr, choices))}.{hint}")
+@dataclass(frozen=True)
+class ObjectiveParts:
+    """The part objects a :class:`GroupObjective` names, built from its fields (:mod:`dlmrl.objectives.parts`).
+
+    Attributes:
+        clip_rule: the :class:`~dlmrl.objectives.clip_rules.ClipRule` named by ``clip_rule``.
+        loss_type: the :class:`~dlmrl.objectives.aggregation.Aggregation` named by ``loss_type``.
+        weighting: the :class:`~dlmrl.objectives.weighting.Weighting` named by ``weighting``.
+    """
+
+    clip_rule: ClipRule
+    loss_type: Aggregation
+    weighting: Weighting
+
+    def __iter__(self):
+        return iter((self.clip_rule, self.loss_type, self.weighting))
 
 
 @dataclass
@@ -88,25 +94,31 @@ class GroupObjective:
         ratio_level: ``token`` | ``sequence`` | ``sequence_token`` | ``sentence`` | ``entropy_group`` |
             ``none`` (no ratio, no clip; ``clip_rule`` must be ``fixed``, no dual clip or ``delta``).
         epsilon: ε_low (> = 0). epsilon_high: ε_high (``None`` = ε_low).
-        clip_rule: ``fixed``; ``sspo`` (ranges × ``0.5 + h``, sentence entropy rank; needs
+        clip_rule: a registered clip rule (:data:`dlmrl.objectives.clip_rules.CLIP_RULES`): ``fixed``; ``sspo`` (ranges × ``0.5 + h``, sentence entropy rank; needs
             ``segment_ids``, ``entropy``); ``espo`` (both ranges ``α·mean_g H / log|V|`` per entropy
             group; needs ``entropy``, ``vocab_size``); ``hapo`` (asymmetric adaptive, ``α`` =
             ``hapo_clip_alpha``; needs ``entropy``).
         dual_clip: ``c > 1`` for ``A < 0``, or ``None``. delta: TRL's cap ``δ > 1`` on ``r``, or ``None``.
-        loss_type: ``grpo`` | ``bnpo`` | ``dapo`` | ``dr_grpo`` | ``segment_mean`` (ESPO).
+        loss_type: a registered aggregation (:data:`dlmrl.objectives.aggregation.LOSS_TYPES`): ``grpo`` |
+            ``bnpo`` | ``dapo`` | ``dr_grpo`` | ``segment_mean`` (ESPO) | ``sequence_sum`` (wd1).
         max_completion_length: the ``dr_grpo`` constant (``None`` = ``L``).
         beta: KL coefficient β (> = 0). kl_kind: ``k1`` | ``k2`` | ``k3``.
         kl_level: ``token`` | ``sequence`` (k of the length-normalised sequence log-prob, GDPO) |
             ``sequence_sum`` | ``sequence_sum_by_length`` (ESPO).
         kl_reference: ``reference`` (the frozen initial model, GRPO) | ``old`` (the rollout policy's own
             scores, as TraceRL's code does; no reference model is loaded).
-        weighting: ``none`` | ``egsw`` (per sequence) | ``egsw_step`` (per position); needs
+        weighting: a registered weighting (:data:`dlmrl.objectives.weighting.WEIGHTINGS`): ``none`` | ``egsw`` (per sequence) | ``egsw_step`` (per position); needs
             ``entropy`` and ``group_ids``. egsw_alpha, egsw_temperature: EGSW's ``α`` and softmax temperature.
         entropy_num_groups, entropy_top_fraction: ESPO's groups and ``ρ``. espo_alpha: ESPO's ``α``.
         vocab_size: ``|V|`` for ``clip_rule="espo"``.
         hapo_entropy_pivot: HAPO's pivot quantile. hapo_clip_alpha: ``α``.
         hapo_advantage_beta: ``β`` of HAPO's advantage redistribution (0 = off; needs ``entropy``).
         anchor_weight: loss weight of off-policy anchor rows (DaGRPO).
+
+    Each part named by ``clip_rule``, ``loss_type`` and ``weighting`` is built from the fields of its own
+    hyperparameters' names (:meth:`dlmrl.objectives.parts.Part.from_options`); ``parts``
+    (:class:`ObjectiveParts`, not a field) holds the three objects, whose properties (``required_inputs``,
+    ``needs_whole_batch``, ``zero_rows_skippable``, ...) the trainer asks.
 
     Raises:
         ValueError: at construction, on an unknown name or an out-of-range value (naming the field).
@@ -146,13 +158,14 @@ class GroupObjective:
 
     def __post_init__(self) -> None:
         check_choice("ratio_level", self.ratio_level, RATIO_LEVELS)
-        check_choice("clip_rule", self.clip_rule, CLIP_RULES)
-        check_choice("loss_type", self.loss_type, LOSS_TYPES)
         check_choice("kl_kind", self.kl_kind, KL_KINDS)
         check_choice("kl_level", self.kl_level, KL_LEVELS)
         check_choice("kl_reference", self.kl_reference, KL_REFERENCES)
-        check_choice("weighting", self.weighting, WEIGHTINGS)
-        checks = [
+        options = {name: getattr(self, name) for name in self.field_names()}
+        # (the parts check their own fields; the checks below cover every field, the unused parts' too)
+        parts = ObjectiveParts(CLIP_RULES.build(self.clip_rule, options), LOSS_TYPES.build(self.loss_type, options),
+                               WEIGHTINGS.build(self.weighting, options))
+        check_values(self, [
             ("epsilon", self.epsilon >= 0, "must be >= 0"),
             ("epsilon_high", self.epsilon_high is None or self.epsilon_high >= 0, "must be >= 0"),
             ("dual_clip", self.dual_clip is None or self.dual_clip > 1, "must be > 1 (or None)"),
@@ -167,15 +180,12 @@ class GroupObjective:
             ("hapo_entropy_pivot", 0 <= self.hapo_entropy_pivot <= 1, "must be in [0, 1]"),
             ("hapo_advantage_beta", self.hapo_advantage_beta >= 0, "must be >= 0"),
             ("anchor_weight", self.anchor_weight >= 0, "must be >= 0"),
-        ]
-        for name, ok, why in checks:
-            if not ok:
-                raise ValueError(f"{name} {getattr(self, name)!r} {why}")
-        if self.ratio_level == "none" and (self.clip_rule != "fixed" or self.dual_clip is not None
+        ])
+        if self.ratio_level == "none" and (parts.clip_rule.adaptive or self.dual_clip is not None
                                            or self.delta is not None):
-            raise ValueError(f"ratio_level 'none' has no ratio to clip: clip_rule must be 'fixed' (got "
-                             f"{self.clip_rule!r}) and dual_clip / delta unset")
-        if self.ratio_level in SEQUENCE_LEVELS and self.loss_type in TOKEN_SUM_LOSS_TYPES:
+            raise ValueError(f"ratio_level 'none' has no ratio to clip: clip_rule must be one with constant "
+                             f"ranges, such as 'fixed' (got {self.clip_rule!r}), and dual_clip / delta unset")
+        if self.ratio_level in SEQUENCE_LEVELS and parts.loss_type.token_sum:
             warnings.warn(
                 f"ratio_level {self.ratio_level!r} with loss_type {self.loss_type!r}: the token-summed loss "
                 "weights each sequence's (shared) ratio term by its length; use loss_type 'grpo' for the "
@@ -183,28 +193,59 @@ class GroupObjective:
                 UserWarning,
                 stacklevel=3,
             )
+        object.__setattr__(self, "parts", parts)  # (not a field: derived from the fields, rebuilt by replace)
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls))
 
     @property
+    def _derives_entropy_groups(self) -> bool:
+        """Whether :meth:`compute` derives ESPO's entropy groups from ``entropy`` (for the ratio or the clip)."""
+        return self.ratio_level == "entropy_group" or self.parts.clip_rule.uses_entropy_groups
+
+    @property
     def required_inputs(self) -> frozenset[str]:
-        """Optional :meth:`compute` arguments this objective needs (``entropy``, ``segment_ids``, ...)."""
-        need = set()
-        if (self.clip_rule in ("sspo", "espo", "hapo") or self.ratio_level == "entropy_group"
-                or self.weighting != "none" or self.hapo_advantage_beta > 0):
+        """Optional :meth:`compute` arguments this objective needs (``entropy``, ``segment_ids``, ...): its
+        parts' ``required_inputs``, its ratio level's and its KL's."""
+        clip, agg, weighting = self.parts
+        need = set(clip.required_inputs) | set(weighting.required_inputs) | set(agg.required_inputs)
+        if self._derives_entropy_groups and "segment_ids" not in clip.required_inputs | weighting.required_inputs:
+            need.discard("segment_ids")  # (the aggregation's segments are then the entropy groups)
+        if self.ratio_level == "entropy_group" or self.hapo_advantage_beta > 0:
             need.add("entropy")
-        if self.ratio_level == "sentence" or self.clip_rule == "sspo":
+        if self.ratio_level == "sentence":
             need.add("segment_ids")
-        if (self.loss_type == "segment_mean" and self.ratio_level != "entropy_group"
-                and self.clip_rule != "espo"):
-            need.add("segment_ids")
-        if self.weighting != "none":
-            need.add("group_ids")
         if self.beta > 0 and self.kl_reference == "reference":
             need.add("logp_ref")
         return frozenset(need)
+
+    @property
+    def needs_whole_batch(self) -> bool:
+        """Whether the loss reads statistics over every row of the batch (a part that does, or HAPO's
+        advantage redistribution, ``hapo_advantage_beta > 0``, which normalises entropies over the batch):
+        a process holding a share of the rows cannot compute it."""
+        return self.hapo_advantage_beta > 0 or any(p.needs_whole_batch for p in self.parts)
+
+    def whole_batch_reason(self) -> str:
+        """The settings that make :attr:`needs_whole_batch` true, for messages (``"clip_rule 'sspo'"``)."""
+        named = [f"{kind} {part.name!r}" for kind, part in zip(("clip_rule", "loss_type", "weighting"), self.parts)
+                 if part.needs_whole_batch]
+        if self.hapo_advantage_beta > 0:
+            named.append(f"hapo_advantage_beta {self.hapo_advantage_beta}")
+        return ", ".join(named)
+
+    def can_skip_zero_rows(self, advantages: torch.Tensor) -> bool:
+        """Whether rows with ``A = 0`` may go unscored: they add nothing to the surrogate, every part lets them
+        go (the loss is a mean over rows, rescaled by ``rows kept / rows``, that no other row's term depends
+        on), there is no KL term (it does not vanish with ``A``), no advantage redistribution, and one
+        advantage per row.
+
+        Args:
+            advantages: ``(B,)`` per sequence or ``(B, L)`` per token.
+        """
+        return (advantages.dim() == 1 and self.beta == 0 and self.hapo_advantage_beta == 0
+                and all(p.zero_rows_skippable for p in self.parts))
 
     @property
     def needs_old_scores(self) -> bool:
@@ -262,8 +303,8 @@ class GroupObjective:
         if missing:
             raise ValueError(f"this GroupObjective needs {', '.join(missing)} (ratio_level={self.ratio_level!r}, "
                              f"clip_rule={self.clip_rule!r}, weighting={self.weighting!r}, beta={self.beta})")
-        if self.clip_rule == "espo" and self.vocab_size is None:
-            raise ValueError("clip_rule 'espo' needs vocab_size (set GroupObjective.vocab_size)")
+        clip_rule, aggregation, _ = self.parts
+        clip_rule.check_ready()
         dtype = logp_new.dtype
         adv = advantages.to(dtype)
         if adv.shape == (B,):
@@ -282,7 +323,7 @@ class GroupObjective:
 
         # segments: entropy groups (ESPO) and/or sentences (SSPO)
         groups = None
-        if self.ratio_level == "entropy_group" or self.clip_rule == "espo":
+        if self._derives_entropy_groups:
             groups = espo_entropy_groups(entropy, mask, self.entropy_num_groups, self.entropy_top_fraction)
         ratio_segments = {"sentence": segment_ids, "entropy_group": groups}.get(self.ratio_level)
         agg_segments = next((s for s in (ratio_segments, groups, segment_ids) if s is not None), None)
@@ -292,10 +333,10 @@ class GroupObjective:
         lr = log_ratio(self.ratio_level, logp_new, old, mask, ratio_segments)
         ratio = torch.exp(lr.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))  # (B, L)
 
-        eps_low, eps_high, h_hat = self._clip_ranges(entropy, mask, segment_ids, groups, dtype)
+        eps_low, eps_high = clip_rule.ranges(mask, entropy=entropy, segment_ids=segment_ids, entropy_groups=groups,
+                                             dtype=dtype)
         if self.hapo_advantage_beta > 0:
-            if h_hat is None:
-                h_hat = hapo_normalized_entropy(entropy, mask, self.hapo_entropy_pivot).to(dtype)
+            h_hat = hapo_normalized_entropy(entropy, mask, self.hapo_entropy_pivot).to(dtype)  # (as the hapo rule's)
             adv_tok = hapo_redistribute_advantages(adv_tok, h_hat, ratio, eps_low, eps_high, self.hapo_advantage_beta)
         adv_tok = adv_tok.detach()
 
@@ -308,16 +349,15 @@ class GroupObjective:
 
         zero = torch.zeros((), dtype=dtype, device=mask.device)
         policy_tok = torch.where(mask, -clip.surrogate * (1.0 if w is None else w), zero)  # (B, L)
-        agg = {"num_tokens": num_tokens, "max_completion_length": self.max_completion_length,
-               "segment_ids": agg_segments}
-        policy_loss = aggregate(policy_tok, mask, self.loss_type, **agg)
+        agg = {"num_tokens": num_tokens, "segment_ids": agg_segments}
+        policy_loss = aggregation.aggregate(policy_tok, mask, **agg)
         kl_tok = None
         kl_value = 0.0
         loss, per_token = policy_loss, policy_tok
         if self.beta > 0:
             target = old if self.kl_reference == "old" else logp_ref
             kl_tok = kl_term(logp_new, target, mask, self.kl_kind, self.kl_level)
-            kl_loss = aggregate(kl_tok, mask, self.loss_type, **agg)
+            kl_loss = aggregation.aggregate(kl_tok, mask, **agg)
             loss = policy_loss + self.beta * kl_loss
             per_token = policy_tok + self.beta * kl_tok
             kl_value = float(kl_loss.detach())
@@ -333,20 +373,6 @@ class GroupObjective:
             segment_ids=ratio_segments if ratio_segments is not None else agg_segments,
         )
 
-    def _clip_ranges(self, entropy, mask, segment_ids, groups, dtype):
-        """``(eps_low, eps_high, ĥ or None)``: floats for ``fixed``, ``(B, L)`` tensors for the entropy rules."""
-        base_high = self.epsilon if self.epsilon_high is None else self.epsilon_high
-        if self.clip_rule == "sspo":
-            scale = sspo_clip_epsilon(entropy, mask, segment_ids, 1.0).to(dtype)  # 0.5 + h
-            return self.epsilon * scale, base_high * scale, None
-        if self.clip_rule == "espo":
-            eps = espo_clip_epsilon(entropy, mask, groups, self.vocab_size, self.espo_alpha).to(dtype)
-            return eps, eps, None
-        if self.clip_rule == "hapo":
-            h_hat = hapo_normalized_entropy(entropy, mask, self.hapo_entropy_pivot).to(dtype)
-            return (*hapo_clip_epsilon(h_hat, self.epsilon, base_high, self.hapo_clip_alpha), h_hat)
-        return self.epsilon, base_high, None
-
     def _weights(self, adv, mask, entropy, weights, group_ids, anchor, dtype):
         """Product of the given weights, EGSW weights and anchor weights as ``(B, L)``; ``None`` if none apply."""
         B, L = mask.shape
@@ -355,10 +381,9 @@ class GroupObjective:
             if weights.shape not in ((B,), (B, L)):
                 raise ValueError(f"weights must be (B,) or (B, L), got {tuple(weights.shape)}")
             factors.append(weights)
-        if self.weighting != "none":
-            seq_adv = adv if adv.dim() == 1 else torch.where(mask, adv, 0.0).sum(-1) / mask.sum(-1).clamp(min=1)
-            factors.append(egsw_weights(seq_adv.detach(), entropy, mask, group_ids, self.egsw_alpha,
-                                        self.egsw_temperature, stepwise=self.weighting == "egsw_step"))
+        part_weights = self.parts.weighting.weights(adv, mask, entropy=entropy, group_ids=group_ids)
+        if part_weights is not None:
+            factors.append(part_weights)
         if anchor is not None and self.anchor_weight != 1.0:
             factors.append(torch.where(anchor.bool(), self.anchor_weight, 1.0))
         if not factors:

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from dlmrl.config import Config, ConfigError, build_preset
+from dlmrl.objectives.aggregation import LOSS_TYPES, Aggregation
 from dlmrl.training.rollout import Rollout, mean_nfe
 
 
@@ -150,7 +151,7 @@ def check_process_split(cfg: Config, num_processes: int) -> None:
     The rule: each process samples ``prompts_per_step / W`` prompts and all their G completions, so
     ``train.prompts_per_step`` must be a multiple of W and G >= 2. Presets whose loss ranks or normalises
     token entropies over the whole batch (SSPO's sentence-entropy rank, HAPO's entropy normalisation) are
-    refused with W > 1: each process would see only its share.
+    refused with W > 1 (``GroupObjective.needs_whole_batch``): each process would see only its share.
 
     Raises:
         ConfigError: naming the key and the process count.
@@ -168,10 +169,10 @@ def check_process_split(cfg: Config, num_processes: int) -> None:
             f"num_generations = {tr.num_generations} completions); use a multiple of {num_processes} "
             f"(e.g. {', '.join(map(str, ok[:3]))}) or launch a number of processes that divides it")
     objective = build_preset(cfg).objective
-    if objective.clip_rule in ("sspo", "hapo") or objective.hapo_advantage_beta > 0:
+    if objective.needs_whole_batch:
         raise ConfigError(
             f"config key 'train.algorithm': {tr.algorithm!r} ranks or normalises token entropies over the whole "
-            f"batch inside its loss (clip_rule {objective.clip_rule!r}), which a process holding part of the "
+            f"batch inside its loss ({objective.whole_batch_reason()}), which a process holding part of the "
             f"batch cannot do; run it with one process ({num_processes} launched)")
 
 
@@ -196,37 +197,39 @@ def group_share(group_ids: torch.Tensor, index: int, count: int) -> torch.Tensor
     return torch.tensor([i for i, g in enumerate(ids) if lo <= order[g] < hi], dtype=torch.long)
 
 
-def loss_units(loss_type: str, mask: torch.Tensor) -> float:
-    """What a :func:`dlmrl.objectives.aggregation.aggregate` of ``loss_type`` divides a batch's sum by:
-    rows with a valid token (``grpo``, ``segment_mean``, ``sequence_sum``), rows (``dr_grpo``), valid tokens (``bnpo``); for
-    ``dapo`` the number is passed in (``num_tokens``, the global count), so every batch counts 1.
+def _aggregation(loss_type: str | Aggregation) -> Aggregation:
+    return LOSS_TYPES.build(loss_type) if isinstance(loss_type, str) else loss_type
+
+
+def loss_units(loss_type: str | Aggregation, mask: torch.Tensor) -> float:
+    """What the aggregation ``loss_type`` (a registered name or the part) divides a batch's sum by
+    (:meth:`dlmrl.objectives.aggregation.Aggregation.units`): rows with a valid token (``grpo``,
+    ``segment_mean``, ``sequence_sum``), rows (``dr_grpo``), valid tokens (``bnpo``); for ``dapo`` the number is
+    passed in (``num_tokens``, the global count), so every batch counts 1.
 
     Args:
         mask: ``(B, L)`` bool valid tokens of the batch.
+    Raises:
+        ValueError: an unknown name.
     """
-    if loss_type in ("grpo", "segment_mean", "sequence_sum"):
-        return float((mask.sum(-1) > 0).sum())
-    if loss_type == "dr_grpo":
-        return float(mask.shape[0])
-    if loss_type == "bnpo":
-        return float(mask.sum())
-    if loss_type == "dapo":
-        return 1.0
-    raise ValueError(f"unknown loss_type {loss_type!r}")
+    return _aggregation(loss_type).units(mask)
 
 
-def loss_share(loss_type: str, local_mask: torch.Tensor, global_mask: torch.Tensor) -> float:
+def loss_share(loss_type: str | Aggregation, local_mask: torch.Tensor, global_mask: torch.Tensor) -> float:
     """The fraction ``u_p / u`` of the loss's normaliser this process's rows carry (:func:`loss_units`).
 
     An objective aggregated over a batch is ``Σ terms / u(batch)``; with rows split over W processes and
     gradients averaged, the process loss ``W · (u_p / u) · objective(rows_p)`` averages to the 1-process
     ``objective(all rows)``: ``(1/W) Σ_p W (u_p/u) Σ_p terms / u_p = Σ terms / u``. (For ``dapo`` the
-    normaliser is the global token count already, so the factor is 1 and the weight is W.)
+    normaliser is the global token count already: its units are 1 for every share, so the factor is 1 and the
+    weight is W.)
+
+    Args:
+        local_mask: ``(n, L)`` bool valid tokens of this process's rows. global_mask: ``(B, L)``, the batch's.
     """
-    if loss_type == "dapo":
-        return 1.0
-    total = loss_units(loss_type, global_mask)
-    return loss_units(loss_type, local_mask) / total if total > 0 else 0.0
+    part = _aggregation(loss_type)
+    total = part.units(global_mask)
+    return part.units(local_mask) / total if total > 0 else 0.0
 
 
 @dataclass

@@ -260,15 +260,6 @@ def mismatch_metrics(mismatch: RolloutMismatch | None, processes: Processes, cap
     return out
 
 
-def can_skip_zero_rows(objective: GroupObjective, advantages: torch.Tensor) -> bool:
-    """Whether rows with ``A = 0`` may go unscored: they add nothing to the surrogate, and the loss is a
-    mean over rows (``grpo``, ``dr_grpo``, ``segment_mean``: rescaled by ``rows kept / rows``) that no
-    other row's term depends on (fixed clip ranges, no weighting, no KL, one advantage per row)."""
-    o = objective
-    return (o.loss_type in ("grpo", "dr_grpo", "segment_mean", "sequence_sum") and o.beta == 0 and advantages.dim() == 1
-            and o.clip_rule == "fixed" and o.weighting == "none" and o.hapo_advantage_beta == 0)
-
-
 def shaped_rewards(preset, rewards: torch.Tensor, lengths: torch.Tensor, max_length: int) -> torch.Tensor:
     """Task rewards plus DAPO's soft overlong punishment when the preset asks for it
     (``L_cache = round(fraction · L_max)``, at least 1)."""
@@ -462,7 +453,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, *, policy=No
     if given:
         check_policy(cfg, policy)
     policy = prepare_for_training(policy if given else load_configured_policy(cfg), cfg.model)  # LoRA, checkpointing
-    if preset.objective.clip_rule == "espo" and preset.objective.vocab_size is None:
+    if preset.objective.parts.clip_rule.needs_vocab_size and preset.objective.vocab_size is None:
         preset = preset.with_overrides(vocab_size=len(policy.tokenizer))
     objective = preset.objective
     ref = None  # the frozen initial model for the KL term (not for a KL toward the rollout policy)
@@ -595,10 +586,11 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, *, policy=No
             adv = None
             if "entropy" not in needs and len(ro):
                 adv = preset.advantages(AdvantageInputs(ro.train_rewards, G, **adv_inputs))
-                if can_skip_zero_rows(objective, adv):
+                if objective.can_skip_zero_rows(adv):
                     keep = adv != 0
             rows = torch.nonzero(keep).squeeze(-1)
-            row_weight = len(rows) / max(len(ro), 1) if objective.loss_type != "dapo" else 1.0
+            # (a loss normalised by the whole batch's token count, dapo, needs no rescaling by the rows kept)
+            row_weight = 1.0 if objective.parts.loss_type.uses_num_tokens else len(rows) / max(len(ro), 1)
             sub = ro.rows(rows)
             num_tokens = sub.completion_mask.sum().clamp(min=1).float()  # (dapo: the whole batch's tokens)
             # several processes: each scores its share of the groups (a share without rows scores one row
@@ -607,7 +599,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, *, policy=No
             local, share, own_rows = None, 1.0, True
             if processes.count > 1 and len(rows):
                 local = group_share(group_ids[rows], processes.index, processes.count)  # (n,) rows of sub
-                share = loss_share(objective.loss_type, sub.completion_mask[local], sub.completion_mask)
+                share = loss_share(objective.parts.loss_type, sub.completion_mask[local], sub.completion_mask)
                 row_weight *= processes.count * share
                 if not len(local):
                     local, row_weight, share, own_rows = torch.zeros(1, dtype=torch.long), 0.0, 0.0, False
