@@ -114,7 +114,7 @@ def run(folder: Path, run_d1_parser: bool = False) -> dict:
         verdicts = []
         for item in data["generations"]:
             mine, fixed = d1_item(task, item, False), d1_item(task, item, True)
-            right, out_of = strict_count(task, item)
+            right, _ = strict_count(task, item)
             row["items"] += 1
             row["out_of"] += mine.out_of
             row["d1"] += mine.correct

@@ -241,7 +241,7 @@ def _evaluate(equation: str):
         return math.inf
 
 
-def countdown_item(text: str, numbers: Sequence[int], target: int | float | None, fixed: bool = False) -> D1Item:
+def countdown_item(text: str, numbers: Sequence[int], target: float | None, fixed: bool = False) -> D1Item:
     """d1's ``parse_countdown_answers`` on one generation. The equation: the last box's content
     (:func:`d1_boxed`; with ``fixed`` False a generation without a box is used whole); for an unclosed box (and,
     ``fixed``, no box) the first ``<answer>`` pair's stripped content, else the whole text. Then ``\\div``,
