@@ -319,37 +319,75 @@ def eval_length_configs(cfg: Config, lengths: tuple[int, ...]) -> list[Config]:
         c = copy.deepcopy(cfg)
         c.sampling.gen_length = length
         steps = cfg.eval.steps * length / cfg.sampling.gen_length
+        if cfg.eval.preset != "none":  # (the preset's steps at each length: dlmrl.training.eval_presets)
+            out.append(_validated_length(c, length))
+            continue
         if cfg.model.kind == "diffusion" and steps != int(steps):
             raise ConfigError(f"--gen-lengths {length}: eval.steps {cfg.eval.steps} at gen_length "
                               f"{cfg.sampling.gen_length} gives {steps:g} steps at {length}; choose lengths or "
                               "eval.steps that scale to whole steps")
         c.eval.steps = max(1, int(steps))
-        try:
-            validate(c)
-        except ConfigError as e:
-            raise ConfigError(f"--gen-lengths {length}: {e}") from None
-        out.append(c)
+        out.append(_validated_length(c, length))
     return out
 
 
+def _validated_length(c: Config, length: int) -> Config:
+    try:
+        validate(c)
+    except ConfigError as e:
+        raise ConfigError(f"--gen-lengths {length}: {e}") from None
+    return c
+
+
+def eval_lengths(cfg: Config, lengths: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """The generation lengths ``dlmrl eval`` runs: ``--gen-lengths``, else the ``eval.preset``'s (d1: 128, 256,
+    512), else ``None`` (the config's one length)."""
+    if lengths:
+        return lengths
+    from dlmrl.training.eval_presets import PRESETS
+
+    preset = PRESETS.get(cfg.eval.preset)
+    return preset.gen_lengths if preset is not None else None
+
+
+def best_of_lengths(results: list[dict]) -> dict:
+    """The summary line of a multi-length ``dlmrl eval``: the best primary metric over the lengths (and its
+    length), their mean, and each length's value, with the protocol and the records' protocol hashes."""
+    metric = results[0]["primary_metric"]
+    values = {r["record"]["sampling"]["gen_length"]: r[metric] for r in results}
+    best = max(values, key=lambda k: values[k])
+    return {"best_of_lengths": {"metric": metric, "value": values[best], "gen_length": best,
+                                "mean": sum(values.values()) / len(values), "per_length": values,
+                                "protocol": results[0]["protocol"],
+                                "protocol_hashes": [r["record"]["protocol_hash"] for r in results]}}
+
+
 def _run_eval(cfg: Config, lengths: tuple[int, ...] | None) -> int:
-    """``dlmrl eval``: the task's metrics as JSON (with ``--gen-lengths``: one JSON line per length)."""
+    """``dlmrl eval``: the task's metrics as JSON, each with its ``record`` (protocol, sampling settings, model,
+    versions, dtype, device, hashes). Several lengths (``--gen-lengths`` or the ``eval.preset``'s): one JSON line
+    per length, then one ``best_of_lengths`` line."""
     from dlmrl.training.trainer import build_task, evaluate_config, load_configured_policy
 
     try:
+        lengths = eval_lengths(cfg, lengths)
         configs = eval_length_configs(cfg, lengths) if lengths else [cfg]
         policy = load_configured_policy(cfg)
         task = build_task(cfg, policy)
     except ConfigError as e:
         print(f"dlmrl eval: {e}", file=sys.stderr)
         return 2
+    results = []
     for c in configs:
         task.gen_length = c.sampling.gen_length if lengths else task.gen_length  # (one task, its data loaded once)
         result = evaluate_config(c, policy, task)
+        results.append(result)
         if lengths:
-            print(json.dumps({"gen_length": c.sampling.gen_length, "steps": c.eval.steps, **result}), flush=True)
+            steps = result["record"]["sampling"]["steps"]
+            print(json.dumps({"gen_length": c.sampling.gen_length, "steps": steps, **result}), flush=True)
         else:
             print(json.dumps(result, indent=2))
+    if lengths and len(results) > 1:
+        print(json.dumps(best_of_lengths(results)), flush=True)
     return 0
 
 

@@ -289,6 +289,13 @@ class EvalConfig:
     eval_steps: int = doc(0, "Also evaluate the held-out split every this many steps (0 = only before/after).")
     before: bool = doc(True, "Evaluate the starting model before training.")
     after: bool = doc(True, "Evaluate the trained model after training.")
+    preset: str = doc("none", "A paper's sampling protocol for evaluation: none | d1 | spg | gdpo: gen lengths 128, 256, "
+                              "512 (dlmrl eval; --gen-lengths overrides), steps gen_length/2 (d1, spg) or gen_length "
+                              "(gdpo), block 32, greedy, zero-shot, protocol d1. eval.steps, eval.temperature and "
+                              "sampling.block_length then do not apply to evaluation.")
+    protocol: str | None = doc(None, "How held-out completions are scored: strict (dlmrl's rewards) | d1 (d1's "
+                                     "eval/parse_and_get_acc.py item by item: the papers' figures) | d1_fixed (d1 "
+                                     "with its plain bugs fixed); null = the preset's (d1), else strict.")
 
 
 @dataclass

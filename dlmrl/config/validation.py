@@ -42,6 +42,33 @@ def tracker_available(name: str) -> bool:
     return bool(getattr(utils, f"is_{name}_available")())
 
 
+def check_eval_protocol(cfg: Config) -> None:
+    """``eval.preset`` and ``eval.protocol``: known names, a protocol the task has, and (a preset) a generation
+    length its blocks and steps fit.
+
+    Raises:
+        ConfigError: naming ``eval.preset`` or ``eval.protocol``.
+    """
+    from dlmrl.training.eval_presets import PRESETS, preset_steps
+    from dlmrl.training.eval_protocol import PROTOCOLS, protocol_problem
+
+    ev, t, s = cfg.eval, cfg.task, cfg.sampling
+    _check(ev.preset == "none" or ev.preset in PRESETS, "eval.preset",
+           f"unknown preset {ev.preset!r}; use none, {', '.join(PRESETS)}")
+    _check(ev.protocol is None or ev.protocol in PROTOCOLS, "eval.protocol",
+           f"unknown protocol {ev.protocol!r}; use {', '.join(PROTOCOLS)} (or null: the preset's)")
+    preset = PRESETS.get(ev.preset)
+    protocol = ev.protocol or (preset.protocol if preset else "strict")
+    problem = protocol_problem(protocol, t.name, t.answer_mode)
+    _check(problem is None, "eval.protocol" if ev.protocol else "eval.preset",
+           f"{problem}{f' (the protocol of preset {ev.preset!r}; set eval.protocol: strict)' if not ev.protocol else ''}")
+    if preset is not None and cfg.model.kind == "diffusion":
+        steps, blocks = preset_steps(preset, s.gen_length), s.gen_length // preset.block_length
+        _check(s.gen_length % preset.block_length == 0 and steps % max(blocks, 1) == 0, "eval.preset",
+               f"preset {ev.preset!r} decodes in blocks of {preset.block_length} with {steps} steps at "
+               f"sampling.gen_length {s.gen_length}; use a multiple of {preset.block_length}")
+
+
 def validate(cfg: Config, for_training: bool = True, data: bool = True) -> None:
     """Check every value of a train/eval config against its allowed range and the registries.
 
@@ -95,9 +122,12 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> None:
            f"gen_length {s.gen_length} is not divisible by block_length {s.block_length}")
     blocks = s.gen_length // s.block_length
     for key, steps in (("sampling.steps", s.steps), ("eval.steps", ev.steps)):
+        if key == "eval.steps" and ev.preset != "none":  # (the preset's steps and blocks: check_eval_protocol)
+            continue
         _check(steps >= blocks and steps % blocks == 0, key, f"{steps} steps do not split evenly over {blocks} blocks")
     _check(s.temperature >= 0, "sampling.temperature", "must be >= 0")
     _check(ev.temperature >= 0, "eval.temperature", "must be >= 0")
+    check_eval_protocol(cfg)
     from dlmrl.models.sampler import REMASKING
 
     _check(s.remasking in REMASKING, "sampling.remasking", f"must be one of {', '.join(REMASKING)}")

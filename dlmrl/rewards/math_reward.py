@@ -3,7 +3,8 @@
 - **Prediction**: the content of the completion's last ``\\boxed{...}`` with balanced braces
   (:func:`~dlmrl.rewards.extract.last_boxed`); without any box, the stripped inside of the last
   ``<answer>...</answer>`` pair, as d1's evaluation parser falls back to (``eval/parse_and_get_acc.py``);
-  nothing → 0.
+  nothing → 0. A last box whose braces never close (a cut-off answer, ``\\boxed{28``) is no answer: it scores
+  0, as the GSM8K reward scores it, and the ``<answer>`` region holding it is not read instead.
 - **Gold** (:func:`math_gold`): MATH-500's ``answer`` column as is, or, for a full worked ``solution`` (the
   column d1 passes as ``answer`` during training), the content of its last ``\\boxed{...}``.
 - **Equivalence**: math-verify ``verify(parse(gold), parse(pred))``, gold first, both wrapped as
@@ -34,6 +35,8 @@ def math_answer(text: str) -> str | None:
     boxed = last_boxed(text)
     if boxed is not None:
         return boxed.strip() or None
+    if "\\boxed" in text or "\\fbox" in text:  # a box that never closes (or is too long): no answer
+        return None
     region = last_answer_pair(text)
     if region is None:
         return None

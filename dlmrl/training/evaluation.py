@@ -4,6 +4,11 @@ Every task reports a dict of metrics over the whole split; its **primary metric*
 the headline number the trainer logs as ``eval_<name>`` and compares before/after training: Sudoku's
 ``cell_accuracy`` (correct blank cells / all blank cells, d1's metric), the text tasks' ``accuracy`` (fraction
 of completions whose answer is right: GSM8K, MATH, Countdown).
+
+``protocol`` (``eval.protocol``, :mod:`dlmrl.training.eval_protocol`) picks how the text tasks are scored:
+``strict`` (the task's metrics) or d1's evaluation parser (``d1``, ``d1_fixed``). :func:`evaluate_with_config`
+runs an evaluation with a config's settings (its preset's, :mod:`dlmrl.training.eval_presets`) and writes the
+result's ``record`` (:mod:`dlmrl.training.eval_record`) beside the figures.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from dlmrl.models.sampler import generate
+from dlmrl.training.eval_protocol import canvas_texts, protocol_metrics
 
 
 def primary_metric(task) -> str:
@@ -35,13 +41,17 @@ def held_out_examples(task, num: int) -> list:
     return task.test_batch(num if num > 0 else len(task.test_examples))
 
 
-def _summary(task, examples: list, texts: list[str], nfe: int, **extra) -> dict:
+def _summary(task, examples: list, texts: list[str], nfe: int, protocol: str = "strict",
+             canvas_text: list[str] | None = None, **extra) -> dict:
     metrics = task_metrics(task, examples, texts)
+    if protocol != "strict":  # (the protocol's figures lead; the strict ones come alongside)
+        metrics = {**protocol_metrics(task, examples, canvas_text or [], protocol), "strict": metrics}
     name = primary_metric(task)
     if name not in metrics:
         raise KeyError(f"task {type(task).__name__}: primary metric {name!r} is not among its metrics "
                        f"{sorted(metrics)}")
-    return {**metrics, "primary_metric": name, "num_puzzles": len(examples), "nfe": nfe, **extra}
+    return {**metrics, "primary_metric": name, "protocol": protocol, "num_puzzles": len(examples), "nfe": nfe,
+            **extra}
 
 
 def _decode_held_out(policy, task, num_puzzles: int, batch_size: int, decode) -> tuple[list, list[str], list[int]]:
@@ -64,7 +74,7 @@ def _decode_held_out(policy, task, num_puzzles: int, batch_size: int, decode) ->
 @torch.no_grad()
 def evaluate(policy, task, num_puzzles: int = 256, steps: int = 8, block_length: int | None = None,
              temperature: float = 0.0, batch_size: int = 256, seed: int = 0,
-             sampler_options: dict | None = None) -> dict:
+             sampler_options: dict | None = None, protocol: str = "strict") -> dict:
     """Decode ``num_puzzles`` held-out examples with the diffusion sampler and score them with the task's metrics.
 
     Args:
@@ -76,40 +86,74 @@ def evaluate(policy, task, num_puzzles: int = 256, steps: int = 8, block_length:
         temperature: 0 = greedy (the reported metric).
         sampler_options: more :func:`~dlmrl.models.sampler.generate` keywords (``threshold``, ``threshold_factor``,
             ``cache``); with a threshold ``nfe`` is the mean over the last chunk's rows (data-dependent).
+        protocol: ``strict`` | ``d1`` | ``d1_fixed`` (module docstring; d1's are scored on the whole canvas
+            decoded with its special tokens, as d1's ``eval/eval.py`` decodes it).
     Returns:
         ``task.metrics`` over the split (Sudoku: ``cell_accuracy`` over blanks, ``solve_rate``, ``mean_reward``;
         text tasks: ``accuracy``, ``mean_reward``; fractions in [0, 1]) plus ``primary_metric`` (the headline
-        metric's name), ``num_puzzles`` (examples decoded), ``nfe`` (forward passes per canvas),
-        ``gen_length`` and ``steps``.
+        metric's name), ``protocol``, ``num_puzzles`` (examples decoded), ``nfe`` (forward passes per canvas),
+        ``gen_length`` and ``steps``; with ``d1``/``d1_fixed`` the protocol's figures
+        (:func:`~dlmrl.training.eval_protocol.protocol_metrics`) and the strict ones under ``strict``.
     """
     gen = torch.Generator().manual_seed(seed)
+    raw: list[str] = []
 
     def decode(batch, start):
         out = generate(policy, batch.prompt_ids, batch.prompt_mask, gen_length=task.gen_length,
                        block_length=block_length or task.gen_length, steps=steps, temperature=temperature,
                        canvas=batch.canvas, generator=gen, **(sampler_options or {}))
         adaptive = any((sampler_options or {}).get(k) is not None for k in ("threshold", "threshold_factor"))
+        if protocol != "strict":
+            raw.extend(canvas_texts(policy.tokenizer, out.canvas))
         return task.decode(out.canvas), round(float(out.row_nfe.double().mean()), 3) if adaptive else out.nfe
 
     examples, texts, nfes = _decode_held_out(policy, task, num_puzzles, batch_size, decode)
     nfe = nfes[-1] if nfes else 0  # (the last chunk's, as reported before; chunks may skip steps differently)
-    return _summary(task, examples, texts, nfe, gen_length=task.gen_length, steps=steps)
+    return _summary(task, examples, texts, nfe, protocol, raw, gen_length=task.gen_length, steps=steps)
 
 
 @torch.no_grad()
 def evaluate_ar(policy, task, num_puzzles: int = 256, batch_size: int = 256, temperature: float = 0.0,
-                seed: int = 0) -> dict:
+                seed: int = 0, protocol: str = "strict") -> dict:
     """Decode ``num_puzzles`` held-out examples left to right with an AR policy and score them with the task's
     metrics (as :func:`evaluate`; ``nfe`` = decoding steps, forward passes per sequence).
 
     The budget is ``task.gen_length + 1`` new tokens (Sudoku: the 16 cells then EOS; a 17th cell before EOS
-    makes the answer malformed), as in training.
+    makes the answer malformed), as in training. With ``d1``/``d1_fixed`` the completions are decoded with their
+    special tokens (padding after the end included).
     """
+    raw: list[str] = []
+
     def decode(batch, start):
         completion, mask = policy.generate(batch.prompt_ids, batch.prompt_mask, task.gen_length + 1,
                                            temperature=temperature, generator=seed + start)
+        if protocol != "strict":
+            raw.extend(canvas_texts(policy.tokenizer, completion))
         return task.decode(completion), int(mask.sum(-1).max())
 
     examples, texts, nfes = _decode_held_out(policy, task, num_puzzles, batch_size, decode)
     nfe = max(nfes, default=0)
-    return _summary(task, examples, texts, nfe, max_new_tokens=task.gen_length + 1)
+    return _summary(task, examples, texts, nfe, protocol, raw, max_new_tokens=task.gen_length + 1)
+
+
+def evaluate_with_config(cfg, policy, task, gen_length: int | None = None) -> dict:
+    """Held-out evaluation with config ``cfg``'s settings (:func:`~dlmrl.training.eval_presets.eval_settings`: its
+    ``eval.preset``'s, else the ``eval`` section's) at ``gen_length`` (default ``sampling.gen_length``; a text task
+    is decoded at that length), with the result's ``record`` (:func:`~dlmrl.training.eval_record.eval_record`).
+    AR policies decode left to right (steps and block length unused)."""
+    from dlmrl.training.eval_presets import eval_settings
+    from dlmrl.training.eval_record import eval_record
+
+    settings = eval_settings(cfg, gen_length)
+    if gen_length is not None:
+        task.gen_length = gen_length
+    s = settings
+    if cfg.model.kind == "ar":
+        result = evaluate_ar(policy, task, num_puzzles=s.num_puzzles, batch_size=s.batch_size,
+                             temperature=s.temperature, seed=s.seed, protocol=s.protocol)
+    else:
+        result = evaluate(policy, task, num_puzzles=s.num_puzzles, steps=s.steps, block_length=s.block_length,
+                          temperature=s.temperature, batch_size=s.batch_size, seed=s.seed, protocol=s.protocol)
+    recorded = settings.as_dict()
+    recorded["gen_length"] = getattr(task, "gen_length", recorded["gen_length"])  # (the canvas decoded)
+    return {**result, "record": eval_record(cfg, policy, recorded)}

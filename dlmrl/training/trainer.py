@@ -86,7 +86,7 @@ from dlmrl.training.distributed import (
     loss_share,
 )
 from dlmrl.training.episodes import rollout_episodes, trajectory_rewards
-from dlmrl.training.evaluation import evaluate, evaluate_ar, primary_metric
+from dlmrl.training.evaluation import evaluate_with_config, primary_metric
 from dlmrl.training.logging import MetricsWriter, plot_curves, read_metrics
 from dlmrl.training.rollout import (
     ARScorer,
@@ -368,13 +368,10 @@ def check_policy(cfg: Config, policy) -> None:
 
 
 def evaluate_config(cfg: Config, policy, task) -> dict:
-    """Held-out evaluation with the ``eval`` section's settings (AR: left-to-right decoding, ``eval.steps`` unused)."""
-    if cfg.model.kind == "ar":
-        return evaluate_ar(policy, task, num_puzzles=cfg.eval.num_puzzles, batch_size=cfg.eval.batch_size,
-                           temperature=cfg.eval.temperature, seed=cfg.train.seed)
-    return evaluate(policy, task, num_puzzles=cfg.eval.num_puzzles, steps=cfg.eval.steps,
-                    block_length=cfg.sampling.block_length, temperature=cfg.eval.temperature,
-                    batch_size=cfg.eval.batch_size, seed=cfg.train.seed)
+    """Held-out evaluation with the ``eval`` section's settings (its ``preset``'s, protocol ``eval.protocol``; AR:
+    left-to-right decoding, ``eval.steps`` unused), with the result's ``record``
+    (:func:`dlmrl.training.evaluation.evaluate_with_config`)."""
+    return evaluate_with_config(cfg, policy, task)
 
 
 def solved_reward(task) -> float | None:

@@ -43,10 +43,21 @@ def test_answer_and_gold_extraction():
     (r"\boxed{10.0}", "10", 2.0),
     (r"\boxed{11}", "10", 0.0),
     (r"\boxed{\frac{14}{3}", r"\frac{14}{3}", 0.0),  # unbalanced
+    ("<answer>\n\\boxed{28\n</answer>", "28", 0.0),  # an unclosed box inside <answer>: no answer (issue 14)
+    ("<answer>\\boxed{28</answer>", "28", 0.0),
     ("I don't know", "10", 0.0),
 ])
 def test_math_correctness(verifier, text, gold, expected):
     assert math_correctness(text, gold, verifier) == expected
+
+
+def test_an_unclosed_box_in_the_answer_region_scores_zero_as_in_gsm8k(verifier):
+    from dlmrl.rewards.gsm8k import gsm8k_correctness
+
+    text = "<answer>\n\\boxed{28\n</answer>"
+    assert math_answer(text) is None
+    assert math_correctness(text, "28", verifier) == 0.0 == gsm8k_correctness(text, "28")
+    assert math_correctness("<answer>\n\\boxed{28}\n</answer>", "28", verifier) == 2.0  # closed: right
 
 
 def test_math_reward_trl_shape(verifier):

@@ -1,5 +1,5 @@
 """``dlmrl eval --gen-lengths``: one JSON line per generation length with the task's d1 metric, eval.steps scaled
-with the length; Sudoku's fixed 16-cell modes refuse lengths."""
+with the length, then a best-of-lengths line; Sudoku's fixed 16-cell modes refuse lengths."""
 
 from __future__ import annotations
 
@@ -25,9 +25,13 @@ def test_one_json_line_per_length(task, tmp_path, capsys):
         metric = "accuracy"
     args = ["eval", "--model", ckpt, f"task.name={task}", *COMMON, *data, "--gen-lengths", "4,8,16"]
     assert cli.main(args) == 0
-    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    *lines, summary = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["gen_length"], r["steps"], r["nfe"]) for r in lines] == [(4, 2, 2), (8, 4, 4), (16, 8, 8)]
     assert all(r["primary_metric"] == metric and 0.0 <= r[metric] <= 1.0 and r["num_puzzles"] == 2 for r in lines)
+    assert [r["record"]["sampling"]["gen_length"] for r in lines] == [4, 8, 16]
+    best = summary["best_of_lengths"]  # (the last line: the best of the lengths and their mean)
+    assert best["metric"] == metric and best["value"] == max(r[metric] for r in lines)
+    assert best["per_length"] == {str(r["gen_length"]): r[metric] for r in lines}
 
 
 def test_lengths_that_do_not_fit_fail_before_loading(tmp_path, capsys):
