@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -194,3 +195,34 @@ def test_estimators_describe_themselves():
 def test_a_flat_key_the_estimator_does_not_read_is_named_in_a_warning():
     with pytest.warns(UserWarning, match=r"estimator\.eubo_beta do not apply to the 'sdmc' estimator"):
         validate(config("estimator.name=sdmc", "eubo_beta=2"), data=False)
+
+
+@pytest.fixture
+def readme_extension(tmp_path, monkeypatch):
+    """The README's my_extension.py in the current folder; its registrations and import undone after."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = re.search(r"```python\n(.*?)```", text[text.index("## Extending dlmrl"):], re.DOTALL).group(1)
+    (tmp_path / "my_extension.py").write_text(block)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # (the command puts the current folder on it)
+    saved = dict(ESTIMATORS._items), dict(ALGORITHMS._items)
+    sys.modules.pop("my_extension", None)
+    yield tmp_path
+    for registry, items in zip((ESTIMATORS, ALGORITHMS), saved):
+        registry._items.clear()
+        registry._items.update(items)
+    sys.modules.pop("my_extension", None)
+
+
+def test_the_readme_extension_runs_as_written(readme_extension, capsys):
+    import yaml
+
+    def plan(*overrides):
+        assert cli.main(["train", "--import", "my_extension", "algorithm=my_gdpo", *overrides, "--dry-run"]) == 0, \
+            capsys.readouterr().err
+        return yaml.safe_load(capsys.readouterr().out.split("\n", 1)[1])
+
+    p = plan()
+    assert (p["algorithm"]["name"], p["estimator"]["name"], p["estimator"]["nfe"]) == ("my_gdpo", "all_masked", 2)
+    p = plan("estimator.name=all_masked", "estimator.options.copies=4")
+    assert (p["estimator"]["copies"], p["estimator"]["nfe"], p["estimator"]["chosen_by"]) == (4, 4, "estimator.name")
