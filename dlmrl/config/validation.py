@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -115,7 +116,7 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
         cls = ESTIMATORS.get(name)
     except KeyError as err:
         raise ConfigError(f"config key 'estimator.name': {err.args[0]}") from None
-    _check(isinstance(cls, type) and issubclass(cls, PlanEstimator), "estimator.name",
+    _check(isinstance(cls, type) and issubclass(cls, PlanEstimator) and dataclasses.is_dataclass(cls), "estimator.name",
            f"{name!r} is registered as {cls!r}, which is not an estimator class (a dataclass subclassing "
            "dlmrl.estimators.PlanEstimator)")
     _check(cls.trainable, "estimator.name", f"{name!r} is not a training estimator (its class sets trainable = False: "
