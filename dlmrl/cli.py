@@ -242,6 +242,7 @@ def _eval_run_config(args) -> Path | None:
 
 
 def _build(args, cls):
+    """The validated config of ``args``, and (train, eval) its :class:`~dlmrl.config.RunSpec` (else ``None``)."""
     cfg = cls()
     saved = _resume_config(args) if getattr(args, "resume", False) else _eval_run_config(args)
     source = saved or args.config or default_config_path()
@@ -257,14 +258,13 @@ def _build(args, cls):
         cfg.output_dir = args.output_dir
     if getattr(args, "model", None):
         cfg.model.name_or_path = args.model
-    if cls is Config:
-        validate(cfg, for_training=args.command == "train")  # (eval trains nothing: any algorithm will do)
-        if source == default_config_path():
-            use_the_algorithms_estimator(cfg, args.overrides)
-            validate(cfg, for_training=args.command == "train")
-    else:
+    if cls is not Config:
         validate_pretrain(cfg)
-    return cfg
+        return cfg, None
+    spec = validate(cfg, for_training=args.command == "train")  # (eval trains nothing: any algorithm will do)
+    if source == default_config_path() and use_the_algorithms_estimator(cfg, args.overrides):
+        spec = validate(cfg, for_training=args.command == "train")
+    return cfg, spec
 
 
 def _check_resume_config(args, saved: Path) -> None:
@@ -279,13 +279,13 @@ def _check_resume_config(args, saved: Path) -> None:
     check_same_config(given, saved)
 
 
-def _dry_run(cfg: Config, config_file: str | None, resume: bool = False) -> int:
-    """``dlmrl train --dry-run``: print the plan of a validated config (:mod:`dlmrl.training.plan`); with
-    ``--resume``, of the run it would continue (its saved ``config.yaml``)."""
+def _dry_run(cfg: Config, spec, config_file: str | None, resume: bool = False) -> int:
+    """``dlmrl train --dry-run``: print the plan of a validated config and its :class:`~dlmrl.config.RunSpec`
+    (:mod:`dlmrl.training.plan`); with ``--resume``, of the run it would continue (its saved ``config.yaml``)."""
     from dlmrl.training.plan import build_plan, format_plan
 
     try:
-        plan = build_plan(cfg, resume=resume)
+        plan = build_plan(cfg, resume=resume, spec=spec)
     except (ConfigError, ValueError, OSError) as e:
         print(f"dlmrl train --dry-run: {e}", file=sys.stderr)
         return 2
@@ -423,13 +423,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     args.overrides = list(args.overrides) + extra
     try:
-        cfg = _build(args, PretrainConfig if args.command == "pretrain" else Config)
+        cfg, spec = _build(args, PretrainConfig if args.command == "pretrain" else Config)
     except ConfigError as e:
         e = locate_error(e, getattr(args, "config_source", args.config), args.overrides)
         print(f"dlmrl {args.command}: config error: {e}", file=sys.stderr)
         return 2
     if args.command == "train" and args.dry_run:
-        return _dry_run(cfg, args.config_source, resume=args.resume)
+        return _dry_run(cfg, spec, args.config_source, resume=args.resume)
     if args.command == "train":
         from dlmrl.training.distributed import (
             check_process_split,

@@ -6,8 +6,10 @@ input) before any model is loaded. Option names follow TRL's ``GRPOConfig`` wher
 
 - :mod:`dlmrl.config.schema`: the dataclasses;
 - :mod:`dlmrl.config.overrides`: YAML files and ``key=value`` overrides onto them;
-- :mod:`dlmrl.config.resolve`: the algorithm preset and training estimator a config names;
-- :mod:`dlmrl.config.validation`: range and registry checks, the default job.
+- :mod:`dlmrl.config.resolve`: the algorithm preset and training estimator a config names, resolved once into a
+  :class:`RunSpec`;
+- :mod:`dlmrl.config.validation`: range and registry checks (``validate`` returns the :class:`RunSpec`), the
+  default job.
 """
 
 from dlmrl.config.overrides import (
@@ -21,11 +23,13 @@ from dlmrl.config.overrides import (
     to_dict,
 )
 from dlmrl.config.resolve import (
+    RunSpec,
     build_estimator,
     build_preset,
     estimator_name,
     estimator_settings,
     preset_overrides,
+    resolve_run,
     use_the_algorithms_estimator,
 )
 from dlmrl.config.schema import (
@@ -56,9 +60,9 @@ from dlmrl.errors import ConfigError
 
 __all__ = [
     "DEFAULT_TRAIN_CONFIG", "SCHEDULERS", "TRACKERS", "Config", "ConfigError", "EstimatorConfig", "EvalConfig",
-    "ModelConfig", "PretrainConfig", "SamplingConfig", "TaskConfig", "TrainConfig", "apply_mapping",
+    "ModelConfig", "PretrainConfig", "RunSpec", "SamplingConfig", "TaskConfig", "TrainConfig", "apply_mapping",
     "apply_overrides", "build_estimator", "build_preset", "check_cache_family", "default_config_path",
     "default_job_config", "doc", "estimator_name", "estimator_settings", "flatten", "help_text", "iter_fields",
-    "load_yaml", "locate_error", "mapping_keys", "preset_overrides", "save_yaml", "to_dict", "tracker_available",
-    "use_the_algorithms_estimator", "validate", "validate_pretrain",
+    "load_yaml", "locate_error", "mapping_keys", "preset_overrides", "resolve_run", "save_yaml", "to_dict",
+    "tracker_available", "use_the_algorithms_estimator", "validate", "validate_pretrain",
 ]

@@ -1,30 +1,86 @@
-"""What a config resolves to: its algorithm preset, its training estimator, the default job."""
+"""What a config resolves to, once: its algorithm preset and training estimator (:class:`RunSpec`), the default job.
+
+Validation, ``dlmrl train --dry-run`` and the trainer read the same :class:`RunSpec`
+(:func:`~dlmrl.config.validate` returns it).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dlmrl.config.overrides import _resolve_key, load_yaml
 from dlmrl.config.schema import Config, EstimatorConfig, SamplingConfig, TrainConfig, default_config_path
 from dlmrl.errors import ConfigError
 
+if TYPE_CHECKING:
+    from dlmrl.estimators import PlanEstimator
+    from dlmrl.objectives.presets import AlgorithmPreset
+
+
+#: ``estimator`` fields that are not flat estimator settings: the choice, the class's own options, the chunking
+NOT_FLAT = ("name", "options", "micro_batch")
+
+
+def flat_settings(e: EstimatorConfig) -> dict:
+    """The section's flat settings (every field but :data:`NOT_FLAT`), as the estimator classes read them."""
+    return {f.name: getattr(e, f.name) for f in dataclasses.fields(e) if f.name not in NOT_FLAT}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """A config resolved once: what validation checked, ``--dry-run`` prints and training builds.
+
+    Attributes:
+        preset: the algorithm preset with the ``train`` section's overrides (:func:`build_preset`); ``None`` only
+            for a config resolved for evaluation whose algorithm is invalid (evaluation trains nothing).
+        estimator_name: the training estimator's registry name.
+        estimator_section: the ``estimator`` section it is built from: with ``estimator.name`` null, the preset's
+            recipe settings applied (:func:`estimator_choice`).
+        estimator: the built estimator (:func:`build_estimator`); an AR policy scores exactly and leaves it unused.
+        chosen_by: what chose it: ``estimator.name``, ``the preset's recipe`` or ``the default``.
+    """
+
+    preset: AlgorithmPreset | None
+    estimator_name: str
+    estimator_section: EstimatorConfig
+    estimator: PlanEstimator
+    chosen_by: str
+
+
+def estimator_choice(cfg: Config, preset: AlgorithmPreset | None) -> tuple[str, EstimatorConfig, str]:
+    """The training estimator's name, the section it is built from, and what chose it.
+
+    ``estimator.name`` with the section as it is; with the name null, the preset's recipe estimator
+    (``AlgorithmPreset.estimator``; diffu_grpo: one_step, just_grpo: trajectory) with the recipe's
+    ``estimator_options`` applied (flat keys over the section, e.g. just_grpo's ``order: left_to_right``; any other
+    key is one of the class's own fields and goes under ``estimator.options``, which the user's options override);
+    else ``sdmc``. ``preset`` ``None`` (an invalid algorithm, reported by validation) counts as naming none.
+    """
+    e = cfg.estimator
+    if e.name is not None:
+        return e.name, e, "estimator.name"
+    if preset is None or preset.estimator is None:
+        return "sdmc", e, "the default (the preset names no estimator)"
+    recipe = dict(preset.estimator_options)
+    flat = {k: v for k, v in recipe.items() if k in flat_settings(e)}
+    own = {k: v for k, v in recipe.items() if k not in flat}
+    return preset.estimator, dataclasses.replace(e, **flat, options={**own, **e.options}), "the preset's recipe"
+
+
+def preset_or_none(cfg: Config) -> AlgorithmPreset | None:
+    """:func:`build_preset`, or ``None`` for an invalid algorithm setting (validation reports it)."""
+    try:
+        return build_preset(cfg)
+    except ConfigError:
+        return None
+
 
 def estimator_settings(cfg: Config) -> tuple[str, EstimatorConfig]:
-    """The training estimator's name and settings: ``estimator.name`` with the ``estimator`` section as it is;
-    with the name null, the algorithm preset's recipe estimator (``AlgorithmPreset.estimator``; diffu_grpo:
-    one_step, just_grpo: trajectory) with the recipe's ``estimator_options`` over the section (just_grpo:
-    ``order: left_to_right``); else ``sdmc``. An invalid algorithm setting counts as having none (validation
-    reports it)."""
-    if cfg.estimator.name is not None:
-        return cfg.estimator.name, cfg.estimator
-    try:
-        preset = build_preset(cfg)
-    except ConfigError:
-        return "sdmc", cfg.estimator
-    if preset.estimator is None:
-        return "sdmc", cfg.estimator
-    return preset.estimator, dataclasses.replace(cfg.estimator, **dict(preset.estimator_options))
+    """The training estimator's name and section (:func:`estimator_choice`)."""
+    return estimator_choice(cfg, preset_or_none(cfg))[:2]
 
 
 def estimator_name(cfg: Config) -> str:
@@ -33,20 +89,40 @@ def estimator_name(cfg: Config) -> str:
 
 
 def build_estimator(e: EstimatorConfig, name: str | None = None, sampling: SamplingConfig | None = None):
-    """The estimator the ``estimator`` section describes (``factory.make_estimator``; raises its ValueError).
+    """The estimator the ``estimator`` section describes: ``cls.from_config(flat settings, sampling, options)``
+    of the registered class (:meth:`dlmrl.estimators.configurable.ConfigurableEstimator.from_config`).
 
     ``name`` (e.g. :func:`estimator_name`) replaces ``e.name``; with both ``None`` it is ``sdmc``. ``sampling``
-    (default: the defaults) gives the trajectory estimator its temperature (``sampling.temperature``, 1 when
-    greedy) and steps (the most a rollout takes: ``gen_length`` with threshold decoding), and SPG its block length
+    (default: the defaults) gives the trajectory estimator its temperature and steps, and SPG its block length
     when ``estimator.mask_block_length`` is 0.
-    """
-    from dlmrl.estimators.factory import make_estimator
 
-    s = sampling or SamplingConfig()
-    return make_estimator(name or e.name or "sdmc", e.num_nodes, e.samples_per_node, e.masking, e.stratified,
-                          e.p_mask_prompt, e.t_min, e.t_max, e.merge, e.order, e.eubo_beta, e.mix_weight,
-                          e.mask_block_length or s.block_length, s.temperature if s.temperature > 0 else 1.0,
-                          s.max_steps)
+    Raises:
+        ConfigError: an unknown name (on ``estimator.name``, with a did-you-mean), an ``estimator.options`` key
+            that is not a field of the class (``estimator.options.<key>``), or a value the class rejects (the key
+            that set it).
+    """
+    from dlmrl.config.overrides import part_options
+    from dlmrl.estimators import ESTIMATORS
+
+    name = name or e.name or "sdmc"
+    try:
+        cls = ESTIMATORS.get(name)
+    except KeyError as err:
+        raise ConfigError(f"config key 'estimator.name': {err.args[0]}") from None
+    own = part_options(cls, e.options, "estimator.options")
+    return cls.from_config(flat_settings(e), sampling or SamplingConfig(), own)
+
+
+def resolve_run(cfg: Config, for_training: bool = True) -> RunSpec:
+    """The config's :class:`RunSpec`, without :func:`~dlmrl.config.validate`'s range checks (``validate`` returns
+    the same object after them; this is for a config known to be valid).
+
+    Raises:
+        ConfigError: as :func:`build_preset` (for training) and :func:`build_estimator`.
+    """
+    preset = build_preset(cfg) if for_training else preset_or_none(cfg)
+    name, section, chosen_by = estimator_choice(cfg, preset)
+    return RunSpec(preset, name, section, build_estimator(section, name, cfg.sampling), chosen_by)
 
 
 #: ``train`` keys that are :class:`~dlmrl.objectives.objective.GroupObjective` fields of the same name

@@ -152,7 +152,8 @@ class SamplingConfig:
 @dataclass
 class EstimatorConfig:
     name: str | None = doc(None, "Likelihood estimator for training: sdmc | coupled_sdmc | double_mc | coupled | "
-                                 "stratified_coupled | one_step | trajectory | spg; null = the algorithm preset's "
+                                 "stratified_coupled | one_step | trajectory | spg, or a name registered by an "
+                                 "--import module (dlmrl list estimators); null = the algorithm preset's "
                                  "recipe estimator (diffu_grpo: one_step, gdpo: sdmc, tracerl: trajectory), else "
                                  "sdmc. An explicit name always wins.")
     num_nodes: int = doc(3, "sdmc/coupled_sdmc: Gauss-Legendre nodes N on [0,1] (double_mc: N*K random times).")

@@ -8,10 +8,13 @@ from pathlib import Path
 
 from dlmrl.config.overrides import apply_overrides, load_yaml
 from dlmrl.config.resolve import (
+    RunSpec,
     _default_recipe,
     build_estimator,
     build_preset,
-    estimator_settings,
+    estimator_choice,
+    flat_settings,
+    preset_or_none,
     use_the_algorithms_estimator,
 )
 from dlmrl.config.schema import (
@@ -69,23 +72,27 @@ def check_eval_protocol(cfg: Config) -> None:
                f"sampling.gen_length {s.gen_length}; use a multiple of {preset.block_length}")
 
 
-def validate(cfg: Config, for_training: bool = True, data: bool = True) -> None:
-    """Check every value of a train/eval config against its allowed range and the registries.
+def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSpec:
+    """Check every value of a train/eval config against its allowed range and the registries, resolving the
+    config once on the way (its preset and its estimator are built to be checked).
 
     Args:
+        for_training: also check the algorithm preset (evaluation trains nothing: any algorithm will do).
         data: also check the task's data (local files loaded, held-out size) and resolve ``train.reward_funcs``
             (importing the modules their import strings name); ``False`` when the caller built the task itself
             (the Python API, :class:`dlmrl.api.Trainer`, which checks its datasets and reward functions).
+    Returns:
+        The :class:`~dlmrl.config.resolve.RunSpec` that ``--dry-run`` prints and the trainer runs.
     Raises:
         ConfigError: naming the first bad key.
     """
     from dlmrl.data import TASKS
-    from dlmrl.estimators import ESTIMATORS
+    from dlmrl.estimators import ESTIMATORS, PlanEstimator, Trajectory
 
     m, t, s, tr, ev = cfg.model, cfg.task, cfg.sampling, cfg.train, cfg.eval
     _check(m.kind in ("diffusion", "ar"), "model.kind", f"unknown policy kind {m.kind!r}; use diffusion or ar")
-    if for_training:  # (first: a preset on the wrong policy kind is the likeliest mistake to report)
-        _check_algorithm(cfg)
+    # (first: a preset on the wrong policy kind is the likeliest mistake to report)
+    preset = _check_algorithm(cfg) if for_training else preset_or_none(cfg)
     from dlmrl.models.families import FAMILIES
 
     _check(m.family == "auto" or m.family in FAMILIES, "model.family",
@@ -134,32 +141,27 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> None:
     _check(s.cfg_scale >= 0, "sampling.cfg_scale", "must be >= 0")
     _check_threshold(cfg)
     _check_cache(cfg)
-    name, e = estimator_settings(cfg)
-    _check(name in ESTIMATORS, "estimator.name", f"unknown estimator {name!r}; known: {ESTIMATORS.names()}")
-    _check(name != "exact", "estimator.name",
-           "'exact' enumerates 2^L - 1 masks; it is for analysis (dlmrl estimators), train with 'sdmc'")
-    _check(not (name == "trajectory" and m.kind == "diffusion" and s.cfg_scale > 0), "sampling.cfg_scale",
+    name, e, chosen_by = estimator_choice(cfg, preset)
+    try:
+        cls = ESTIMATORS.get(name)
+    except KeyError as err:
+        raise ConfigError(f"config key 'estimator.name': {err.args[0]}") from None
+    _check(isinstance(cls, type) and issubclass(cls, PlanEstimator) and dataclasses.is_dataclass(cls), "estimator.name",
+           f"{name!r} is registered as {cls!r}, which is not an estimator class (a dataclass subclassing "
+           "dlmrl.estimators.PlanEstimator)")
+    _check(cls.trainable, "estimator.name", f"{name!r} is not a training estimator (its class sets trainable = False: "
+                                            f"NFE {cls.nfe_formula or 'of its own'}; it is for analysis, dlmrl "
+                                            "estimators); train with 'sdmc'")
+    _check(not (issubclass(cls, Trajectory) and m.kind == "diffusion" and s.cfg_scale > 0), "sampling.cfg_scale",
            "the trajectory estimator scores the sampler's own token distribution, but with classifier-free "
            "guidance the sampler draws from guided logits the scorer does not compute; set cfg_scale 0 or use an "
            "ELBO estimator")
-    _warn_estimator_fields(cfg, name, e)
-    _check(not (name == "double_mc" and e.masking == "reference"), "estimator.masking",
+    _check(not (name == "double_mc" and e.masking == "reference" and "masking" not in e.options), "estimator.masking",
            "double_mc with 'reference' masking has infinite expectation (weight 1/t near t = 0); "
            "use exact_count or bernoulli")
-    if name in ESTIMATORS:
-        try:
-            build_estimator(e, name, s)
-        except (ValueError, TypeError) as err:
-            # the estimators name their own argument first; map it to the config field
-            arg = str(err).split()[0]
-            fields = {"num_samples": "samples_per_node", "num_pairs": "samples_per_node", "coupled": "t_min",
-                      "beta": "eubo_beta", "mix": "mix_weight", "block_length": "mask_block_length"}
-            field_name = fields.get(arg, arg if arg in {f.name for f in dataclasses.fields(e)} else "name")
-            _check(False, f"estimator.{field_name}", f"{err} (estimator {name!r})")
-    if name == "spg" and m.kind == "diffusion":  # (the block masks tile the canvas the sampler fills)
-        block = e.mask_block_length or s.block_length
-        _check(s.gen_length % block == 0, "estimator.mask_block_length",
-               f"the spg block masks' length {block} must divide sampling.gen_length {s.gen_length}")
+    estimator = build_estimator(e, name, s)  # (a value the class rejects: ConfigError naming the key that set it)
+    _warn_estimator_fields(cfg, name, estimator, e)
+    _check_spg_blocks(cfg, estimator, e)
     _check(e.merge <= 1 << 20, "estimator.merge", f"must be at most 2^20 (any merge >= the steps scores one canvas), "
            f"got {e.merge}")
     _check(isinstance(e.micro_batch, int) and not isinstance(e.micro_batch, bool) and e.micro_batch >= 0,
@@ -171,7 +173,7 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> None:
     _check(tr.num_generations >= 2, "train.num_generations", "group size G must be >= 2 (advantages need a group)")
     _check(tr.num_iterations >= 1, "train.num_iterations", "must be >= 1")
     _check(tr.max_grad_norm >= 0, "train.max_grad_norm", "must be >= 0")
-    _check_rollout_is_cap(cfg, name, e)
+    _check_rollout_is_cap(cfg, estimator)
     _check(tr.save_steps >= 1, "train.save_steps", "must be >= 1")
     _check(tr.logging_steps >= 1, "train.logging_steps", "must be >= 1")
     _check(tr.report_to in ("none", *TRACKERS), "train.report_to",
@@ -182,6 +184,7 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> None:
     _check(ev.eval_steps >= 0, "eval.eval_steps", "must be >= 0")
     _check(ev.num_puzzles >= 0, "eval.num_puzzles", "must be >= 0 (0 = the whole held-out split)")
     _check(ev.batch_size >= 1, "eval.batch_size", "must be >= 1")
+    return RunSpec(preset, name, e, estimator, chosen_by)
 
 
 def _is_number(value) -> bool:
@@ -240,7 +243,19 @@ def check_cache_family(family: str | None, mode: str, model: str | None = None) 
         raise ConfigError(f"config key 'sampling.cache'{where}: {err}") from None
 
 
-def _check_rollout_is_cap(cfg: Config, name: str, e: EstimatorConfig) -> None:
+def _check_spg_blocks(cfg: Config, estimator, e: EstimatorConfig) -> None:
+    """SPG's block masks tile the canvas the sampler fills: their length must divide ``sampling.gen_length``
+    (``e``: the section the estimator was built from, whose key set the length)."""
+    from dlmrl.estimators import SPGEstimator
+
+    if not isinstance(estimator, SPGEstimator) or cfg.model.kind != "diffusion":
+        return
+    key = SPGEstimator.config_key("block_length", flat_settings(e), e.options)
+    block, length = estimator.block_length, cfg.sampling.gen_length
+    _check(length % block == 0, key, f"the spg block masks' length {block} must divide sampling.gen_length {length}")
+
+
+def _check_rollout_is_cap(cfg: Config, estimator) -> None:
     """``train.rollout_is_cap``: ``>= 1``, and only where the old-policy scores are the sampler's own distribution."""
     cap = cfg.train.rollout_is_cap
     if cap is None:
@@ -250,33 +265,40 @@ def _check_rollout_is_cap(cfg: Config, name: str, e: EstimatorConfig) -> None:
            f"null, got {cap!r}")
     _check(cfg.model.kind == "diffusion", "train.rollout_is_cap",
            "corrects diffusion rollouts; model.kind 'ar' rollouts record no log-probs (set it null)")
-    exact = name == "trajectory" and e.merge == 1 and e.order == "sampled"
+    from dlmrl.estimators import Trajectory
+
+    settings = estimator.describe().settings
+    exact = isinstance(estimator, Trajectory) and estimator.merge == 1 and estimator.order == "sampled"
     _check(exact, "train.rollout_is_cap",
            f"needs estimator.name trajectory with estimator.merge 1 and estimator.order sampled, the exact "
-           f"likelihood of the sampler's own steps (got {name!r}, merge {e.merge}, order {e.order!r}): other "
-           "estimators' per-token scores are not log-probs of the distribution the rollout drew from")
+           f"likelihood of the sampler's own steps (got {estimator.name!r}, merge {settings.get('merge')}, order "
+           f"{settings.get('order')!r}): other estimators' per-token scores are not log-probs of the distribution "
+           "the rollout drew from")
 
 
-def _warn_estimator_fields(cfg: Config, name: str, e: EstimatorConfig) -> None:
-    """Warn about ``estimator`` fields set away from their defaults that ``name`` does not read (they would be
-    ignored silently), and about training with an estimator of infinite variance. A value of the dataclass
-    defaults or of the default recipe counts as unset, so ``dlmrl train estimator.name=sdmc`` does not blame
-    the user for the recipe's own ``merge: 2``."""
+def _warn_estimator_fields(cfg: Config, name: str, estimator, e: EstimatorConfig) -> None:
+    """Warn about flat ``estimator`` fields set away from their defaults that the estimator's class does not read
+    (:meth:`~dlmrl.estimators.configurable.ConfigurableEstimator.reads`; they would be ignored silently), and about
+    training with an estimator of infinite variance. A value of the dataclass defaults or of the default recipe
+    counts as unset, so ``dlmrl train estimator.name=sdmc`` does not blame the user for the recipe's own
+    ``merge: 2``."""
     import warnings
 
-    from dlmrl.estimators.factory import FIELDS_USED
+    from dlmrl.estimators import Coupled, DoubleMC
 
-    if cfg.model.kind != "diffusion" or name not in FIELDS_USED:
+    if cfg.model.kind != "diffusion":
         return
-    defaults = (EstimatorConfig(), _default_recipe().estimator)
-    ignored = [f.name for f in dataclasses.fields(e) if f.name not in ("name", "micro_batch")
-               and f.name not in FIELDS_USED[name] and all(getattr(e, f.name) != getattr(d, f.name) for d in defaults)]
+    flat = flat_settings(e)
+    reads = type(estimator).reads(flat)
+    defaults = [flat_settings(d) for d in (EstimatorConfig(), _default_recipe().estimator)]
+    ignored = [k for k, v in flat.items() if k not in reads and all(v != d[k] for d in defaults)]
     if ignored:
         warnings.warn(f"config keys {', '.join(f'estimator.{k}' for k in ignored)} do not apply to the {name!r} "
-                      f"estimator (it reads {', '.join(sorted(FIELDS_USED[name])) or 'none of them'}) and are "
-                      "ignored", UserWarning, stacklevel=3)
-    bernoulli_dmc = name == "double_mc" and e.masking == "bernoulli"
-    bernoulli_coupled = name == "coupled" and e.masking == "bernoulli" and (e.t_min == 0 or e.t_max == 1)
+                      f"estimator (it reads {', '.join(sorted(reads)) or 'none of them'}; its own settings go in "
+                      "estimator.options) and are ignored", UserWarning, stacklevel=3)
+    bernoulli_dmc = isinstance(estimator, DoubleMC) and estimator.masking == "bernoulli"
+    bernoulli_coupled = (isinstance(estimator, Coupled) and estimator.masking == "bernoulli"
+                         and (estimator.t_min == 0 or estimator.t_max == 1))
     if bernoulli_dmc or bernoulli_coupled:
         warnings.warn(f"estimator {name!r} with bernoulli masking{'' if bernoulli_dmc else ' and t reaching 0 or 1'} "
                       "has infinite variance (a lone masked token weighs 1/t as t -> 0): its gradients are heavy-"
@@ -297,8 +319,9 @@ def _check_lora(m: ModelConfig) -> None:
         _check(False, "model.lora_target_modules", str(e))
 
 
-def _check_algorithm(cfg: Config) -> None:
-    """The preset exists, its overrides are valid, it runs on ``model.kind`` and the trainer supports it."""
+def _check_algorithm(cfg: Config):
+    """The preset exists, its overrides are valid, it runs on ``model.kind`` and the trainer supports it; returns
+    the preset (:func:`~dlmrl.config.resolve.build_preset`)."""
     from dlmrl.objectives.advantages import SCALE_REWARDS
 
     tr, kind = cfg.train, cfg.model.kind
@@ -321,6 +344,7 @@ def _check_algorithm(cfg: Config) -> None:
     _check(isinstance(tr.max_completions, int) and tr.max_completions >= 0, "train.max_completions",
            "must be an integer >= 0 (0 = no rollout budget)")
     _check_rollout_parts(cfg, preset)
+    return preset
 
 
 def _check_rollout_parts(cfg: Config, preset) -> None:

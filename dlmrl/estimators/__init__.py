@@ -1,6 +1,11 @@
 """Likelihood estimators for masked-diffusion policies: mask plans, quadrature, scoring, ELBOs.
 
-``ESTIMATORS`` maps a name to an estimator class; every class has
+``ESTIMATORS`` maps a name to an estimator class, a frozen dataclass subclassing :class:`PlanEstimator` whose
+fields are its settings: the config builds it with ``cls.from_config(...)`` (the flat ``estimator.*`` keys it reads,
+then ``estimator.options`` by field name) and it describes itself with ``describe()``
+(:mod:`dlmrl.estimators.configurable`). A class registered from outside the package
+(``ESTIMATORS.register("mine")(Mine)`` in a module ``dlmrl train --import`` loads) is chosen by
+``estimator.name: mine``. Every class has
 ``make_plan(completion_mask (B, L), generator_or_seed, prompt_mask (B, P)) -> MaskPlan``,
 ``nfe`` and ``estimate(policy, prompt_ids, prompt_mask, completion, completion_mask, generator)
 -> Estimate``; the trainer calls ``rollout_plan`` (which may also read the sampler's trajectory record
@@ -8,6 +13,7 @@ or the advantages); the mask-only ones also have ``moments(SizeStats) -> Moments
 variance from a row's :class:`MaskTable`).
 """
 
+from dlmrl.estimators.configurable import ConfigurableEstimator, EstimatorDescription
 from dlmrl.estimators.coupled import Coupled, StratifiedCoupled
 from dlmrl.estimators.coupled_sdmc import CoupledSDMC
 from dlmrl.estimators.double_mc import DoubleMC
@@ -29,6 +35,7 @@ from dlmrl.estimators.scoring import (
 from dlmrl.estimators.sdmc import SDMC
 from dlmrl.estimators.spg import SPGEstimator
 from dlmrl.estimators.trajectory import Trajectory, left_to_right_order, trajectory_plan
+from dlmrl.estimators.validation import OptionError
 from dlmrl.registry import Registry
 
 ESTIMATORS: Registry[type] = Registry("estimator")
@@ -46,15 +53,18 @@ __all__ = [
     "ESTIMATORS",
     "MASKING_MODES",
     "SDMC",
+    "ConfigurableEstimator",
     "Coupled",
     "CoupledSDMC",
     "DoubleMC",
     "Estimate",
+    "EstimatorDescription",
     "Exact",
     "MaskPlan",
     "MaskTable",
     "Moments",
     "OneStep",
+    "OptionError",
     "PlanEstimator",
     "SPGEstimator",
     "SizeStats",

@@ -58,7 +58,7 @@ from dlmrl.estimators.masking import sample_masks
 from dlmrl.estimators.one_step import OneStep
 from dlmrl.estimators.scoring import PlanEstimator, sample_scores, score
 from dlmrl.estimators.sdmc import SDMC
-from dlmrl.estimators.trajectory import Trajectory, trajectory_plan
+from dlmrl.estimators.trajectory import trajectory_plan
 
 RECORD_FIELDS = (
     "length", "estimator", "masking", "nodes", "samples_per_node", "num_samples", "stratified", "t_range",
@@ -136,21 +136,16 @@ def lab_estimators(nfe: int) -> list[PlanEstimator]:
 
 
 def describe(estimator: PlanEstimator) -> dict:
-    """The record fields that name an estimator configuration."""
-    d = {"estimator": estimator.name, "masking": getattr(estimator, "masking", None), "nodes": None,
-         "samples_per_node": None, "num_samples": None, "stratified": None, "t_range": None,
-         "p_mask_prompt": None, "merge": None, "nfe": estimator.nfe}
-    if isinstance(estimator, (SDMC, CoupledSDMC)):
-        d.update(nodes=estimator.num_nodes, samples_per_node=estimator.samples_per_node)
-    elif isinstance(estimator, DoubleMC):
-        d.update(num_samples=estimator.num_samples, stratified=estimator.stratified)
-    elif isinstance(estimator, Coupled):
-        d.update(num_samples=estimator.num_pairs, t_range=[estimator.t_min, estimator.t_max])
-    elif isinstance(estimator, OneStep):
-        d.update(num_samples=estimator.num_samples, p_mask_prompt=estimator.p_mask_prompt)
-    elif isinstance(estimator, Trajectory):
-        d.update(merge=estimator.merge)
-    return d
+    """The record fields that name an estimator configuration, read from its own description
+    (:meth:`~dlmrl.estimators.configurable.ConfigurableEstimator.describe`): each record column is the setting of
+    that meaning by its field name (``nodes``: ``num_nodes``; ``num_samples``: ``num_samples`` or the pairs
+    ``num_pairs``; ``t_range``: ``[t_min, t_max]``), ``None`` where the estimator has none."""
+    d = estimator.describe()
+    s = d.settings
+    return {"estimator": d.name, "masking": s.get("masking"), "nodes": s.get("num_nodes"),
+            "samples_per_node": s.get("samples_per_node"), "num_samples": s.get("num_samples", s.get("num_pairs")),
+            "stratified": s.get("stratified"), "t_range": [s["t_min"], s["t_max"]] if "t_min" in s else None,
+            "p_mask_prompt": s.get("p_mask_prompt"), "merge": s.get("merge"), "nfe": d.nfe}
 
 
 def label(estimator: PlanEstimator) -> str:

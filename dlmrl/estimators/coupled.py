@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -17,7 +19,7 @@ from dlmrl.estimators.moments import (
     time_mixture,
 )
 from dlmrl.estimators.scoring import PlanEstimator, as_generator
-from dlmrl.estimators.validation import check_positive_int, check_unit_interval
+from dlmrl.estimators.validation import OptionError, check_positive_int, check_unit_interval
 
 COUPLED_MODES = ("bernoulli", "exact_count")
 
@@ -78,6 +80,17 @@ class Coupled(PlanEstimator):
     t_min: float = 0.2
     t_max: float = 0.8
     name = "coupled"
+    nfe_formula = "2K (2 · num_pairs)"
+    FLAT_KEYS = frozenset({"samples_per_node", "masking", "t_min", "t_max"})
+    KEY_OF: ClassVar[Mapping[str, str]] = {"num_pairs": "estimator.samples_per_node"}
+
+    @classmethod
+    def flat_options(cls, flat, sampling=None) -> dict:
+        """``num_pairs = samples_per_node``; ``masking``, ``t_min``, ``t_max`` as they are."""
+        out = {k: flat[k] for k in ("masking", "t_min", "t_max") if k in flat}
+        if "samples_per_node" in flat:
+            out["num_pairs"] = flat["samples_per_node"]
+        return out
 
     def __post_init__(self) -> None:
         check_positive_int(self.num_pairs, "num_pairs")
@@ -85,7 +98,7 @@ class Coupled(PlanEstimator):
         lo = check_unit_interval(self.t_min, "t_min")
         hi = check_unit_interval(self.t_max, "t_max")
         if not lo < hi:
-            raise ValueError(f"coupled needs t_min < t_max, got {lo} and {hi}")
+            raise OptionError("t_min", f"coupled needs t_min < t_max, got {lo} and {hi}")
 
     @property
     def nfe(self) -> int:
@@ -169,6 +182,14 @@ class StratifiedCoupled(PlanEstimator):
 
     num_pairs: int = 1
     name = "stratified_coupled"
+    nfe_formula = "2K (2 · num_pairs)"
+    FLAT_KEYS = frozenset({"samples_per_node"})
+    KEY_OF: ClassVar[Mapping[str, str]] = {"num_pairs": "estimator.samples_per_node"}
+
+    @classmethod
+    def flat_options(cls, flat, sampling=None) -> dict:
+        """``num_pairs = samples_per_node``."""
+        return {"num_pairs": flat["samples_per_node"]} if "samples_per_node" in flat else {}
 
     def __post_init__(self) -> None:
         check_positive_int(self.num_pairs, "num_pairs")

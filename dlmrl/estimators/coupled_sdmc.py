@@ -67,6 +67,7 @@ class CoupledSDMC(PlanEstimator):
     samples_per_node: int = 1
     masking: str = "exact_count"
     name = "coupled_sdmc"
+    nfe_formula = "N·K (num_nodes · samples_per_node)"
 
     def __post_init__(self) -> None:
         check_positive_int(self.num_nodes, "num_nodes")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -46,6 +48,18 @@ class DoubleMC(PlanEstimator):
     masking: str = "exact_count"
     stratified: bool = False
     name = "double_mc"
+    nfe_formula = "K (num_samples)"
+    # the config's N·K: as many times as the default SDMC has forward passes
+    FLAT_KEYS = frozenset({"num_nodes", "samples_per_node", "masking", "stratified"})
+    KEY_OF: ClassVar[Mapping[str, str]] = {"num_samples": "estimator.samples_per_node"}
+
+    @classmethod
+    def flat_options(cls, flat, sampling=None) -> dict:
+        """``num_samples = num_nodes · samples_per_node``; ``masking`` and ``stratified`` as they are."""
+        out = {k: flat[k] for k in ("masking", "stratified") if k in flat}
+        if "num_nodes" in flat and "samples_per_node" in flat:
+            out["num_samples"] = flat["num_nodes"] * flat["samples_per_node"]
+        return out
 
     def __post_init__(self) -> None:
         check_positive_int(self.num_samples, "num_samples")

@@ -127,6 +127,8 @@ class Exact(PlanEstimator):
     max_length: int = DEFAULT_MAX_LENGTH
     batch_size: int = 256
     name = "exact"
+    nfe_formula = "2^L − 1 (every mask of the L positions)"
+    trainable = False  # (exponential in L: for analysis, dlmrl estimators)
 
     def __post_init__(self) -> None:
         check_positive_int(self.max_length, "max_length")

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import torch
 
+from dlmrl.estimators.validation import OptionError
+
 MASKING_MODES = ("bernoulli", "exact_count", "reference")
 
 
 def check_masking_mode(mode: str, allowed: tuple[str, ...] = MASKING_MODES, field: str = "masking") -> None:
-    """Raise ``ValueError`` naming ``field`` and the valid modes if ``mode`` is not one of ``allowed``."""
+    """Raise :class:`OptionError` naming ``field`` and the valid modes if ``mode`` is not one of ``allowed``."""
     if mode not in allowed:
-        raise ValueError(f"{field} must be one of {', '.join(repr(m) for m in allowed)}; got {mode!r}")
+        raise OptionError(field, f"{field} must be one of {', '.join(repr(m) for m in allowed)}; got {mode!r}")
 
 
 def sample_masks(

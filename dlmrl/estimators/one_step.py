@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -34,6 +36,17 @@ class OneStep(PlanEstimator):
     p_mask_prompt: float = 0.15
     num_samples: int = 1
     name = "one_step"
+    nfe_formula = "K (num_samples)"
+    FLAT_KEYS = frozenset({"samples_per_node", "p_mask_prompt"})
+    KEY_OF: ClassVar[Mapping[str, str]] = {"num_samples": "estimator.samples_per_node"}
+
+    @classmethod
+    def flat_options(cls, flat, sampling=None) -> dict:
+        """``num_samples = samples_per_node`` (K prompt masks), ``p_mask_prompt`` as it is."""
+        out = {"p_mask_prompt": flat["p_mask_prompt"]} if "p_mask_prompt" in flat else {}
+        if "samples_per_node" in flat:
+            out["num_samples"] = flat["samples_per_node"]
+        return out
 
     def __post_init__(self) -> None:
         check_positive_int(self.num_samples, "num_samples")

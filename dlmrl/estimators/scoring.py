@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dlmrl.estimators.configurable import ConfigurableEstimator
 from dlmrl.estimators.mask_plan import MaskPlan, UpperBound
 from dlmrl.models.policy import canvas_logits
 from dlmrl.models.sampler import sampler_log_softmax  # (one function with the sampler's; re-exported)
@@ -386,17 +387,16 @@ def as_generator(generator: torch.Generator | int | None, device: torch.device |
     return torch.Generator(device=device).manual_seed(generator)
 
 
-class PlanEstimator:
+class PlanEstimator(ConfigurableEstimator):
     """Base for estimators that draw a :class:`MaskPlan` and score it with :func:`score`.
 
-    Subclasses implement ``make_plan(completion_mask (B, L) bool, generator, prompt_mask (B, P) bool)
+    Subclasses are frozen dataclasses whose fields are their settings (built from the config by
+    :meth:`~dlmrl.estimators.configurable.ConfigurableEstimator.from_config`) and implement ``make_plan(completion_mask (B, L) bool, generator, prompt_mask (B, P) bool)
     -> MaskPlan`` (``generator`` may be an integer seed; ``prompt_mask`` is used only by estimators
     that mask the prompt) and ``nfe`` / ``nfe_for(L)``. The trainer asks for a rollout batch's plan through
     :meth:`rollout_plan`, which also offers the sampler's record and the advantages (the trajectory
     estimator reads the one, SPG's the other).
     """
-
-    name: str = ""
 
     @property
     def nfe(self) -> int | None:

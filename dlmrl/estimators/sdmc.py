@@ -37,6 +37,7 @@ class SDMC(PlanEstimator):
     samples_per_node: int = 1
     masking: str = "exact_count"
     name = "sdmc"
+    nfe_formula = "N·K (num_nodes · samples_per_node)"
 
     def __post_init__(self) -> None:
         check_positive_int(self.num_nodes, "num_nodes")

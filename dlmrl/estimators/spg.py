@@ -7,14 +7,16 @@ by loosening the bound. Both bounds are read off the same masked canvases.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from dlmrl.estimators.mask_plan import MaskPlan, UpperBound
 from dlmrl.estimators.masking import bernoulli_masks
 from dlmrl.estimators.scoring import PlanEstimator, as_generator
-from dlmrl.estimators.validation import check_positive_int, check_unit_interval
+from dlmrl.estimators.validation import OptionError, check_positive_int, check_unit_interval
 
 
 def block_masks(completion_mask: torch.Tensor, num_samples: int, block_length: int,
@@ -94,6 +96,27 @@ class SPGEstimator(PlanEstimator):
     beta: float = 1.5
     mix: float = 0.5
     name = "spg"
+    nfe_formula = "m (num_samples)"
+    FLAT_KEYS = frozenset({"samples_per_node", "p_mask_prompt", "eubo_beta", "mix_weight", "mask_block_length"})
+    KEY_OF: ClassVar[Mapping[str, str]] = {
+        "num_samples": "estimator.samples_per_node", "beta": "estimator.eubo_beta", "mix": "estimator.mix_weight",
+        "block_length": "estimator.mask_block_length"}
+
+    @classmethod
+    def flat_options(cls, flat, sampling=None) -> dict:
+        """``num_samples = samples_per_node``, ``beta = eubo_beta``, ``mix = mix_weight``, ``p_mask_prompt``, and
+        ``block_length = mask_block_length``, 0 meaning the sampler's block length (as SPG's masks tile the blocks
+        the sampler fills)."""
+        names = {"samples_per_node": "num_samples", "p_mask_prompt": "p_mask_prompt", "eubo_beta": "beta",
+                 "mix_weight": "mix"}
+        out = {names[k]: flat[k] for k in names if k in flat}
+        block = flat.get("mask_block_length", 0) or (sampling.block_length if sampling is not None else 0)
+        if block:
+            out["block_length"] = block
+        return out
+
+    def notes(self) -> dict[str, str]:
+        return {"bounds": "ELBO for A >= 0, mix_weight * EUBO + (1 - mix_weight) * ELBO for A < 0"}
 
     def __post_init__(self) -> None:
         check_positive_int(self.num_samples, "num_samples")
@@ -101,7 +124,8 @@ class SPGEstimator(PlanEstimator):
         check_unit_interval(self.p_mask_prompt, "p_mask_prompt", high_open=True)
         check_unit_interval(self.mix, "mix")
         if isinstance(self.beta, bool) or not isinstance(self.beta, (int, float)) or not self.beta >= 1:
-            raise ValueError(f"beta must be a number >= 1 (the Rényi order of SPG's upper bound), got {self.beta!r}")
+            raise OptionError("beta", f"beta must be a number >= 1 (the Rényi order of SPG's upper bound), got "
+                                      f"{self.beta!r}")
 
     @property
     def nfe(self) -> int:

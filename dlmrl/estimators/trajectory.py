@@ -18,13 +18,15 @@ the step-map canvases); d2 arXiv 2509.21474 (StepMerge); JustGRPO arXiv 2601.151
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from dlmrl.estimators.mask_plan import MaskPlan
 from dlmrl.estimators.scoring import PlanEstimator
-from dlmrl.estimators.validation import check_positive_int
+from dlmrl.estimators.validation import OptionError, check_positive_int
 from dlmrl.models.sampler import NOT_SAMPLED
 
 ORDERS = ("sampled", "left_to_right")
@@ -119,13 +121,30 @@ class Trajectory(PlanEstimator):
     temperature: float = 1.0
     steps: int | None = None
     name = "trajectory"
+    nfe_formula = "⌈steps / merge⌉ (order sampled; ⌈L / merge⌉ left_to_right)"
+    KEY_OF: ClassVar[Mapping[str, str]] = {"temperature": "sampling.temperature", "steps": "sampling.steps"}
+
+    @classmethod
+    def flat_options(cls, flat, sampling=None) -> dict:
+        """``merge`` and ``order`` as they are; from the sampler its ``temperature`` (1 when greedy: a greedy
+        rollout is scored at T = 1) and its most ``steps`` (``max_steps``; the figure the NFE is bounded by)."""
+        out = {k: flat[k] for k in cls.reads(flat)}
+        if sampling is not None:
+            out.update(temperature=sampling.temperature if sampling.temperature > 0 else 1.0,
+                       steps=sampling.max_steps)
+        return out
+
+    def notes(self) -> dict[str, str]:
+        scores = ("the order the sampler took (its reveal-step record), one canvas per merged step"
+                  if self.order == "sampled" else "the left-to-right chain rule, one canvas per merged token")
+        return {"scores": scores, "variance": "0 given the rollout (no random masks)"}
 
     def __post_init__(self) -> None:
         check_positive_int(self.merge, "merge")
         if self.order not in ORDERS:
-            raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}; got {self.order!r}")
+            raise OptionError("order", f"order must be one of {', '.join(map(repr, ORDERS))}; got {self.order!r}")
         if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
-            raise ValueError(f"temperature must be > 0, got {self.temperature!r}")
+            raise OptionError("temperature", f"temperature must be > 0, got {self.temperature!r}")
         if self.steps is not None:
             check_positive_int(self.steps, "steps")
 

@@ -4,7 +4,9 @@
 objective's parts), the training estimator (and its NFE), the task's data sources, prompt templates and
 rewards, the sampler's schedule, the batch and scoring sizes that decide memory, the tracker and the
 ``accelerate`` process state. It reads a local checkpoint's ``config.json`` (never its code) to name the
-family; it loads no weights, downloads nothing and contacts no hub (a hub id or hub dataset is only named).
+family; it loads no weights, downloads nothing and contacts no hub (a hub id or hub dataset is only named). The
+preset and the estimator are the config's :class:`~dlmrl.config.RunSpec`, the ones validation checked and the run
+trains with.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dlmrl.config import Config, build_estimator, build_preset, estimator_settings
+from dlmrl.config import Config, RunSpec, resolve_run
 
 
 def _model_section(cfg: Config) -> dict:
@@ -90,37 +92,18 @@ def _algorithm_section(cfg: Config, preset) -> dict:
     return out
 
 
-def _estimator_section(cfg: Config) -> dict:
+def _estimator_section(cfg: Config, spec: RunSpec) -> dict:
+    """The estimator's own description (:meth:`~dlmrl.estimators.configurable.ConfigurableEstimator.describe`: its
+    settings by field name, its NFE and the formula), what chose it, and whether the NFE is a bound."""
     if cfg.model.kind == "ar":
         return {"name": "exact token log-probs (AR)", "nfe": 1}
-    name, e = estimator_settings(cfg)  # (estimator.name, else the preset's recipe estimator and its options)
-    est = build_estimator(e, name, cfg.sampling)
-    nfe = est.nfe if est.nfe is not None else est.nfe_for(cfg.sampling.gen_length)  # (at most, per sequence)
-    out: dict = {"name": name, "nfe": nfe,
-                 "chosen_by": "estimator.name" if cfg.estimator.name else "the preset's recipe"}
-    if est.nfe is None or (name == "trajectory" and cfg.sampling.adaptive):
+    d = spec.estimator.describe(cfg.sampling.gen_length)  # (a canvas-dependent NFE: its bound at gen_length)
+    out: dict = {"name": spec.estimator_name, "nfe": d.nfe, "nfe_formula": d.nfe_formula, "chosen_by": spec.chosen_by,
+                 **d.settings}
+    if d.nfe_is_bound or (d.name == "trajectory" and cfg.sampling.adaptive):
         # (data-dependent: the trajectory's steps or tokens; the figure is the bound)
         out["nfe_is"] = "at most, per completion (it depends on the rollout; the run logs nfe_scoring per step)"
-    if name in ("sdmc", "coupled_sdmc"):
-        out.update(num_nodes=e.num_nodes, samples_per_node=e.samples_per_node, masking=e.masking)
-    elif name == "double_mc":
-        out.update(samples=e.num_nodes * e.samples_per_node, masking=e.masking, stratified=e.stratified)
-    elif name == "coupled":
-        out.update(pairs=e.samples_per_node, masking=e.masking, t_range=[e.t_min, e.t_max])
-    elif name == "one_step":
-        out.update(prompt_masks=e.samples_per_node, p_mask_prompt=e.p_mask_prompt)
-    elif name == "stratified_coupled":
-        out.update(pairs=e.samples_per_node)
-    elif name == "trajectory":
-        out.update(order=est.order, merge=est.merge, temperature=est.temperature,
-                   scores=("the order the sampler took (its reveal-step record), one canvas per merged step"
-                           if est.order == "sampled" else "the left-to-right chain rule, one canvas per merged token"),
-                   variance="0 given the rollout (no random masks)")
-    elif name == "spg":
-        out.update(masks=est.num_samples, block_length=est.block_length, p_mask_prompt=est.p_mask_prompt,
-                   eubo_beta=est.beta, mix_weight=est.mix,
-                   bounds="ELBO for A >= 0, mix_weight * EUBO + (1 - mix_weight) * ELBO for A < 0")
-    return out
+    return {**out, **d.notes}
 
 
 def _task_section(cfg: Config) -> dict:
@@ -273,12 +256,13 @@ def run_processes(accel: dict) -> int:
     return requested_cpu_processes() or max(launched_processes(), int(accel.get("num_processes", 1)))
 
 
-def build_plan(cfg: Config, resume: bool = False) -> dict:
+def build_plan(cfg: Config, resume: bool = False, spec: RunSpec | None = None) -> dict:
     """The run's plan: sections ``model``, ``algorithm``, ``estimator``, ``task``, ``sampler``, ``sizes``,
     ``tracker``, ``accelerate``, ``output`` (plain values, YAML-printable). ``cfg`` must be validated
     (:func:`dlmrl.config.validate`); nothing is loaded but local ``config.json`` files and local data files.
     ``resume``: the output state says which checkpoint ``--resume`` would continue from (and the run's refusals
-    apply: no checkpoint, settings that differ from the run's own).
+    apply: no checkpoint, settings that differ from the run's own). ``spec``: the config resolved
+    (:func:`~dlmrl.config.validate` returns it; default: resolved here), whose preset and estimator the plan shows.
 
     Raises:
         ConfigError: what the run would refuse before loading a model, for the processes it would start (a batch
@@ -288,8 +272,9 @@ def build_plan(cfg: Config, resume: bool = False) -> dict:
     """
     from dlmrl.training.distributed import check_process_split, check_sharding_backend
 
-    preset = build_preset(cfg)
-    estimator = _estimator_section(cfg)
+    spec = spec or resolve_run(cfg)
+    preset = spec.preset
+    estimator = _estimator_section(cfg, spec)
     accel = _accelerate_section()
     processes = run_processes(accel)
     check_process_split(cfg, processes)  # (the run's own check, with the run's process count)

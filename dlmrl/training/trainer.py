@@ -45,16 +45,15 @@ from transformers import get_scheduler
 from dlmrl.config import (
     Config,
     ConfigError,
-    build_preset,
+    RunSpec,
     check_cache_family,
-    estimator_settings,
     flatten,
     load_yaml,
+    resolve_run,
     save_yaml,
     to_dict,
     validate,
 )
-from dlmrl.config import build_estimator as estimator_from_config
 from dlmrl.data.encoding import pad_token_id
 from dlmrl.envs import default_env, make_env
 from dlmrl.models.ar import HapoTemperature
@@ -200,11 +199,11 @@ def build_task(cfg: Config, policy):
                            **options)
 
 
-def build_estimator(cfg: Config):
+def build_estimator(cfg: Config, spec: RunSpec | None = None):
     """The training estimator of the config's ``estimator`` section (``estimator.name`` null: the algorithm
-    preset's recipe estimator, else sdmc; see :func:`dlmrl.config.estimator_name`)."""
-    name, settings = estimator_settings(cfg)
-    return estimator_from_config(settings, name, cfg.sampling)
+    preset's recipe estimator, else sdmc; see :func:`dlmrl.config.estimator_name`): ``spec``'s, the run's resolved
+    config (:func:`dlmrl.config.validate` returns it), else the config resolved here."""
+    return (spec or resolve_run(cfg)).estimator
 
 
 def group_loss_fn(objective: GroupObjective, old: torch.Tensor | None, advantages: torch.Tensor,
@@ -425,7 +424,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, *, policy=No
         FileNotFoundError: ``resume=True`` with no checkpoint in ``output_dir``.
         dlmrl.rewards.functions.RewardFunctionError: a reward function returned the wrong number of values.
     """
-    validate(cfg, data=task is None)
+    spec = validate(cfg, data=task is None)  # (the config resolved once: its preset and estimator)
     hooks = Callbacks(callbacks)
     check_process_split(cfg, launched_processes())  # (accelerate launch: the batch must split over the processes)
     check_sharding_backend()  # (FSDP / DeepSpeed on a machine without GPUs: refused, never silently plain DDP)
@@ -445,7 +444,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, *, policy=No
     configure_deepspeed(accelerator, tr.max_grad_norm)
     torch.manual_seed(tr.seed)
 
-    preset, is_ar = build_preset(cfg), cfg.model.kind == "ar"
+    preset, is_ar = spec.preset, cfg.model.kind == "ar"
     given = policy is not None
     if given:
         check_policy(cfg, policy)
@@ -465,7 +464,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, *, policy=No
     # (AR with one process: an entropy preset with μ = 1 takes its entropies from the update's own forward)
     scorer = (ARScorer(policy, ref, old_scores=objective.needs_old_scores, share_forward=processes.count == 1)
               if is_ar else
-              DiffusionScorer(policy, ref, build_estimator(cfg), cfg.estimator.micro_batch or None,
+              DiffusionScorer(policy, ref, build_estimator(cfg, spec), cfg.estimator.micro_batch or None,
                               old_scores=objective.needs_old_scores))
     needs = preset.required_inputs
     delimiters = delimiter_token_ids(policy.tokenizer) if "segment_ids" in needs else None

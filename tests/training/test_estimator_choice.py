@@ -5,8 +5,7 @@ import torch
 from safetensors.torch import load_file
 
 from dlmrl.config import Config, ConfigError, apply_overrides, validate
-from dlmrl.estimators import SDMC, Coupled, CoupledSDMC, DoubleMC, OneStep
-from dlmrl.estimators.factory import TRAINABLE, make_estimator
+from dlmrl.estimators import ESTIMATORS, SDMC, Coupled, CoupledSDMC, DoubleMC, OneStep
 from dlmrl.training import trainer
 from tests.training.test_trainer import params, small_config
 
@@ -53,8 +52,11 @@ def test_bad_estimator_settings_name_the_field(overrides, key):
 
 
 def test_every_trainable_estimator_is_registered_and_exact_is_not_trainable():
-    for name in TRAINABLE:
-        assert make_estimator(name).name == name
+    trainable = [n for n in ESTIMATORS.names() if ESTIMATORS.get(n).trainable]
+    assert set(trainable) == {"sdmc", "double_mc", "coupled_sdmc", "coupled", "one_step", "trajectory", "spg",
+                              "stratified_coupled"}
+    for name in trainable:
+        assert ESTIMATORS.get(name).from_config({}).name == name
     cfg = Config()
     apply_overrides(cfg, ["estimator.name=exact"])
     with pytest.raises(ConfigError, match="estimator.name"):
