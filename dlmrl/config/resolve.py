@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from dlmrl.config.overrides import _resolve_key, load_yaml
 from dlmrl.config.schema import Config, EstimatorConfig, SamplingConfig, TrainConfig, default_config_path
-from dlmrl.errors import ConfigError
+from dlmrl.errors import ConfigError, OptionError
 
 if TYPE_CHECKING:
     from dlmrl.estimators import PlanEstimator
@@ -147,7 +147,13 @@ def preset_overrides(tr: TrainConfig) -> dict:
         out["advantage"] = tr.advantage
     if tr.dynamic_sampling_max_rounds is not None:
         out["dynamic_sampling_max_rounds"] = tr.dynamic_sampling_max_rounds
+    if tr.part_options:
+        out["part_options"] = {kind: dict(own or {}) for kind, own in tr.part_options.items()}
     return out
+
+
+#: the ``train.*`` key of a preset or objective field whose name differs (TRL's names)
+_TRAIN_KEYS = {"ratio_level": "importance_sampling_level"}
 
 
 def build_preset(cfg: Config):
@@ -156,20 +162,17 @@ def build_preset(cfg: Config):
 
     from dlmrl.objectives.presets import get_algorithm
 
-    fields = {"ratio_level": "importance_sampling_level"}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # (a sequence ratio with a token-summed loss warns)
         try:
             return get_algorithm(cfg.train.algorithm, **preset_overrides(cfg.train))
-        except ValueError as err:
-            msg = str(err)
-            if "unknown algorithm" in msg:
+        except OptionError as err:  # (a setting: the train.* key that set it, by the field the check names)
+            msg, key = str(err), _TRAIN_KEYS.get(err.field, err.field)
+            if key.split(".")[0] not in {f.name for f in dataclasses.fields(TrainConfig)}:
                 key = "algorithm"
-            else:
-                first = msg.split()[0]
-                key = fields.get(first, first if first in {f.name for f in dataclasses.fields(TrainConfig)}
-                                 else ("advantage" if "advantage" in msg else "algorithm"))
-            raise ConfigError(f"config key 'train.{key}': {msg}") from None
+        except ValueError as err:  # (an unknown algorithm)
+            msg, key = str(err), "algorithm"
+    raise ConfigError(f"config key 'train.{key}': {msg}") from None
 
 
 @functools.lru_cache(maxsize=1)

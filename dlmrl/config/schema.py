@@ -229,6 +229,10 @@ class TrainConfig:
     weighting: str | None = doc(
         None, "Loss weighting: none | egsw (EGSW's group softmax per sequence) | egsw_step (per position), or a name "
               "a plugin registered (dlmrl list weightings); null = the preset's.")
+    part_options: dict = field(default_factory=dict, metadata={"help": (
+        "Settings of the clip rule, loss type and weighting by their own field names, over the train.* keys of "
+        "the same names: {clip_rule: {...}, loss_type: {...}, weighting: {...}}, e.g. "
+        "train.part_options.clip_rule.scale=0.5 for a clip rule of your own with a field 'scale'.")})
     egsw_alpha: float | None = doc(None, "egsw: weight alpha of the entropy in the softmax score A + alpha*H; null = "
                                          "the preset's (0.5).")
     egsw_temperature: float | None = doc(None, "egsw: softmax temperature (> 0); null = the preset's (1).")

@@ -4,15 +4,7 @@ from __future__ import annotations
 
 import math
 
-
-class OptionError(ValueError):
-    """An estimator setting out of range; ``field`` is the dataclass field it concerns, so that the config can
-    name the key that set it (:meth:`~dlmrl.estimators.configurable.ConfigurableEstimator.from_config`) without
-    reading the message."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
+from dlmrl.errors import OptionError  # (re-exported: the estimators raise it)
 
 
 def check_positive_int(value: object, field: str) -> None:

@@ -4,10 +4,12 @@ redistribution, weighting, KL and aggregation (GRPO arXiv 2402.03300, TRL's ``GR
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 
 import torch
 
+from dlmrl.errors import OptionError
 from dlmrl.objectives.aggregation import LOSS_TYPES, Aggregation
 from dlmrl.objectives.clip_rules import CLIP_RULES, ClipRule
 from dlmrl.objectives.clipping import ClipResult, clipped_surrogate
@@ -155,16 +157,31 @@ class GroupObjective:
     hapo_clip_alpha: float = 1.0
     hapo_advantage_beta: float = 0.0
     anchor_weight: float = 1.0
+    part_options: Mapping[str, Mapping[str, object]] = field(default_factory=dict, compare=True, hash=False)
 
     def __post_init__(self) -> None:
         check_choice("ratio_level", self.ratio_level, RATIO_LEVELS)
         check_choice("kl_kind", self.kl_kind, KL_KINDS)
         check_choice("kl_level", self.kl_level, KL_LEVELS)
         check_choice("kl_reference", self.kl_reference, KL_REFERENCES)
-        options = {name: getattr(self, name) for name in self.field_names()}
+        options = {name: getattr(self, name) for name in self.field_names() if name != "part_options"}
+        registries = {"clip_rule": CLIP_RULES, "loss_type": LOSS_TYPES, "weighting": WEIGHTINGS}
+        check_values(self, [("part_options", set(self.part_options) <= set(registries),
+                             f"may only name {', '.join(registries)}")])
+
+        def build(kind: str):
+            # a part's own settings (part_options[kind]) over the flat fields of the same names
+            name, own = getattr(self, kind), dict(self.part_options.get(kind, {}))
+            check_choice(kind, name, registries[kind].names())
+            unknown = sorted(set(own) - set(registries[kind].get(name).hyperparameters()))
+            if unknown:
+                raise OptionError(f"part_options.{kind}.{unknown[0]}",
+                                  f"{kind} {name!r} has no setting {unknown[0]!r} (its settings: "
+                                  f"{', '.join(registries[kind].get(name).hyperparameters())})")
+            return registries[kind].build(name, {**options, **own})
+
         # (the parts check their own fields; the checks below cover every field, the unused parts' too)
-        parts = ObjectiveParts(CLIP_RULES.build(self.clip_rule, options), LOSS_TYPES.build(self.loss_type, options),
-                               WEIGHTINGS.build(self.weighting, options))
+        parts = ObjectiveParts(build("clip_rule"), build("loss_type"), build("weighting"))
         check_values(self, [
             ("epsilon", self.epsilon >= 0, "must be >= 0"),
             ("epsilon_high", self.epsilon_high is None or self.epsilon_high >= 0, "must be >= 0"),

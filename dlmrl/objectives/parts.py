@@ -26,7 +26,8 @@ keys. A user's part is a subclass registered under a new name (in a module loade
             return self.epsilon / 2, self.epsilon / 2
 
 and ``train.clip_rule: half`` then uses it. Fields named like a :class:`GroupObjective` field get that
-field's value; others keep their defaults.
+field's value; any field is set by ``train.part_options.clip_rule.<field>`` (``GroupObjective.part_options``),
+which wins over the flat value; the others keep their defaults.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import difflib
 from collections.abc import Callable, Iterable, Mapping
 from typing import ClassVar, TypeVar
 
+from dlmrl.errors import OptionError
 from dlmrl.registry import Registry
 
 
@@ -45,14 +47,14 @@ def check_choice(field_name: str, value: object, choices: Iterable[str]) -> None
     if value not in choices:
         close = difflib.get_close_matches(str(value), choices, n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise ValueError(f"{field_name} {value!r} is not one of {', '.join(map(repr, choices))}.{hint}")
+        raise OptionError(field_name, f"{field_name} {value!r} is not one of {', '.join(map(repr, choices))}.{hint}")
 
 
 def check_values(owner: object, checks: Iterable[tuple[str, bool, str]]) -> None:
     """Raise ``ValueError`` ``"<name> <value> <why>"`` for the first ``(name, ok, why)`` that is not ok."""
     for name, ok, why in checks:
         if not ok:
-            raise ValueError(f"{name} {getattr(owner, name)!r} {why}")
+            raise OptionError(name, f"{name} {getattr(owner, name)!r} {why}")
 
 
 class Part:

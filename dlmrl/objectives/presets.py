@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from dlmrl.errors import OptionError
 from dlmrl.objectives.advantage_registry import (
     ADVANTAGE_INPUTS,
     AdvantageInputs,
@@ -70,18 +71,21 @@ class AlgorithmPreset:
     reference: str = ""
 
     def __post_init__(self) -> None:
-        check_advantage_options(self.advantage, dict(self.advantage_options))
+        try:
+            check_advantage_options(self.advantage, dict(self.advantage_options))
+        except ValueError as err:
+            raise OptionError("advantage", str(err)) from None
         if not self.policies or any(p not in POLICIES for p in self.policies):
-            raise ValueError(f"policies must be a non-empty subset of {POLICIES}, got {self.policies!r}")
+            raise OptionError("policies", f"policies must be a non-empty subset of {POLICIES}, got {self.policies!r}")
         frac = self.overlong_cache_fraction
         if frac is not None and not 0 < frac <= 1:
-            raise ValueError(f"overlong_cache_fraction must be in (0, 1], got {frac}")
+            raise OptionError("overlong_cache_fraction", f"overlong_cache_fraction must be in (0, 1], got {frac}")
         rounds = self.dynamic_sampling_max_rounds
         if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
-            raise ValueError(f"dynamic_sampling_max_rounds must be an integer >= 0, got {rounds!r}")
+            raise OptionError("dynamic_sampling_max_rounds", f"dynamic_sampling_max_rounds must be an integer >= 0, got {rounds!r}")
         tau = self.adaptive_temperature_tau
         if tau is not None and not 0 <= tau < 1:
-            raise ValueError(f"adaptive_temperature_tau must be in [0, 1), got {tau}")
+            raise OptionError("adaptive_temperature_tau", f"adaptive_temperature_tau must be in [0, 1), got {tau}")
 
     @staticmethod
     def overridable() -> tuple[str, ...]:
@@ -104,7 +108,7 @@ class AlgorithmPreset:
             if key not in known:
                 close = difflib.get_close_matches(key, known, n=3)
                 hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-                raise ValueError(f"algorithm {self.name!r} has no part {key!r}.{hint}")
+                raise OptionError(key, f"algorithm {self.name!r} has no part {key!r}.{hint}")
             (objective_kw if key in GroupObjective.field_names() else preset_kw)[key] = value
         new_advantage = preset_kw.get("advantage", self.advantage)
         base = dict(self.advantage_options) if new_advantage == self.advantage else {}

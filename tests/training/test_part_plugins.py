@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dlmrl.config import Config, ConfigError, TrainConfig, apply_overrides, build_preset, validate
+from dlmrl.config import Config, ConfigError, TrainConfig, apply_overrides, build_preset, load_yaml, validate
 from dlmrl.objectives.objective import GroupObjective
 from dlmrl.plugins import import_modules
 from dlmrl.training.distributed import check_process_split
@@ -37,10 +37,11 @@ class EntropyWidened(ClipRule):
     zero_rows_skippable = False
 
     epsilon: float = 0.2  # (GroupObjective.epsilon, train.epsilon)
+    widen: float = 1.0  # (its own setting: train.part_options.clip_rule.widen)
 
     def ranges(self, mask, *, entropy=None, segment_ids=None, entropy_groups=None, dtype=torch.float32):
         CALLS.append((self.epsilon, tuple(entropy.shape)))
-        eps = (self.epsilon * (1 + entropy / (1 + entropy))).to(dtype)
+        eps = (self.epsilon * (1 + self.widen * entropy / (1 + entropy))).to(dtype)
         return eps, eps
 
 
@@ -76,7 +77,7 @@ def config(*overrides: str) -> Config:
 
 def test_every_objective_field_is_a_train_key():
     keys = {f.name for f in dataclasses.fields(TrainConfig)}
-    assert set(GroupObjective.field_names()) - {"ratio_level"} <= keys  # (ratio_level: importance_sampling_level)
+    assert set(GroupObjective.field_names()) - {"ratio_level"} <= keys  # (part_options: train.part_options)  # (ratio_level: importance_sampling_level)
 
 
 def test_train_keys_set_the_parts_and_their_hyperparameters():
@@ -105,6 +106,27 @@ def test_a_bad_part_name_or_value_names_its_train_key():
         build_preset(config("weighting=egws"))
     with pytest.raises(ConfigError, match=r"train\.egsw_temperature"):
         build_preset(config("weighting=egsw", "egsw_temperature=-1"))
+
+
+def test_a_parts_own_settings_come_from_part_options(plugin, tmp_path):
+    # a field no train.* key has: train.part_options.<kind>.<field>, over the flat key of the same name
+    o = build_preset(config("clip_rule=plug_entropy_widened", "train.part_options.clip_rule.widen=0.5",
+                            "train.epsilon=0.3")).objective
+    assert (o.parts.clip_rule.widen, o.parts.clip_rule.epsilon) == (0.5, 0.3)
+    o = build_preset(config("clip_rule=plug_entropy_widened", "train.epsilon=0.3",
+                            "train.part_options.clip_rule.epsilon=0.1")).objective
+    assert o.parts.clip_rule.epsilon == 0.1 and o.epsilon == 0.3
+    o = build_preset(config("loss_type=dr_grpo", "train.part_options.loss_type.max_completion_length=7")).objective
+    assert o.parts.loss_type.max_completion_length == 7
+    with pytest.raises(ConfigError, match=r"'train\.part_options\.clip_rule\.widn'.*has no setting 'widn'"):
+        build_preset(config("clip_rule=plug_entropy_widened", "train.part_options.clip_rule.widn=0.5"))
+    with pytest.raises(ConfigError, match=r"'train\.part_options'.*may only name clip_rule, loss_type, weighting"):
+        build_preset(config("train.part_options.clip.widen=0.5"))
+    run = tmp_path / "run.yaml"
+    run.write_text("train:\n  clip_rule: plug_entropy_widened\n  part_options:\n    clip_rule:\n      widen: 2.0\n")
+    cfg = Config()
+    load_yaml(cfg, run)
+    assert build_preset(cfg).objective.parts.clip_rule.widen == 2.0
 
 
 def test_a_user_rule_that_needs_the_whole_batch_is_refused_with_two_processes(plugin):
