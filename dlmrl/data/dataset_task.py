@@ -333,6 +333,15 @@ class DatasetTask(TextTask):
         return dataset_examples(records, options.prompt_column, which)
 
     @classmethod
+    def check_settings(cls, options: DatasetOptions) -> None:
+        """The chat template setting and the prompt column (the data sources aside: the Python API passes its
+        datasets). Raises ``ValueError`` naming the field."""
+        if options.chat_template not in ("auto", "on", "off"):
+            raise ValueError(f"task.chat_template: must be auto, on or off, got {options.chat_template!r}")
+        if not options.prompt_column or not options.prompt_column.strip():
+            raise ValueError("task.prompt_column: must name a column")
+
+    @classmethod
     def check_options(cls, options: DatasetOptions) -> int | None:
         """Check the settings and load the *local* data files (prompt column and rows checked).
 
@@ -341,10 +350,7 @@ class DatasetTask(TextTask):
         Raises:
             ValueError: naming the field (``DataError``, a :class:`ValueError`, for the data).
         """
-        if options.chat_template not in ("auto", "on", "off"):
-            raise ValueError(f"task.chat_template: must be auto, on or off, got {options.chat_template!r}")
-        if not options.prompt_column or not options.prompt_column.strip():
-            raise ValueError("task.prompt_column: must name a column")
+        cls.check_settings(options)
         sources = cls.sources(options)
         for which, (source, _, _, _) in sources.items():
             if is_local_file(source):
