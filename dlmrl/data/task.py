@@ -18,7 +18,6 @@ imported by ``dlmrl train --import my_pkg.tasks`` or the ``dlmrl.plugins`` entry
 
 from __future__ import annotations
 
-import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -168,11 +167,6 @@ class Task(ABC):
         if self.format_rewards or self.CORRECT is None:
             return None
         return float(self.CORRECT)
-
-
-def options_fields(options_class: type) -> list[str]:
-    """The setting names of a task's options class."""
-    return [f.name for f in dataclasses.fields(options_class) if f.init]
 
 
 TASKS: Registry[type[Task]] = Registry("task")
