@@ -36,6 +36,7 @@ from dlmrl.config import (
     default_config_path,
     load_yaml,
     mapping_keys,
+    task_options,
     use_the_algorithms_estimator,
     validate,
 )
@@ -205,7 +206,7 @@ class Trainer:
             cfg.eval.before = cfg.eval.after = False
         validate(cfg, data=False)
         try:
-            DatasetTask.check_text_config(cfg.task)  # (the task.* keys the dataset task reads, and refuses)
+            DatasetTask.check_settings(task_options(cfg.task))  # (validate refused the keys it does not read)
         except ValueError as e:
             key, _, msg = str(e).partition(": ")
             raise ConfigError(f"config key {key!r}: {msg}") from None

@@ -8,6 +8,7 @@ input) before any model is loaded. Option names follow TRL's ``GRPOConfig`` wher
 - :mod:`dlmrl.config.overrides`: YAML files and ``key=value`` overrides onto them;
 - :mod:`dlmrl.config.resolve`: the algorithm preset and training estimator a config names, resolved once into a
   :class:`RunSpec`;
+- :mod:`dlmrl.config.task_options`: the task a config names, its options object (flat keys and ``task.options``);
 - :mod:`dlmrl.config.validation`: range and registry checks (``validate`` returns the :class:`RunSpec`), the
   default job.
 """
@@ -48,6 +49,7 @@ from dlmrl.config.schema import (
     help_text,
     iter_fields,
 )
+from dlmrl.config.task_options import build_task, check_task_keys, task_options
 from dlmrl.config.validation import (
     TRACKERS,
     check_cache_family,
@@ -61,8 +63,9 @@ from dlmrl.errors import ConfigError
 __all__ = [
     "DEFAULT_TRAIN_CONFIG", "SCHEDULERS", "TRACKERS", "Config", "ConfigError", "EstimatorConfig", "EvalConfig",
     "ModelConfig", "PretrainConfig", "RunSpec", "SamplingConfig", "TaskConfig", "TrainConfig", "apply_mapping",
-    "apply_overrides", "build_estimator", "build_preset", "check_cache_family", "default_config_path",
-    "default_job_config", "doc", "estimator_name", "estimator_settings", "flatten", "help_text", "iter_fields",
-    "load_yaml", "locate_error", "mapping_keys", "preset_overrides", "resolve_run", "save_yaml", "to_dict",
-    "tracker_available", "use_the_algorithms_estimator", "validate", "validate_pretrain",
+    "apply_overrides", "build_estimator", "build_preset", "build_task", "check_cache_family", "check_task_keys",
+    "default_config_path", "default_job_config", "doc", "estimator_name", "estimator_settings", "flatten",
+    "help_text", "iter_fields", "load_yaml", "locate_error", "mapping_keys", "preset_overrides", "resolve_run",
+    "save_yaml", "task_options", "to_dict", "tracker_available", "use_the_algorithms_estimator", "validate",
+    "validate_pretrain",
 ]

@@ -105,6 +105,9 @@ class TaskConfig:
     num_proc: int | None = doc(None, "Processes datasets.load_dataset uses to prepare data; null = one.")
     cache_dir: str | None = doc(None, "datasets cache folder; null = datasets' default "
                                       "(~/.cache/huggingface/datasets).")
+    options: dict = field(default_factory=dict, metadata={"help": (
+        "Settings of the named task by the field names of its options class (dlmrl.data.Task.options_class), over "
+        "the flat task keys above: a task you register takes its settings here, e.g. task.options.max_digits=3.")})
 
 
 @dataclass

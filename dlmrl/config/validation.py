@@ -26,6 +26,7 @@ from dlmrl.config.schema import (
     TaskConfig,
     default_config_path,
 )
+from dlmrl.config.task_options import check_task, check_task_keys, task_class
 from dlmrl.errors import ConfigError
 
 
@@ -107,6 +108,7 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
     _check(m.dtype in ("float32", "bfloat16", "float16"), "model.dtype", f"unknown dtype {m.dtype!r}")
     _check_lora(m)
     _check(t.name in TASKS, "task.name", f"unknown task {t.name!r}; known: {TASKS.names()}")
+    check_task_keys(t)
     _check(t.answer_mode in ("infill", "full", "text"), "task.answer_mode", "must be 'infill', 'full' or 'text'")
     _check(1 <= t.min_blanks <= t.max_blanks <= 12, "task.min_blanks", "need 1 <= min_blanks <= max_blanks <= 12")
     if data:
@@ -369,7 +371,7 @@ def _check_rollout_parts(cfg: Config, preset) -> None:
 
 def _check_data_files(t: TaskConfig) -> int | float:
     """Check the task's fields and load its local data files up front (bad records fail here, naming the config
-    key, the file, the line and the field), through the task class's ``check_config``.
+    key, the file, the line and the field), through the task class's ``check_options``.
 
     Returns the number of held-out examples, or ``math.inf`` when they come from the hub (not downloaded
     here; the run loads and checks them).
@@ -377,8 +379,6 @@ def _check_data_files(t: TaskConfig) -> int | float:
     Raises:
         ConfigError: naming the key (``task.test_file``, ``task.prompt_template``, ...).
     """
-    from dlmrl.data import TASKS
-
     _check(isinstance(t.num_numbers, int) and t.num_numbers >= 0, "task.num_numbers", "must be >= 0 (0 = all)")
     _check(t.verify_timeout > 0, "task.verify_timeout", "must be > 0 seconds")
     _check(t.verify_workers >= 1, "task.verify_workers", "must be >= 1")
@@ -386,11 +386,10 @@ def _check_data_files(t: TaskConfig) -> int | float:
     for key in ("dataset", "subset", "split", "test_dataset", "test_split", "prompt_template"):
         value = getattr(t, key)
         _check(value is None or value.strip() != "", f"task.{key}", "must not be empty (use null for the default)")
-    check = getattr(TASKS.get(t.name), "check_config", None)
-    if check is None:  # (a user task without one: nothing to check up front)
-        return math.inf
     try:
-        size = check(t)
+        size = check_task(t)
+    except ConfigError:
+        raise
     except (ValueError, TypeError) as e:
         key, sep, msg = str(e).partition(": ")
         if sep and key.startswith("task.") and " " not in key:
@@ -407,11 +406,10 @@ def _check_reward_funcs(cfg: Config) -> None:
     Raises:
         ConfigError: naming the key, and for an import string the module and the attribute.
     """
-    from dlmrl.data import TASKS
     from dlmrl.rewards.functions import RewardFunctions
 
     tr, t = cfg.train, cfg.task
-    if not getattr(TASKS.get(t.name), "takes_reward_funcs", False):
+    if not task_class(t).takes_reward_funcs:
         _check(not tr.reward_funcs, "train.reward_funcs",
                f"task {t.name!r} scores completions with its own reward; reward functions score your own prompts "
                "(task.name dataset)")

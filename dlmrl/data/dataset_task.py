@@ -35,18 +35,44 @@ from typing import Any, ClassVar
 import torch
 
 from dlmrl.data.loading import DataError, Records, field_error, is_local_file
-from dlmrl.data.prompts import render_prompt
-from dlmrl.data.tasks import TASKS
-from dlmrl.data.text_tasks import TextTask
+from dlmrl.data.prompts import PromptTemplate, render_prompt
+from dlmrl.data.task import TASKS
+from dlmrl.data.text_tasks import TextOptions, TextTask
 from dlmrl.rewards.functions import RewardFunctions
 
-__all__ = ["DatasetExample", "DatasetTask", "dataset_examples"]
+__all__ = ["DatasetExample", "DatasetOptions", "DatasetTask", "dataset_examples"]
 
 #: names a column may not have: the reward functions' own positional arguments
 RESERVED_COLUMNS = ("prompts", "completions")
 #: keys of the held-out summary an eval metric's name may not take
 RESERVED_METRICS = ("mean_reward", "num_examples", "primary_metric", "num_puzzles", "nfe", "gen_length", "steps",
                     "max_new_tokens")
+
+
+@dataclass(frozen=True)
+class DatasetOptions:
+    """The dataset task's settings (``task.*`` keys of the same names).
+
+    Attributes:
+        dataset, subset, split: the training prompts (a hub id, or a local folder or .json/.jsonl/.csv/.parquet
+            file) and split; train_file: a local file instead.
+        test_dataset, test_split, test_file: the held-out prompts (none: no held-out evaluation).
+        prompt_column: the column holding each prompt.
+        chat_template: ``auto`` | ``on`` | ``off`` (for plain-text prompts; chat messages always use it).
+        num_proc, cache_dir: ``datasets.load_dataset``'s.
+    """
+
+    dataset: str | None = None
+    subset: str | None = None
+    split: str | None = None
+    test_dataset: str | None = None
+    test_split: str | None = None
+    train_file: str | None = None
+    test_file: str | None = None
+    prompt_column: str = "prompt"
+    chat_template: str = "auto"
+    num_proc: int | None = None
+    cache_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -137,16 +163,30 @@ class DatasetTask(TextTask):
     """
 
     name = "dataset"
+    options_class = DatasetOptions
     CORRECT = None  # (no reward means "solved": the rollout solve_rate is not logged)
-    takes_reward_funcs: ClassVar[bool] = True  # (config validation: train.reward_funcs belong to this task)
+    takes_reward_funcs = True  # (config validation: train.reward_funcs belong to this task)
+    refused_keys: ClassVar[dict[str, str]] = {
+        "prompt_template": "the dataset task reads its prompts as written in the prompt column (task.prompt_column); "
+                           "put the wording in the data",
+        "test_prompt_template": "the dataset task reads its prompts as written in the prompt column "
+                                "(task.prompt_column); put the wording in the data",
+        "format_rewards": "the dataset task's reward is train.reward_funcs; name the format rewards there (e.g. "
+                          "reward_funcs: [my_pkg.rewards:exact_match, xmlcount])",
+    }
+    templates: ClassVar[dict[str, PromptTemplate]] = {"plain": PromptTemplate("{prompt}")}  # (the column as written)
+    template_fields = ("prompt",)
 
     def __init__(self, tokenizer, mask_token_id: int | None, gen_length: int = 256, train_examples=None,
                  test_examples=None, *, reward_functions: RewardFunctions, chat_template: str = "auto",
-                 eval_metric: Callable | None = None):
-        super().__init__(tokenizer, mask_token_id, gen_length, train_examples, test_examples, prompt_template="plain",
-                         chat_template=chat_template)
+                 eval_metric: Callable | None = None, options: DatasetOptions | None = None):
+        options = options or DatasetOptions(chat_template=chat_template)
+        # (the text tasks' machinery reads the prompt settings: the column as written, no format rewards)
+        super().__init__(tokenizer, mask_token_id, gen_length, train_examples, test_examples,
+                         options=TextOptions(prompt_template="plain", chat_template=options.chat_template))
+        self.options = options
         self.reward_functions = reward_functions
-        self.chat_setting = chat_template
+        self.chat_setting = options.chat_template
         self.eval_metric = eval_metric
         self.primary_metric = "mean_reward"
         if eval_metric is not None:
@@ -262,9 +302,9 @@ class DatasetTask(TextTask):
             out[self.primary_metric] = float(value)
         return out
 
-    # -- construction from a TaskConfig -----------------------------------------------------------------------
+    # -- construction from options -----------------------------------------------------------------------------
     @classmethod
-    def sources(cls, cfg) -> dict[str, tuple[str, str, str | None, str]]:
+    def sources(cls, options: DatasetOptions) -> dict[str, tuple[str, str, str | None, str]]:
         """``{"train": (source, split, subset, key)}`` and, when held-out data is named, ``"test"``: ``task.test_file``,
         else ``task.test_dataset`` (split ``task.test_split``, default ``test``), else ``task.test_split`` of the
         training source.
@@ -272,70 +312,58 @@ class DatasetTask(TextTask):
         Raises:
             DataError: naming ``task.dataset`` when neither it nor ``task.train_file`` is set.
         """
-        if cfg.train_file:
-            train = (cfg.train_file, cfg.split or "train", None, "task.train_file")
-        elif cfg.dataset:
-            train = (cfg.dataset, cfg.split or "train", cfg.subset, "task.dataset")
+        if options.train_file:
+            train = (options.train_file, options.split or "train", None, "task.train_file")
+        elif options.dataset:
+            train = (options.dataset, options.split or "train", options.subset, "task.dataset")
         else:
             raise DataError("task.dataset: the dataset task needs its prompts: set task.dataset (a hub id, or a local "
                             "folder or .json/.jsonl/.csv/.parquet file) or task.train_file")
         out = {"train": train}
-        if cfg.test_file:
-            out["test"] = (cfg.test_file, cfg.test_split or "train", None, "task.test_file")
-        elif cfg.test_dataset:
-            out["test"] = (cfg.test_dataset, cfg.test_split or "test", cfg.subset, "task.test_dataset")
-        elif cfg.test_split:
-            out["test"] = (train[0], cfg.test_split, train[2], "task.test_split")
+        if options.test_file:
+            out["test"] = (options.test_file, options.test_split or "train", None, "task.test_file")
+        elif options.test_dataset:
+            out["test"] = (options.test_dataset, options.test_split or "test", options.subset, "task.test_dataset")
+        elif options.test_split:
+            out["test"] = (train[0], options.test_split, train[2], "task.test_split")
         return out
 
     @classmethod
-    def convert(cls, cfg, records: Records, which: str) -> list[DatasetExample]:
-        return dataset_examples(records, cfg.prompt_column, which)
+    def convert(cls, options: DatasetOptions, records: Records, which: str) -> list[DatasetExample]:
+        return dataset_examples(records, options.prompt_column, which)
 
     @classmethod
-    def check_text_config(cls, cfg) -> None:
-        """The fields the dataset task reads, and those it does not (refused when set, naming them).
-
-        Raises:
-            ValueError: naming the field.
-        """
-        if cfg.chat_template not in ("auto", "on", "off"):
-            raise ValueError(f"task.chat_template: must be auto, on or off, got {cfg.chat_template!r}")
-        if not cfg.prompt_column or not cfg.prompt_column.strip():
+    def check_settings(cls, options: DatasetOptions) -> None:
+        """The chat template setting and the prompt column (the data sources aside: the Python API passes its
+        datasets). Raises ``ValueError`` naming the field."""
+        if options.chat_template not in ("auto", "on", "off"):
+            raise ValueError(f"task.chat_template: must be auto, on or off, got {options.chat_template!r}")
+        if not options.prompt_column or not options.prompt_column.strip():
             raise ValueError("task.prompt_column: must name a column")
-        for key, value, default in (("prompt_template", cfg.prompt_template, "d1"),
-                                    ("test_prompt_template", cfg.test_prompt_template, None)):
-            if value != default:
-                raise ValueError(f"task.{key}: the dataset task reads its prompts as written in the "
-                                 f"{cfg.prompt_column!r} column; put the wording in the data (got {value!r})")
-        if cfg.format_rewards.strip() not in ("", "none"):
-            raise ValueError(f"task.format_rewards: the dataset task's reward is train.reward_funcs; name the format "
-                             f"rewards there (e.g. reward_funcs: [my_pkg.rewards:exact_match, xmlcount]), got "
-                             f"{cfg.format_rewards!r}")
 
     @classmethod
-    def check_config(cls, cfg) -> int | None:
-        """Check the task fields and load the *local* data files (prompt column and rows checked).
+    def check_options(cls, options: DatasetOptions) -> int | None:
+        """Check the settings and load the *local* data files (prompt column and rows checked).
 
         Returns the number of held-out examples of a local file, ``None`` for a hub one, 0 when none is named.
 
         Raises:
             ValueError: naming the field (``DataError``, a :class:`ValueError`, for the data).
         """
-        cls.check_text_config(cfg)
-        sources = cls.sources(cfg)
+        cls.check_settings(options)
+        sources = cls.sources(options)
         for which, (source, _, _, _) in sources.items():
             if is_local_file(source):
-                n = len(cls.load_split(cfg, which))
+                n = len(cls.load_split(options, which))
                 if which == "test":
                     return n
         return None if "test" in sources else 0
 
     @classmethod
-    def from_config(cls, cfg, tokenizer, mask_token_id: int | None, gen_length: int | None = None,
-                    reward_functions: RewardFunctions | None = None, **kwargs):
-        """The task ``cfg`` (a :class:`~dlmrl.config.TaskConfig`) describes, with ``reward_functions`` (the trainer
-        builds them from ``train.reward_funcs``); data is loaded on first use.
+    def from_options(cls, options: DatasetOptions, tokenizer, mask_token_id: int | None, gen_length: int | None = None,
+                     reward_functions: RewardFunctions | None = None, **resources) -> DatasetTask:
+        """The task of ``options``, with ``reward_functions`` (the trainer builds them from ``train.reward_funcs``);
+        data is loaded on first use.
 
         Raises:
             ValueError: no ``reward_functions``.
@@ -344,6 +372,6 @@ class DatasetTask(TextTask):
             raise ValueError("train.reward_funcs: the dataset task has no reward of its own; name at least one "
                              "reward function")
         task = cls(tokenizer, mask_token_id, gen_length=gen_length or 256, reward_functions=reward_functions,
-                   chat_template=cfg.chat_template, **kwargs)
-        task._loaders = {which: (lambda which=which: cls.load_split(cfg, which)) for which in cls.sources(cfg)}
+                   options=options, **resources)
+        task._loaders = {which: (lambda which=which: cls.load_split(options, which)) for which in cls.sources(options)}
         return task

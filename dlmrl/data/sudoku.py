@@ -27,6 +27,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlmrl.rewards.sudoku_rules import (
+    _SOLUTION_ALPHABET,
+    _UNITS,
+    MIN_CLUES,
+    NUM_CELLS,
+    _check_consistent,
+    _check_puzzle,
+    _check_solution,
+    _solution_problem,
+    check_pair,
+)
+
 __all__ = [
     "NUM_CELLS",
     "SUDOKU_TEST_PATH",
@@ -42,80 +54,10 @@ __all__ = [
     "write_sudoku_csv",
 ]
 
-NUM_CELLS = 16
-MIN_CLUES = 4  # a 4x4 sudoku with fewer than 4 givens never has a unique solution
-_PUZZLE_ALPHABET = frozenset("01234")
-_SOLUTION_ALPHABET = frozenset("1234")
-
-
-def _units() -> list[tuple[str, tuple[int, ...]]]:
-    units: list[tuple[str, tuple[int, ...]]] = []
-    for r in range(4):
-        units.append((f"row {r + 1}", tuple(4 * r + c for c in range(4))))
-    for c in range(4):
-        units.append((f"column {c + 1}", tuple(4 * r + c for r in range(4))))
-    for br in range(2):
-        for bc in range(2):
-            cells = tuple(4 * (2 * br + r) + 2 * bc + c for r in range(2) for c in range(2))
-            units.append((f"box {2 * br + bc + 1}", cells))
-    return units
-
-
-_UNITS = _units()
 # _PEERS[i]: the cells sharing a row, column or box with cell i (excluding i).
 _PEERS: tuple[tuple[int, ...], ...] = tuple(
     tuple(sorted({j for _, cells in _UNITS if i in cells for j in cells} - {i})) for i in range(NUM_CELLS)
 )
-
-
-# ---------------------------------------------------------------------------------------------
-# Validation helpers (each raises ValueError with a message that does not name the field; the
-# file loader prefixes the file, line and field).
-
-
-def _check_string(value: object) -> str:
-    if not isinstance(value, str):
-        hint = " (leading zeros would be lost; read cells as strings)" if isinstance(value, int) else ""
-        raise TypeError(f"expected a {NUM_CELLS}-character string, got {type(value).__name__}{hint}")
-    if len(value) != NUM_CELLS:
-        raise ValueError(f"expected {NUM_CELLS} characters, got {len(value)}")
-    return value
-
-
-def _check_puzzle(puzzle: object) -> str:
-    puzzle = _check_string(puzzle)
-    for i, ch in enumerate(puzzle):
-        if ch not in _PUZZLE_ALPHABET:
-            raise ValueError(
-                f"invalid character {ch!r} at cell {i} (puzzle digits are '0'..'4', '0' = blank)"
-            )
-    return puzzle
-
-
-def _solution_problem(grid: str) -> str | None:
-    """Why ``grid`` (16 chars over '1'..'4') is not a valid sudoku, or None."""
-    for name, cells in _UNITS:
-        digits = sorted(grid[i] for i in cells)
-        if digits != ["1", "2", "3", "4"]:
-            return f"not a valid 4x4 sudoku: {name} holds {''.join(grid[i] for i in cells)}"
-    return None
-
-
-def _check_solution(solution: object) -> str:
-    solution = _check_string(solution)
-    for i, ch in enumerate(solution):
-        if ch not in _SOLUTION_ALPHABET:
-            raise ValueError(f"invalid character {ch!r} at cell {i} (solution digits are '1'..'4')")
-    problem = _solution_problem(solution)
-    if problem is not None:
-        raise ValueError(problem)
-    return solution
-
-
-def _check_consistent(puzzle: str, solution: str) -> None:
-    for i, (p, s) in enumerate(zip(puzzle, solution)):
-        if p != "0" and p != s:
-            raise ValueError(f"given digit {p!r} at cell {i} disagrees with the solution's {s!r}")
 
 
 @dataclass(frozen=True)
@@ -136,18 +78,7 @@ class SudokuExample:
     solution: str
 
     def __post_init__(self) -> None:
-        try:
-            _check_puzzle(self.puzzle)
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"puzzle {self.puzzle!r}: {e}") from None
-        try:
-            _check_solution(self.solution)
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"solution {self.solution!r}: {e}") from None
-        try:
-            _check_consistent(self.puzzle, self.solution)
-        except ValueError as e:
-            raise ValueError(f"puzzle {self.puzzle!r} vs solution {self.solution!r}: {e}") from None
+        check_pair(self.puzzle, self.solution)
 
     @property
     def blanks(self) -> list[int]:

@@ -4,7 +4,8 @@
 The tiny shipped model writes the 16 cells directly (``answer_mode`` ``infill``/``full``,
 :class:`~dlmrl.data.tasks.SudokuTask`); an instruction-tuned model instead reasons and then answers inside
 ``<answer>...</answer>`` (the prompt template ``d1``: d1's ``SUDOKU_SYSTEM_PROMPT`` and
-``Solve the following Sudoku puzzle: <puzzle>``). The reward is the same cell accuracy over the blanks
+``Solve the following Sudoku puzzle: <puzzle>``, from ``diffu-grpo/data_utils.py``'s ``get_sudoku_questions``;
+``plain``: the 16-character puzzle alone; a custom template uses ``{puzzle}``). The reward is the same cell accuracy over the blanks
 (:func:`~dlmrl.rewards.sudoku.sudoku_cell_accuracy`, parsed from the last answer region), plus any
 ``task.format_rewards``; the held-out metric is ``cell_accuracy`` summed over the split (d1's metric).
 
@@ -15,15 +16,42 @@ puzzles from the shipped split or ``task.test_file`` (d1's ``4x4_test_sudoku.csv
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
+from dlmrl.data.prompts import PromptTemplate, literal
 from dlmrl.data.sudoku import generate_examples, load_sudoku_file, load_test_split, split_grids
-from dlmrl.data.text_tasks import TextTask
+from dlmrl.data.text_tasks import PromptOptions, TextTask
 from dlmrl.rewards.sudoku import sudoku_cell_accuracy
 
-__all__ = ["SudokuTextExample", "SudokuTextTask"]
+__all__ = ["SudokuTextExample", "SudokuTextOptions", "SudokuTextTask"]
+
+# d1 diffu-grpo/data_utils.py (get_sudoku_questions): the system prompt, then "Solve the following Sudoku
+# puzzle: <puzzle>"
+D1_SUDOKU_SYSTEM_PROMPT = (
+    "\nPlease solve the following 4x4 Sudoku puzzle. The puzzle is provided as a 16-character string reading "
+    "left-to-right, top-to-bottom, where '0' represents empty cells.\n\nRules:\n- Fill empty cells with digits "
+    "1-4\n- Each row must contain digits 1-4 exactly once\n- Each column must contain digits 1-4 exactly once\n"
+    "- Each 2x2 box must contain digits 1-4 exactly once\n\nImportant: Your solution must be a COMPLETE "
+    "16-character string with only the digits 1-4, representing your final solved grid.\n\nRespond in this "
+    "exact format:\n<reasoning>\nYour step-by-step solving process\n</reasoning>\n<answer>\n[16-character "
+    "solution string with no spaces or separators]\n</answer>\n"
+)
+
+
+@dataclass(frozen=True)
+class SudokuTextOptions(PromptOptions):
+    """The settings of Sudoku's text form: :class:`~dlmrl.data.text_tasks.PromptOptions` and the tiny task's data
+    settings (:class:`~dlmrl.data.tasks.SudokuOptions`' fields, ``answer_mode`` ``text``)."""
+
+    answer_mode: str = "text"
+    min_blanks: int = 6
+    max_blanks: int = 10
+    train_file: str | None = None
+    test_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -60,25 +88,31 @@ class SudokuTextTask(TextTask):
     """
 
     name = "sudoku"
+    options_class = SudokuTextOptions
     CORRECT = 1.0
-    D1_FORMAT_REWARDS: tuple[str, ...] = ()  # d1 trains Sudoku on the cell-accuracy reward alone
     primary_metric = "cell_accuracy"
+    templates: ClassVar[dict[str, PromptTemplate]] = {
+        "d1": PromptTemplate(literal(D1_SUDOKU_SYSTEM_PROMPT) + "\n\nSolve the following Sudoku puzzle: {puzzle}\n"),
+        "plain": PromptTemplate("{puzzle}"),
+    }
+    template_fields = ("puzzle",)
+    # (d1 trains Sudoku on the cell-accuracy reward alone: format_rewards 'd1' adds none)
 
-    def __init__(self, tokenizer, mask_token_id: int | None, gen_length: int = 256, *, min_blanks: int = 6,
-                 max_blanks: int = 10, train_file: str | None = None, test_file: str | None = None, **kwargs):
-        train = _as_text(load_sudoku_file(train_file), "train") if train_file else None
-        test = _as_text(load_sudoku_file(test_file) if test_file else load_test_split(), "test")
-        super().__init__(tokenizer, mask_token_id, gen_length, train_examples=train, test_examples=test, **kwargs)
-        self.min_blanks, self.max_blanks = min_blanks, max_blanks
+    def __init__(self, tokenizer, mask_token_id: int | None, gen_length: int = 256,
+                 options: SudokuTextOptions | None = None, **settings):
+        options = dataclasses.replace(options or SudokuTextOptions(), **settings)
+        train = _as_text(load_sudoku_file(options.train_file), "train") if options.train_file else None
+        test = _as_text(load_sudoku_file(options.test_file) if options.test_file else load_test_split(), "test")
+        super().__init__(tokenizer, mask_token_id, gen_length, train_examples=train, test_examples=test,
+                         options=options)
+        self.min_blanks, self.max_blanks = options.min_blanks, options.max_blanks
         self.train_grids, _ = split_grids()
 
     @classmethod
-    def from_config(cls, cfg, tokenizer, mask_token_id: int | None, gen_length: int | None = None, **kwargs):
-        """The task a :class:`~dlmrl.config.TaskConfig` with ``answer_mode: text`` describes."""
-        return cls(tokenizer, mask_token_id, gen_length or 256, min_blanks=cfg.min_blanks, max_blanks=cfg.max_blanks,
-                   train_file=cfg.train_file, test_file=cfg.test_file, prompt_template=cfg.prompt_template,
-                   test_prompt_template=cfg.test_prompt_template, chat_template=cfg.chat_template,
-                   format_rewards=cfg.format_rewards, **kwargs)
+    def from_options(cls, options: SudokuTextOptions, tokenizer, mask_token_id: int | None,
+                     gen_length: int | None = None, **resources) -> SudokuTextTask:
+        """The text form with a canvas of ``gen_length`` tokens (256 when ``None``)."""
+        return cls(tokenizer, mask_token_id, gen_length or 256, options, **resources)
 
     def train_batch(self, n: int, seed: int, step: int) -> list[SudokuTextExample]:
         """``train_file``: its examples in a fresh permutation per epoch (as the other text tasks); otherwise

@@ -1,14 +1,16 @@
-"""Tasks turn examples into model inputs (prompt, initial canvas) and completions into rewards.
+"""4x4 Sudoku as the tiny model writes it: one canvas position per cell (``task.name: sudoku``).
 
-A task is registered in ``TASKS``. Batches are deterministic functions of ``(seed, step)`` so a
-resumed run sees exactly the data an uninterrupted one would.
+The text form for instruction-tuned models (``task.answer_mode: text``) is
+:class:`~dlmrl.data.sudoku_text.SudokuTextTask`, which :meth:`SudokuTask.from_options` builds for that mode. The
+task protocol, ``TaskBatch`` and the ``TASKS`` registry are in :mod:`dlmrl.data.task` (re-exported here).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -20,62 +22,63 @@ from dlmrl.data.sudoku import (
     load_test_split,
     split_grids,
 )
-from dlmrl.registry import Registry
+from dlmrl.data.sudoku_text import SudokuTextOptions, SudokuTextTask
+from dlmrl.data.task import TASKS, Task, TaskBatch
 from dlmrl.rewards.sudoku import sudoku_reward
 
-TASKS: Registry[type] = Registry("task")
+__all__ = ["TASKS", "SudokuOptions", "SudokuTask", "TaskBatch"]
 
 
-@dataclass
-class TaskBatch:
-    """Model inputs for a list of examples.
+@dataclass(frozen=True)
+class SudokuOptions:
+    """The settings of the tiny Sudoku task (``task.*`` keys of the same names).
 
     Attributes:
-        examples: the ``B`` examples.
-        prompt_ids: ``(B, P)`` long, left-padded.
-        prompt_mask: ``(B, P)`` bool, True on real prompt tokens.
-        canvas: ``(B, L)`` long, the initial canvas (mask tokens where the model must write).
-        completion_mask: ``(B, L)`` bool, the positions the model writes and the estimators score.
+        answer_mode: ``infill`` (givens pre-placed, blanks masked and scored) | ``full`` (all 16 cells written) |
+            ``text`` (the reasoning form, :class:`~dlmrl.data.sudoku_text.SudokuTextOptions`).
+        min_blanks, max_blanks: blanks of generated training puzzles.
+        train_file, test_file: d1-format CSV/JSONL files (default: generated training puzzles, the shipped
+            256-puzzle held-out split).
     """
 
-    examples: list
-    prompt_ids: torch.Tensor
-    prompt_mask: torch.Tensor
-    canvas: torch.Tensor
-    completion_mask: torch.Tensor
-
-    def repeat(self, g: int) -> TaskBatch:
-        """Each row repeated ``g`` times in place (a group of ``g`` completions per prompt)."""
-        rep = lambda x: x.repeat_interleave(g, dim=0)
-        return TaskBatch([e for e in self.examples for _ in range(g)], rep(self.prompt_ids),
-                         rep(self.prompt_mask), rep(self.canvas), rep(self.completion_mask))
+    answer_mode: str = "infill"
+    min_blanks: int = 6
+    max_blanks: int = 10
+    train_file: str | None = None
+    test_file: str | None = None
 
 
 @TASKS.register("sudoku")
-class SudokuTask:
+class SudokuTask(Task):
     """4x4 Sudoku (d1, arXiv 2504.12216): prompt = ``[BOS] puzzle =``; answer = the 16 cells, row-major.
 
     ``answer_mode="infill"`` pre-places the given digits on the canvas and masks only the blanks
     (a natural diffusion-LM mode: the model can never change a given). ``"full"`` masks all 16
     cells, as d1's format where the model writes the whole grid.
+
+    Args:
+        tokenizer: a tokenizer with one token per digit. mask_token_id: the canvas token.
+        options: the settings (:class:`SudokuOptions`); ``settings``: fields of it to change (``answer_mode="full"``).
     """
 
+    name = "sudoku"
+    options_class = SudokuOptions
     gen_length = 16
     primary_metric = "cell_accuracy"  # the held-out headline metric (dlmrl.training.evaluation)
-    D1_FORMAT_REWARDS: tuple[str, ...] = ()  # (task.format_rewards 'd1' on the text form: none)
+    CORRECT = 1.0
 
-    def __init__(self, tokenizer, mask_token_id: int, answer_mode: str = "infill", min_blanks: int = 6,
-                 max_blanks: int = 10, train_file: str | None = None, test_file: str | None = None):
-        if answer_mode not in ("infill", "full"):
+    def __init__(self, tokenizer, mask_token_id: int, options: SudokuOptions | None = None, **settings):
+        self.options = options = replace(options or SudokuOptions(), **settings)
+        if options.answer_mode not in ("infill", "full"):
             raise ValueError(f"answer_mode must be 'infill' or 'full' (the text form is SudokuTextTask), got "
-                             f"{answer_mode!r}")
+                             f"{options.answer_mode!r}")
         self.tokenizer = tokenizer
         self.mask_token_id = mask_token_id
-        self.answer_mode = answer_mode
-        self.min_blanks, self.max_blanks = min_blanks, max_blanks
+        self.answer_mode = options.answer_mode
+        self.min_blanks, self.max_blanks = options.min_blanks, options.max_blanks
         self.train_grids, _ = split_grids()
-        self.train_examples = load_sudoku_file(train_file) if train_file else None
-        self.test_examples = load_sudoku_file(test_file) if test_file else load_test_split()
+        self.train_examples = load_sudoku_file(options.train_file) if options.train_file else None
+        self.test_examples = load_sudoku_file(options.test_file) if options.test_file else load_test_split()
         vocab = tokenizer.get_vocab()
         missing = [str(d) for d in range(10) if str(d) not in vocab]
         if missing:
@@ -88,29 +91,31 @@ class SudokuTask:
         self._id_to_char = {i: (t if t in "0123456789" else "?") for t, i in vocab.items()}
 
     @classmethod
-    def from_config(cls, cfg, tokenizer, mask_token_id: int, gen_length: int | None = None):
-        """The task ``cfg`` (a :class:`~dlmrl.config.TaskConfig`) describes: for ``answer_mode`` ``infill`` or
-        ``full`` this class, whose canvas is always 16 cells (``gen_length`` is not used); for ``text`` the
-        reasoning form :class:`~dlmrl.data.sudoku_text.SudokuTextTask` with a canvas of ``gen_length`` tokens."""
-        if cfg.answer_mode == "text":
-            from dlmrl.data.sudoku_text import SudokuTextTask
-
-            return SudokuTextTask.from_config(cfg, tokenizer, mask_token_id, gen_length=gen_length)
-        return cls(tokenizer, mask_token_id, answer_mode=cfg.answer_mode, min_blanks=cfg.min_blanks,
-                   max_blanks=cfg.max_blanks, train_file=cfg.train_file, test_file=cfg.test_file)
+    def options_class_for(cls, settings: Mapping[str, Any]) -> type:
+        """:class:`SudokuOptions`, or the text form's :class:`~dlmrl.data.sudoku_text.SudokuTextOptions` for
+        ``answer_mode: text``."""
+        return SudokuTextOptions if settings.get("answer_mode") == "text" else SudokuOptions
 
     @classmethod
-    def check_config(cls, cfg) -> int:
-        """Load ``cfg.train_file``/``cfg.test_file`` up front; the number of held-out puzzles.
+    def from_options(cls, options, tokenizer, mask_token_id: int | None, gen_length: int | None = None,
+                     **resources) -> Task:
+        """For ``answer_mode`` ``infill`` or ``full`` this class, whose canvas is always 16 cells (``gen_length`` is
+        not used); for ``text`` the reasoning form :class:`~dlmrl.data.sudoku_text.SudokuTextTask` with a canvas
+        of ``gen_length`` tokens."""
+        if isinstance(options, SudokuTextOptions):
+            return SudokuTextTask.from_options(options, tokenizer, mask_token_id, gen_length, **resources)
+        return cls(tokenizer, mask_token_id, options)
+
+    @classmethod
+    def check_options(cls, options) -> int:
+        """Load ``train_file``/``test_file`` up front; the number of held-out puzzles.
 
         Raises:
             ValueError: ``"task.<field>: <file> line N, field '<column>': ..."`` for the first bad row.
         """
-        if cfg.answer_mode == "text":
-            from dlmrl.data.sudoku_text import SudokuTextTask
-
-            SudokuTextTask.check_text_config(cfg)
-        for key, path in (("train_file", cfg.train_file), ("test_file", cfg.test_file)):
+        if isinstance(options, SudokuTextOptions):
+            SudokuTextTask.check_prompt_options(options)
+        for key, path in (("train_file", options.train_file), ("test_file", options.test_file)):
             if path:
                 try:
                     examples = load_sudoku_file(path)
@@ -171,6 +176,10 @@ class SudokuTask:
         """The target canvas text for supervised pretraining."""
         return example.solution
 
+    def reference_solution(self, example: SudokuExample) -> str:
+        """The solution grid (DaGRPO's anchors), as :meth:`sft_answer` writes it."""
+        return self.sft_answer(example)
+
     def metrics(self, examples: Sequence[SudokuExample], texts: Sequence[str]) -> dict:
         """``cell_accuracy`` (correct blanks / all blanks, d1's metric), ``solve_rate``, ``mean_reward``,
         ``num_examples``."""
@@ -181,22 +190,3 @@ class SudokuTask:
         return {"cell_accuracy": correct / max(sum(blanks), 1), "solve_rate": sum(r == 1.0 for r in rewards) / n,
                 "mean_reward": sum(rewards) / n, "num_examples": len(examples)}
 
-
-def build_task(cfg, tokenizer, mask_token_id: int | None, gen_length: int | None = None, **options):
-    """The registered task ``cfg.name`` built from ``cfg`` (a :class:`~dlmrl.config.TaskConfig`) by its
-    ``from_config(cfg, tokenizer, mask_token_id, gen_length=..., **options)``.
-
-    Args:
-        gen_length: canvas length for the text tasks (the trainer passes ``sampling.gen_length``); Sudoku's
-            canvas is always 16.
-        options: more ``from_config`` keywords (the dataset task's ``reward_functions``).
-
-    Raises:
-        KeyError: unknown task name (with suggestions).
-        TypeError: a registered task without ``from_config``.
-    """
-    cls = TASKS.get(cfg.name)
-    if not hasattr(cls, "from_config"):
-        raise TypeError(f"task {cfg.name!r} ({cls.__name__}) has no from_config(cfg, tokenizer, mask_token_id, "
-                        "gen_length) classmethod")
-    return cls.from_config(cfg, tokenizer, mask_token_id, gen_length=gen_length, **options)

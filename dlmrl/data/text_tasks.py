@@ -1,11 +1,7 @@
-"""GSM8K, MATH and Countdown as tasks: d1-format prompts, a canvas of ``gen_length`` masks, d1's rewards (arXiv 2504.12216).
+"""The base of the text tasks (GSM8K, MATH, Countdown, Sudoku's text form, your dataset): d1-format prompts, a canvas
+of ``gen_length`` masks, correctness plus format rewards (d1, arXiv 2504.12216).
 
-Each task has the interface the trainer uses on :class:`~dlmrl.data.tasks.SudokuTask`: ``train_batch(n,
-seed, step)``, ``test_batch(n)``, ``encode(examples, device) -> TaskBatch``, ``decode(canvas)``,
-``rewards(examples, texts)``, ``gen_length``; plus ``metrics(examples, texts)`` and ``sft_answer`` where a
-reference answer exists (GSM8K, MATH).
-
-- **Prompt**: the example's user message from its split's template (:mod:`dlmrl.data.prompts`; training
+- **Prompt**: the example's user message from its split's template (the task's ``templates``; training
   examples use ``task.prompt_template``, held-out ones ``task.test_prompt_template``), wrapped by the
   tokenizer's chat template when it has one (``task.chat_template``), left-padded.
 - **Canvas**: ``gen_length`` mask tokens after the prompt (an AR policy without a mask token gets pad
@@ -13,7 +9,7 @@ reference answer exists (GSM8K, MATH).
 - **Decoding**: up to the first end token (EOS, ``<|eot_id|>``, ``<|im_end|>``, ``<|endoftext|>``,
   ``<|end_of_text|>``: whichever the tokenizer has), special tokens skipped.
 - **Rewards**: correctness (GSM8K 2.0, MATH 2.0, Countdown 1.0/0.1/0) plus the components named in
-  ``task.format_rewards`` (:data:`dlmrl.rewards.format.FORMAT_COMPONENTS`; ``d1`` = d1's set per task).
+  ``task.format_rewards`` (:data:`dlmrl.rewards.format.FORMAT_COMPONENTS`; ``d1`` = the task's ``d1_format_rewards``).
 - **Data order**: training examples in a fresh permutation per epoch, a function of (seed, epoch), so the
   batch of a step depends only on (seed, step) and a resumed run sees the same data.
 """
@@ -21,9 +17,8 @@ reference answer exists (GSM8K, MATH).
 from __future__ import annotations
 
 import random
-import re
-import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
@@ -31,24 +26,17 @@ import torch
 from dlmrl.data.encoding import left_pad, pad_token_id
 from dlmrl.data.loading import DataError, is_local_file, load_records
 from dlmrl.data.prompts import PromptTemplate, check_template, get_template, render_prompt, uses_chat_template
-from dlmrl.data.tasks import TASKS, TaskBatch
-from dlmrl.data.text_examples import countdown_examples, gsm8k_examples, math_examples
-from dlmrl.rewards.countdown import CORRECT as COUNTDOWN_CORRECT
-from dlmrl.rewards.countdown import countdown_score
+from dlmrl.data.task import Task, TaskBatch
 from dlmrl.rewards.extract import UNFILLED
 from dlmrl.rewards.format import FORMAT_COMPONENTS
-from dlmrl.rewards.gsm8k import gsm8k_correctness
-from dlmrl.rewards.math_reward import math_correctness
-from dlmrl.rewards.math_verifier import MathVerifier, default_verifier
 
-__all__ = ["CountdownTask", "GSM8KTask", "MathTask", "TextTask", "parse_format_rewards"]
+__all__ = ["PromptOptions", "TextOptions", "TextTask", "parse_format_rewards"]
 
 _STOP_TOKENS = ("<|eot_id|>", "<|im_end|>", "<|endoftext|>", "<|end_of_text|>")
-_CALCULATOR = re.compile(r"<<[^<>]*>>")  # GSM8K's calculator annotations, "<<48/2=24>>"
 
 
-def parse_format_rewards(task: str, spec: str) -> tuple[str, ...]:
-    """The format components ``spec`` names: ``none``, ``d1`` (d1's set for ``task``) or a comma list.
+def parse_format_rewards(spec: str, d1: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The format components ``spec`` names: ``none``, ``d1`` (the task's d1 set, ``d1``) or a comma list.
 
     Raises:
         ValueError: an unknown component name.
@@ -57,7 +45,7 @@ def parse_format_rewards(task: str, spec: str) -> tuple[str, ...]:
     if spec in ("", "none"):
         return ()
     if spec == "d1":
-        return TASKS.get(task).D1_FORMAT_REWARDS
+        return d1
     names = tuple(s.strip() for s in spec.split(",") if s.strip())
     bad = [n for n in names if n not in FORMAT_COMPONENTS]
     if bad:
@@ -66,44 +54,89 @@ def parse_format_rewards(task: str, spec: str) -> tuple[str, ...]:
     return names
 
 
-class TextTask:
-    """A task whose prompts and answers are text (the base of the GSM8K, MATH and Countdown tasks).
+@dataclass(frozen=True)
+class PromptOptions:
+    """The prompt and format-reward settings of a text task (``task.*`` keys of the same names).
+
+    Attributes:
+        prompt_template, test_prompt_template: a built-in template name (the task's ``templates``: ``d1``,
+            ``d1_eval``, ``plain``) or a format string over the task's fields (``None``: the training one).
+        chat_template: ``auto`` | ``on`` | ``off``.
+        format_rewards: ``none`` | ``d1`` | a comma list of format components added to the reward.
+    """
+
+    prompt_template: str = "d1"
+    test_prompt_template: str | None = None
+    chat_template: str = "auto"
+    format_rewards: str = "none"
+
+
+@dataclass(frozen=True)
+class TextOptions(PromptOptions):
+    """A text task's settings: its prompts and where its data comes from (``task.*`` keys of the same names).
+
+    Attributes:
+        dataset, subset, split: the training source (hub id or local file/folder) and split (``None``: the task's
+            ``DEFAULTS``). test_dataset, test_split: the held-out one.
+        train_file, test_file: local files that replace the sources.
+        num_proc, cache_dir: ``datasets.load_dataset``'s.
+    """
+
+    dataset: str | None = None
+    subset: str | None = None
+    split: str | None = None
+    test_dataset: str | None = None
+    test_split: str | None = None
+    train_file: str | None = None
+    test_file: str | None = None
+    num_proc: int | None = None
+    cache_dir: str | None = None
+
+
+class TextTask(Task):
+    """A task whose prompts and answers are text (the base of the GSM8K, MATH, Countdown and dataset tasks).
 
     Args:
         tokenizer: a ``transformers`` tokenizer.
         mask_token_id: the canvas token (``None`` for an AR policy: pad tokens instead).
         gen_length: canvas length ``L`` in tokens.
-        train_examples, test_examples: the examples (``from_config`` loads them lazily instead).
-        prompt_template, test_prompt_template: template names or format strings (``None``: the training one).
-        chat_template: ``auto`` | ``on`` | ``off``.
-        format_rewards: ``none`` | ``d1`` | comma list of format components added to the reward.
+        train_examples, test_examples: the examples (``from_options`` loads them lazily instead).
+        options: the settings (the class's ``options_class``); ``settings``: fields of it to change
+            (``prompt_template="plain"``).
+
+    Class attributes:
+        templates: the built-in prompt templates by name. template_fields: the fields a custom template may use.
+        d1_format_rewards: the format components ``format_rewards: d1`` names (d1's set for the task).
+        DEFAULTS: the hub sources: dataset, subset, split, test_dataset, test_split.
+        converter: ``(records, split) -> examples``.
 
     Raises:
         ValueError: a bad template, chat template setting or format reward name.
     """
 
-    name = ""
+    options_class = TextOptions
     primary_metric = "accuracy"  # the held-out headline metric (dlmrl.training.evaluation)
     CORRECT = 1.0  # the correctness reward of a right answer
-    D1_FORMAT_REWARDS: tuple[str, ...] = ()
-    #: hub defaults: dataset, subset, split, test_dataset, test_split
+    templates: ClassVar[dict[str, PromptTemplate]] = {}
+    template_fields: ClassVar[tuple[str, ...]] = ("question",)
+    d1_format_rewards: ClassVar[tuple[str, ...]] = ()
     DEFAULTS: ClassVar[dict[str, str | None]] = {}
     converter = staticmethod(lambda records, split: [])
 
     def __init__(self, tokenizer, mask_token_id: int | None, gen_length: int = 256, train_examples=None,
-                 test_examples=None, prompt_template: str = "d1", test_prompt_template: str | None = None,
-                 chat_template: str = "auto", format_rewards: str = "none"):
+                 test_examples=None, options: PromptOptions | None = None, **settings):
+        self.options = options = replace(options or self.options_class(), **settings)
         if gen_length < 1:
             raise ValueError(f"gen_length must be >= 1, got {gen_length}")
-        if chat_template not in ("auto", "on", "off"):
-            raise ValueError(f"chat_template must be auto, on or off, got {chat_template!r}")
+        if options.chat_template not in ("auto", "on", "off"):
+            raise ValueError(f"chat_template must be auto, on or off, got {options.chat_template!r}")
         self.tokenizer, self.mask_token_id, self.gen_length = tokenizer, mask_token_id, gen_length
-        self.templates: dict[str, PromptTemplate] = {
-            "train": get_template(self.name, prompt_template),
-            "test": get_template(self.name, test_prompt_template or prompt_template),
+        self.prompts: dict[str, PromptTemplate] = {
+            "train": self.template(options.prompt_template),
+            "test": self.template(options.test_prompt_template or options.prompt_template),
         }
-        self.chat = uses_chat_template(tokenizer, chat_template)
-        self.format_rewards = parse_format_rewards(self.name, format_rewards)
+        self.chat = uses_chat_template(tokenizer, options.chat_template)
+        self.format_rewards = parse_format_rewards(options.format_rewards, self.d1_format_rewards)
         self._train, self._test = train_examples, test_examples
         self._loaders: dict[str, Any] = {}
         self._orders: dict[tuple[int, int], list[int]] = {}
@@ -111,105 +144,112 @@ class TextTask:
         self._stop_ids = {i for i in [tokenizer.eos_token_id] + [vocab.get(t) for t in _STOP_TOKENS] if i is not None}
         self.pad_token_id = pad_token_id(tokenizer)
 
-    # -- construction from a TaskConfig ------------------------------------------------------------
     @classmethod
-    def sources(cls, cfg) -> dict[str, tuple[str, str, str | None, str]]:
-        """``{"train": (source, split, subset, key), "test": (...)}`` from ``cfg`` and the task's defaults;
+    def template(cls, template: str) -> PromptTemplate:
+        """The built-in template ``template`` of this task or a custom format string (``ValueError`` if neither)."""
+        return get_template(cls.templates, cls.template_fields, template, cls.name)
+
+    # -- construction from options ------------------------------------------------------------------
+    @classmethod
+    def sources(cls, options) -> dict[str, tuple[str, str, str | None, str]]:
+        """``{"train": (source, split, subset, key), "test": (...)}`` from ``options`` and the task's defaults;
         ``key`` is the config field that chose the source (for error messages)."""
         d = cls.DEFAULTS
-        default_subset = cfg.subset if cfg.subset is not None else d.get("subset")
+        default_subset = options.subset if options.subset is not None else d.get("subset")
 
         def subset_of(source: str) -> str | None:  # (naming the default set explicitly keeps its subset)
             defaults = (d["dataset"], d.get("test_dataset"))
-            return default_subset if source in defaults else cfg.subset
+            return default_subset if source in defaults else options.subset
 
-        if cfg.train_file:
-            train = (cfg.train_file, "train", None, "task.train_file")
-        elif cfg.dataset:
-            train = (cfg.dataset, cfg.split or d["split"], subset_of(cfg.dataset), "task.dataset")
+        if options.train_file:
+            train = (options.train_file, "train", None, "task.train_file")
+        elif options.dataset:
+            train = (options.dataset, options.split or d["split"], subset_of(options.dataset), "task.dataset")
         else:
-            train = (d["dataset"], cfg.split or d["split"], default_subset, "task.dataset")
-        test_split = cfg.test_split or d["test_split"]
-        if cfg.test_file:
-            test = (cfg.test_file, "train", None, "task.test_file")
-        elif cfg.test_dataset or cfg.dataset:
-            key = "task.test_dataset" if cfg.test_dataset else "task.dataset"
-            test = (cfg.test_dataset or cfg.dataset, test_split, subset_of(cfg.test_dataset or cfg.dataset), key)
+            train = (d["dataset"], options.split or d["split"], default_subset, "task.dataset")
+        test_split = options.test_split or d["test_split"]
+        if options.test_file:
+            test = (options.test_file, "train", None, "task.test_file")
+        elif options.test_dataset or options.dataset:
+            key = "task.test_dataset" if options.test_dataset else "task.dataset"
+            source = options.test_dataset or options.dataset
+            test = (source, test_split, subset_of(source), key)
         else:
             test = (d.get("test_dataset") or d["dataset"], test_split, default_subset, "task.test_dataset")
         return {"train": train, "test": test}
 
     @classmethod
-    def load_split(cls, cfg, which: str) -> list:
-        """Load and check the examples of ``which`` (``train`` or ``test``) as ``cfg`` describes.
+    def load_split(cls, options, which: str) -> list:
+        """Load and check the examples of ``which`` (``train`` or ``test``) as ``options`` describe.
 
         Raises:
             DataError: ``"task.<field>: <file> line N: field '<column>': ..."`` for the first bad record (the
                 file or dataset, the line or row, the column), or a source or split that cannot be read.
         """
-        source, split, subset, key = cls.sources(cfg)[which]
+        source, split, subset, key = cls.sources(options)[which]
         if is_local_file(source) and not split.startswith("train"):
             split_key = "task.split" if which == "train" else "task.test_split"
             raise DataError(f"{split_key}: {source} is a single file, whose only split is 'train'; got "
                             f"{split!r} (slice it, e.g. 'train[-500:]', or set task.test_file)")
         try:
-            records = load_records(source, split, subset, cfg.cache_dir, cfg.num_proc)
-            examples = cls.convert(cfg, records, which)
-            return cls.filter_examples(cfg, examples, f"{source} (split {split!r})")
+            records = load_records(source, split, subset, options.cache_dir, options.num_proc)
+            examples = cls.convert(options, records, which)
+            return cls.filter_examples(options, examples, f"{source} (split {split!r})")
         except DataError as e:
             raise DataError(f"{key}: {e}") from None
 
     @classmethod
-    def convert(cls, cfg, records, which: str) -> list:
+    def convert(cls, options, records, which: str) -> list:
         """The examples of loaded ``records`` (a :class:`~dlmrl.data.loading.Records`): the task's ``converter``
-        (a task whose conversion reads ``cfg``, such as the dataset task's prompt column, overrides this)."""
+        (a task whose conversion reads its options, such as the dataset task's prompt column, overrides this)."""
         return cls.converter(records, which)
 
     @classmethod
-    def filter_examples(cls, cfg, examples: list, where: str) -> list:
+    def filter_examples(cls, options, examples: list, where: str) -> list:
         if not examples:
             raise DataError(f"{where}: no examples")
         return examples
 
     @classmethod
-    def check_text_config(cls, cfg) -> None:
-        """The prompt templates, chat template and format rewards of ``cfg``. Raises ``ValueError`` naming
+    def check_prompt_options(cls, options: PromptOptions) -> None:
+        """The prompt templates, chat template and format rewards of ``options``. Raises ``ValueError`` naming
         the field."""
-        for key, template in (("prompt_template", cfg.prompt_template),
-                              ("test_prompt_template", cfg.test_prompt_template)):
-            if template is not None and (problem := check_template(cls.name, template)) is not None:
-                raise ValueError(f"task.{key}: {problem}")
-        if cfg.chat_template not in ("auto", "on", "off"):
-            raise ValueError(f"task.chat_template: must be auto, on or off, got {cfg.chat_template!r}")
+        for key, template in (("prompt_template", options.prompt_template),
+                              ("test_prompt_template", options.test_prompt_template)):
+            if template is not None:
+                problem = check_template(cls.templates, cls.template_fields, template, cls.name)
+                if problem is not None:
+                    raise ValueError(f"task.{key}: {problem}")
+        if options.chat_template not in ("auto", "on", "off"):
+            raise ValueError(f"task.chat_template: must be auto, on or off, got {options.chat_template!r}")
         try:
-            parse_format_rewards(cls.name, cfg.format_rewards)
+            parse_format_rewards(options.format_rewards, cls.d1_format_rewards)
         except ValueError as e:
             raise ValueError(f"task.format_rewards: {e}") from None
 
     @classmethod
-    def check_config(cls, cfg) -> int | None:
-        """Check ``cfg``'s task fields and load its *local* data files (hub data is loaded by the run).
+    def check_options(cls, options: TextOptions) -> int | None:
+        """Check the settings and load the *local* data files (hub data is loaded by the run).
 
         Returns the number of held-out examples when they come from a local file, else ``None``.
 
         Raises:
             ValueError: naming the field (``DataError`` for a bad record).
         """
-        cls.check_text_config(cfg)
+        cls.check_prompt_options(options)
         test_size = None
-        for which, (source, _, _, _) in cls.sources(cfg).items():
+        for which, (source, _, _, _) in cls.sources(options).items():
             if is_local_file(source):
-                n = len(cls.load_split(cfg, which))
+                n = len(cls.load_split(options, which))
                 test_size = n if which == "test" else test_size
         return test_size
 
     @classmethod
-    def from_config(cls, cfg, tokenizer, mask_token_id: int | None, gen_length: int | None = None, **kwargs):
-        """The task ``cfg`` (a :class:`~dlmrl.config.TaskConfig`) describes; data is loaded on first use."""
-        task = cls(tokenizer, mask_token_id, gen_length=gen_length or 256, prompt_template=cfg.prompt_template,
-                   test_prompt_template=cfg.test_prompt_template, chat_template=cfg.chat_template,
-                   format_rewards=cfg.format_rewards, **kwargs)
-        task._loaders = {which: (lambda which=which: cls.load_split(cfg, which)) for which in ("train", "test")}
+    def from_options(cls, options: TextOptions, tokenizer, mask_token_id: int | None, gen_length: int | None = None,
+                     **resources) -> TextTask:
+        """The task of ``options``; data is loaded on first use."""
+        task = cls(tokenizer, mask_token_id, gen_length=gen_length or 256, options=options, **resources)
+        task._loaders = {which: (lambda which=which: cls.load_split(options, which)) for which in ("train", "test")}
         return task
 
     @property
@@ -260,7 +300,7 @@ class TextTask:
     # -- encoding -------------------------------------------------------------------------------------
     def prompt_text(self, example) -> str:
         """The full prompt text of ``example`` (chat template, generation prompt and assistant prefix included)."""
-        template = self.templates["test" if example.split == "test" else "train"]
+        template = self.prompts["test" if example.split == "test" else "train"]
         return render_prompt(self.tokenizer, template.format(example.fields()), self.answer_prefix(example),
                              chat=self.chat)
 
@@ -297,7 +337,16 @@ class TextTask:
 
     # -- rewards ----------------------------------------------------------------------------------------
     def correctness(self, example, text: str) -> float:
+        """The correctness reward of ``text`` for ``example`` (:attr:`CORRECT` when right)."""
         raise NotImplementedError
+
+    def sft_answer(self, example) -> str | None:
+        """The reference answer in the task's answer format (``None``: the task has none)."""
+        return None
+
+    def reference_solution(self, example) -> str | None:
+        """:meth:`sft_answer` (DaGRPO's anchors)."""
+        return self.sft_answer(example)
 
     def scored_correctness(self, example, text: str) -> float:
         """:meth:`correctness`, but 0 for a completion with an unfilled (mask) position
@@ -318,7 +367,7 @@ class TextTask:
 
     def answer_prefix(self, example) -> str:
         """The assistant prefix the prompt of ``example`` ends with (``""`` for most templates)."""
-        return self.templates["test" if example.split == "test" else "train"].assistant_prefix
+        return self.prompts["test" if example.split == "test" else "train"].assistant_prefix
 
     def metrics(self, examples: Sequence, texts: Sequence[str]) -> dict:
         """``accuracy`` (fraction of completions whose answer is correct), ``mean_reward``, ``num_examples``."""
@@ -326,100 +375,3 @@ class TextTask:
         correct = [self.is_correct(e, t) for e, t in zip(examples, texts)]
         n = max(len(texts), 1)
         return {"accuracy": sum(correct) / n, "mean_reward": sum(rewards) / n, "num_examples": len(texts)}
-
-
-@TASKS.register("gsm8k")
-class GSM8KTask(TextTask):
-    """GSM8K grade-school math (``openai/gsm8k``): 2.0 for the right final number; d1's format rewards optional."""
-
-    name = "gsm8k"
-    CORRECT = 2.0
-    D1_FORMAT_REWARDS = ("xmlcount", "soft_format", "strict_format", "int_format")
-    DEFAULTS: ClassVar[dict[str, str | None]] = {"dataset": "openai/gsm8k", "subset": "main", "split": "train", "test_split": "test"}
-    converter = staticmethod(gsm8k_examples)
-
-    def correctness(self, example, text: str) -> float:
-        return gsm8k_correctness(text, example.answer)
-
-    def sft_answer(self, example) -> str:
-        """d1's format around GSM8K's worked solution (calculator annotations removed) and the final answer."""
-        reasoning = _CALCULATOR.sub("", example.solution).strip()
-        return f"<reasoning>\n{reasoning}\n</reasoning>\n<answer>\n{example.answer}\n</answer>"
-
-
-@TASKS.register("math")
-class MathTask(TextTask):
-    """MATH (train: ``ankner/math-500`` train, d1's; test: ``HuggingFaceH4/MATH-500``): 2.0 when math-verify
-    finds the last ``\\boxed{}`` equal to the answer."""
-
-    name = "math"
-    CORRECT = 2.0
-    D1_FORMAT_REWARDS = ("boxed_in_answer",)
-    DEFAULTS: ClassVar[dict[str, str | None]] = {"dataset": "ankner/math-500", "subset": None, "split": "train",
-                "test_dataset": "HuggingFaceH4/MATH-500", "test_split": "test"}
-    converter = staticmethod(math_examples)
-
-    def __init__(self, *args, verifier: MathVerifier | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.verifier = verifier
-
-    @classmethod
-    def from_config(cls, cfg, tokenizer, mask_token_id, gen_length=None, **kwargs):
-        verifier = kwargs.pop("verifier", None) or default_verifier(cfg.verify_timeout, cfg.verify_workers)
-        return super().from_config(cfg, tokenizer, mask_token_id, gen_length, verifier=verifier, **kwargs)
-
-    def correctness(self, example, text: str) -> float:
-        return math_correctness(text, example.answer, self.verifier)
-
-    @classmethod
-    def check_config(cls, cfg) -> int | None:
-        """As :meth:`TextTask.check_config`, and warn about the gold answers of local files that math-verify cannot
-        read as math (they score 0 for every completion), naming the file and line.
-
-        Warns:
-            UserWarning: listing the first such records.
-        """
-        cls.check_text_config(cfg)
-        test_size = None
-        verifier = None
-        for which, (source, _, _, key) in cls.sources(cfg).items():
-            if not is_local_file(source):
-                continue
-            examples = cls.load_split(cfg, which)
-            test_size = len(examples) if which == "test" else test_size
-            verifier = verifier or default_verifier(cfg.verify_timeout, cfg.verify_workers)
-            bad = [e for e in examples if not verifier.parsable(e.answer)]
-            if bad:
-                shown = "; ".join(f"{e.where}: {e.answer[:40]!r}" for e in bad[:5])
-                warnings.warn(f"{key}: {len(bad)} of {len(examples)} gold answers are not math that math-verify can "
-                              f"parse, so they score 0 for every completion: {shown}"
-                              f"{' ...' if len(bad) > 5 else ''}", UserWarning, stacklevel=2)
-        return test_size
-
-    def sft_answer(self, example) -> str:
-        """d1's format around MATH's worked solution and the boxed answer."""
-        return (f"<reasoning>\n{example.solution.strip()}\n</reasoning>\n<answer>\n\\boxed{{{example.answer}}}\n"
-                "</answer>")
-
-
-@TASKS.register("countdown")
-class CountdownTask(TextTask):
-    """Countdown (``Jiayi-Pan/Countdown-Tasks-3to4``; d1's test JSONL as ``test_file``): 1.0 for an expression
-    that uses each number once and hits the target, 0.1 for a wrong one, 0 for none."""
-
-    name = "countdown"
-    CORRECT = COUNTDOWN_CORRECT
-    DEFAULTS: ClassVar[dict[str, str | None]] = {"dataset": "Jiayi-Pan/Countdown-Tasks-3to4", "subset": None, "split": "train[:-500]",
-                "test_split": "train[-500:]"}
-    converter = staticmethod(countdown_examples)
-
-    @classmethod
-    def filter_examples(cls, cfg, examples: list, where: str) -> list:
-        k = cfg.num_numbers
-        kept = [e for e in examples if len(e.nums) == k] if k else examples
-        if not kept:
-            raise DataError(f"{where}: no examples{f' with {k} numbers (task.num_numbers)' if k else ''}")
-        return kept
-
-    def correctness(self, example, text: str) -> float:
-        return countdown_score(text, example.nums, example.target)

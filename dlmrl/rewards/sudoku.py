@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlmrl.rewards.extract import completion_text
+from dlmrl.rewards.sudoku_rules import check_pair
 
 __all__ = ["ParsedAnswer", "parse_sudoku_answer", "sudoku_cell_accuracy", "sudoku_reward"]
 
@@ -96,11 +97,8 @@ def parse_sudoku_answer(text: str) -> ParsedAnswer:
 
 @functools.lru_cache(maxsize=4096)
 def _blanks(puzzle: str, solution: str) -> tuple[int, ...]:
-    # Imported here, not at module level: ``dlmrl.data`` imports this module (its task registry
-    # uses ``sudoku_reward``), so a module-level import would be circular.
-    from dlmrl.data.sudoku import SudokuExample
-
-    return tuple(SudokuExample(puzzle, solution).blanks)
+    check_pair(puzzle, solution)  # (the errors a SudokuExample of this pair raises)
+    return tuple(i for i, ch in enumerate(puzzle) if ch == "0")
 
 
 def _check_pair(puzzle: Any, solution: Any) -> tuple[int, ...]:

@@ -321,7 +321,7 @@ class Processes:
         return out
 
 
-def gather_rollout(ro: Rollout, processes: Processes, num_generations: int, pad_id: int) -> Rollout:
+def gather_rollout(ro: Rollout, processes: Processes, pad_id: int) -> Rollout:
     """The whole batch from every process's share ``ro`` (shares in process order; :meth:`Rollout.cat`:
     prompts left-padded to the longest, group and trajectory ids renumbered), on ``ro``'s device.
 
@@ -334,9 +334,7 @@ def gather_rollout(ro: Rollout, processes: Processes, num_generations: int, pad_
         return ro
     device = ro.completion.device
     parts = processes.gather(ro.to("cpu"))
-    out = Rollout.cat(parts, num_generations, pad_id).to(device)
-    if all(p.group_ids is None for p in parts):  # (consecutive groups of G, as one process would hold them)
-        out.group_ids = None
+    out = Rollout.cat(parts, pad_id).to(device)
     out.nfe = mean_nfe(out.row_nfe) if out.row_nfe is not None else max(p.nfe for p in parts)
     out.passes = sum(p.sampling_passes() for p in parts)
     return out

@@ -20,20 +20,15 @@ from dlmrl.training.eval_protocol import canvas_texts, protocol_metrics
 
 
 def primary_metric(task) -> str:
-    """The name of ``task``'s headline metric: ``task.primary_metric`` (Sudoku ``cell_accuracy``, text tasks
-    ``accuracy``); a task without one: ``accuracy`` when it has ``metrics``, else ``mean_reward``."""
-    name = getattr(task, "primary_metric", None)
-    if name:
-        return name
-    return "accuracy" if hasattr(task, "metrics") else "mean_reward"
+    """The name of ``task``'s headline metric: ``task.primary_metric`` (:class:`~dlmrl.data.task.Task`: Sudoku
+    ``cell_accuracy``, text tasks ``accuracy``, by default ``mean_reward``)."""
+    return task.primary_metric
 
 
 def task_metrics(task, examples: list, texts: list[str]) -> dict:
-    """``task.metrics(examples, texts)``; a task without ``metrics`` gets ``mean_reward`` and ``num_examples``."""
-    if hasattr(task, "metrics"):
-        return dict(task.metrics(examples, texts))
-    rewards = task.rewards(examples, texts)
-    return {"mean_reward": sum(rewards) / max(len(rewards), 1), "num_examples": len(texts)}
+    """``task.metrics(examples, texts)`` as a new dict (the base :class:`~dlmrl.data.task.Task`'s: ``mean_reward``
+    and ``num_examples``)."""
+    return dict(task.metrics(examples, texts))
 
 
 def held_out_examples(task, num: int) -> list:

@@ -11,6 +11,7 @@ trains with.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -107,14 +108,15 @@ def _estimator_section(cfg: Config, spec: RunSpec) -> dict:
 
 
 def _task_section(cfg: Config) -> dict:
-    from dlmrl.data import TASKS
-    from dlmrl.data.dataset_task import DatasetTask
+    from dlmrl.config.task_options import task_options
+    from dlmrl.data import TASKS, DatasetTask, SudokuTextTask, TextTask
 
     t = cfg.task
     cls = TASKS.get(t.name)
+    options = task_options(t)
     out: dict = {"name": t.name}
     if issubclass(cls, DatasetTask):
-        return {**out, **_dataset_task_section(cfg, cls)}
+        return {**out, **_dataset_task_section(cfg, cls, options)}
     text_form = t.name != "sudoku" or t.answer_mode == "text"
     if t.name == "sudoku":
         out["answer_mode"] = t.answer_mode
@@ -122,18 +124,21 @@ def _task_section(cfg: Config) -> dict:
         out["test_data"] = t.test_file or "the shipped 256-puzzle held-out split"
         out["primary_metric"] = "cell_accuracy"
         out["reward"] = "fraction of blank cells right (d1's Sudoku metric)"
+    elif not issubclass(cls, TextTask):  # (a task registered from outside: its settings as given)
+        return {**out, "options": dataclasses.asdict(options), "primary_metric": cls.primary_metric}
     else:
-        sources = cls.sources(t)
+        sources = cls.sources(options)
         for which, (source, split, subset, _) in sources.items():
             local = Path(source).exists()
             where = "local file, checked" if local else "hub dataset, loaded by the run"
             out[f"{which}_data"] = f"{source}{f' [{subset}]' if subset else ''} split {split!r} ({where})"
-        out["primary_metric"] = getattr(cls, "primary_metric", "accuracy")
+        out["primary_metric"] = cls.primary_metric
         out["reward"] = f"correctness {cls.CORRECT:g} for a right answer (d1's reward functions)"
     if text_form:
         from dlmrl.data.text_tasks import parse_format_rewards
 
-        extra = parse_format_rewards(t.name, t.format_rewards)
+        text_cls = SudokuTextTask if t.name == "sudoku" else cls
+        extra = parse_format_rewards(t.format_rewards, text_cls.d1_format_rewards)
         out["reward"] += f" + format rewards {', '.join(extra)}" if extra else ""
         out["prompt_template"] = t.prompt_template
         out["test_prompt_template"] = t.test_prompt_template or t.prompt_template
@@ -142,16 +147,16 @@ def _task_section(cfg: Config) -> dict:
     return out
 
 
-def _dataset_task_section(cfg: Config, cls) -> dict:
+def _dataset_task_section(cfg: Config, cls, options) -> dict:
     """The dataset task's sources, prompt column and reward functions (their names as the logs give them)."""
     from dlmrl.rewards.functions import RewardFunctions
 
     t, tr = cfg.task, cfg.train
     out: dict = {}
-    for which, (source, split, subset, _) in cls.sources(t).items():
+    for which, (source, split, subset, _) in cls.sources(options).items():
         where = "local file, checked" if Path(source).exists() else "hub dataset, loaded by the run"
         out[f"{which}_data"] = f"{source}{f' [{subset}]' if subset else ''} split {split!r} ({where})"
-    if "test" not in cls.sources(t):
+    if "test" not in cls.sources(options):
         out["test_data"] = "none (no held-out evaluation)"
     funcs = RewardFunctions(tr.reward_funcs, tr.reward_weights, "train.reward_funcs")
     out.update(prompt_column=t.prompt_column, chat_template=t.chat_template, primary_metric="mean_reward",

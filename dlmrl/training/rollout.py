@@ -25,7 +25,8 @@ from dlmrl.models.sampler import generate
 
 @dataclass
 class Rollout:
-    """A rollout batch of ``B`` rows: by default ``prompts · G`` rows in groups of G consecutive rows.
+    """A rollout batch of ``B`` rows, each in a prompt group (sampled: ``prompts · G`` rows, groups of G consecutive
+    rows).
 
     Attributes:
         examples: the task examples, one per row.
@@ -35,8 +36,9 @@ class Rollout:
             the batch: DAPO's extra rounds, the turns of an episode); with threshold decoding, where rows take
             different numbers of passes, the mean over the call's rows (an int when whole, else rounded to 3
             places).
-        group_ids: ``(B,)`` long prompt-group id of each row; ``None`` = consecutive groups of G
-            (:meth:`groups`). Set when groups are not consecutive G rows (DaGRPO anchors, episodes).
+        group_ids: ``(B,)`` long prompt-group id of each row, always set by whoever builds the rollout (the
+            samplers: ``arange(B) // G``; DaGRPO's anchors join their group; episodes: the question's). Rows of
+            one group share an id; nothing reads more than which rows share one and the order of the ids.
         trajectory_ids: ``(B,)`` long trajectory id of each row (Flow-GRPO: the turns of one episode
             share it); ``None`` = every row its own trajectory.
         anchor: ``(B,)`` bool, off-policy anchor rows (DaGRPO); ``None`` = none.
@@ -65,7 +67,7 @@ class Rollout:
     completion: torch.Tensor
     completion_mask: torch.Tensor
     nfe: int
-    group_ids: torch.Tensor | None = None
+    group_ids: torch.Tensor
     trajectory_ids: torch.Tensor | None = None
     anchor: torch.Tensor | None = None
     rewards: torch.Tensor | None = None
@@ -101,12 +103,6 @@ class Rollout:
         """Sequence forward passes spent sampling: ``passes``, else ``B · nfe``."""
         return self.passes if self.passes is not None else len(self) * self.nfe
 
-    def groups(self, num_generations: int) -> torch.Tensor:
-        """``(B,)`` long group ids: ``group_ids``, else ``arange(B) // G``."""
-        if self.group_ids is not None:
-            return self.group_ids
-        return torch.arange(len(self), device=self.completion.device) // num_generations
-
     def trajectories(self) -> torch.Tensor:
         """``(B,)`` long trajectory ids: ``trajectory_ids``, else ``arange(B)`` (one row, one trajectory)."""
         if self.trajectory_ids is not None:
@@ -120,11 +116,12 @@ class Rollout:
         return torch.zeros(len(self), dtype=torch.bool, device=self.completion.device)
 
     @staticmethod
-    def cat(parts: Sequence[Rollout], num_generations: int, pad_id: int) -> Rollout:
+    def cat(parts: Sequence[Rollout], pad_id: int) -> Rollout:
         """The rows of ``parts`` one after another.
 
         Prompts are left-padded (``pad_id``, mask False) to the longest; completions must have the same
-        width. Group and trajectory ids are renumbered so rows of different parts never share one; NFE
+        width. Group and trajectory ids are renumbered so rows of different parts never share one (each part's
+        group ids first made 0, 1, ... in their order, so kept rows of a sampled batch number as a fresh one); NFE
         and sampling passes add up; ``anchor`` / ``rewards`` / ``train_rewards`` / ``reveal_step`` /
         ``token_logprobs`` / ``row_nfe`` / ``reward_parts`` must be set on every part or on none (``anchor``: a
         missing one means no anchors).
@@ -161,7 +158,7 @@ class Rollout:
             torch.cat([left_pad(p.prompt_mask, False) for p in parts]),
             torch.cat([p.completion for p in parts]), torch.cat([p.completion_mask for p in parts]),
             sum(p.nfe for p in parts),
-            ids(lambda p: p.groups(num_generations)),
+            ids(lambda p: torch.unique(p.group_ids, return_inverse=True)[1]),  # (each part's groups 0, 1, ...)
             ids(lambda p: p.trajectories()) if any(p.trajectory_ids is not None for p in parts) else None,
             torch.cat([p.anchors() for p in parts]) if any(p.anchor is not None for p in parts) else None,
             optional("rewards"), optional("train_rewards"), sum(p.sampling_passes() for p in parts),
@@ -177,6 +174,11 @@ def mean_nfe(row_nfe: torch.Tensor) -> int | float:
         return 0
     mean = float(row_nfe.double().mean())
     return int(mean) if mean == int(mean) else round(mean, 3)
+
+
+def consecutive_groups(num_rows: int, num_generations: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """``(num_rows,)`` long group ids of rows in consecutive groups of G: ``arange(num_rows) // G``."""
+    return torch.arange(num_rows, device=device) // num_generations
 
 
 def _prompt_rows(num_prompts: int, G: int, prompts: tuple[int, int] | None) -> slice:
@@ -211,6 +213,7 @@ def rollout_diffusion(policy, task, cfg, examples: list, generator: torch.Genera
     n = len(out.canvas) if keep.stop > keep.start else 0  # (an empty share drops the one row it ran)
     return Rollout(batch.examples[keep], batch.prompt_ids[keep], batch.prompt_mask[keep], out.canvas[:n],
                    batch.completion_mask[keep], mean_nfe(out.row_nfe[:n]) if s.adaptive else out.nfe,
+                   consecutive_groups(n, cfg.train.num_generations, out.canvas.device),
                    passes=int(out.row_nfe[:n].sum()), reveal_step=out.reveal_step[:n],
                    token_logprobs=out.token_logprobs[:n], row_nfe=out.row_nfe[:n])
 
@@ -233,13 +236,14 @@ def rollout_ar(policy, task, cfg, examples: list, generator: torch.Generator, ma
     if keep.stop == keep.start:
         draw_seed(generator)
         empty = batch.prompt_ids.new_zeros((0, length))
-        return Rollout([], batch.prompt_ids[keep], batch.prompt_mask[keep], empty, empty.bool(), 0)
+        return Rollout([], batch.prompt_ids[keep], batch.prompt_mask[keep], empty, empty.bool(), 0,
+                       consecutive_groups(0, cfg.train.num_generations, empty.device))
     extra = {} if prompts is None else {"noise_rows": (keep.start, len(batch.examples))}
     comp, mask = policy.generate(batch.prompt_ids[keep], batch.prompt_mask[keep], length,
                                  temperature=cfg.sampling.temperature, generator=generator,
                                  temperature_fn=temperature_fn, **extra)
     return Rollout(batch.examples[keep], batch.prompt_ids[keep], batch.prompt_mask[keep], comp, mask,
-                   int(mask.sum(-1).max()))
+                   int(mask.sum(-1).max()), consecutive_groups(len(comp), cfg.train.num_generations, comp.device))
 
 
 LossFn = Callable[[torch.Tensor], "tuple[torch.Tensor, dict]"]
@@ -583,7 +587,7 @@ def fill_informative_groups(first: Rollout, sample_more: Callable[[int], Rollout
         if kept >= num_groups or rounds > max_extra_rounds:
             break
         ro, rounds = sample_more(rounds), rounds + 1
-    out = Rollout.cat(parts, G, pad_id) if parts else first.rows(torch.zeros(0, dtype=torch.long))
+    out = Rollout.cat(parts, pad_id) if parts else first.rows(torch.zeros(0, dtype=torch.long))
     out.nfe, out.passes = nfe, passes
     stats = SamplingStats(rounds, completions, dropped, nfe, passes, torch.cat(rewards) if rewards else torch.zeros(0),
                           torch.cat(reward_parts) if reward_parts and all(p is not None for p in reward_parts)
@@ -594,16 +598,6 @@ def fill_informative_groups(first: Rollout, sample_more: Callable[[int], Rollout
 # -- DaGRPO off-policy anchors -----------------------------------------------------------------
 
 
-def reference_solution(task, example) -> str | None:
-    """The example's reference answer text: ``task.reference_solution(example)`` when the task has it,
-    else ``task.sft_answer(example)`` (Sudoku: the solution grid), else ``None``."""
-    for name in ("reference_solution", "sft_answer"):
-        fn = getattr(task, name, None)
-        if fn is not None:
-            return fn(example)
-    return None
-
-
 def first_rows(ids: list) -> list[int]:
     """The index of the first row of each id, in order of first appearance (``[5, 5, 2, 5, 2] -> [0, 2]``)."""
     first: dict = {}
@@ -612,8 +606,7 @@ def first_rows(ids: list) -> list[int]:
     return list(first.values())
 
 
-def add_anchors(ro: Rollout, task, anchor_threshold: float, num_generations: int, kind: str,
-                eos_token_id: int | None, pad_id: int,
+def add_anchors(ro: Rollout, task, anchor_threshold: float, kind: str, eos_token_id: int | None, pad_id: int,
                 shape: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                 reveal_steps: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[Rollout, int]:
     """DaGRPO's off-policy anchors: each group with no task reward above ``anchor_threshold`` gets the
@@ -625,12 +618,12 @@ def add_anchors(ro: Rollout, task, anchor_threshold: float, num_generations: int
     fills a canvas after the answer), taken at the row's completion positions and the rollout's canvas kept
     elsewhere (Sudoku infill: the 16 cells, givens unchanged), mask = the row's completion mask. Its reward is the task's reward of that
     completion (``shape(rewards, lengths)`` gives its ``train_rewards``). Groups whose example has no
-    reference (:func:`reference_solution` ``None``) get none; a reference longer than the completion
+    reference (``task.reference_solution`` ``None``) get none; a reference longer than the completion
     (AR: with EOS) is left out with a warning.
 
     Args:
         ro: the rollout with ``rewards`` and ``train_rewards``. anchor_threshold: the cut (DaGRPO: 0).
-        num_generations: G (groups when ``ro.group_ids`` is None). kind: ``"ar"`` | ``"diffusion"``.
+        kind: ``"ar"`` | ``"diffusion"``.
         eos_token_id: appended to AR anchors, fills a diffusion canvas after a short reference (``None``:
             nothing appended; ``pad_id`` fills). pad_id: AR padding.
         shape: ``(rewards (n,), lengths (n,)) -> (n,)`` training rewards of the ``n`` anchors.
@@ -646,7 +639,7 @@ def add_anchors(ro: Rollout, task, anchor_threshold: float, num_generations: int
     """
     from dlmrl.objectives.pairwise import groups_needing_anchor
 
-    groups = ro.groups(num_generations)
+    groups = ro.group_ids
     need = groups_needing_anchor(ro.rewards, groups, anchor_threshold)  # (B,)
     needed = need.tolist()  # (the same on every row of a group)
     firsts = [i for i in first_rows(groups.tolist()) if needed[i]]
@@ -654,7 +647,7 @@ def add_anchors(ro: Rollout, task, anchor_threshold: float, num_generations: int
     rows, comps, masks, too_long = [], [], [], 0
     fill = eos_token_id if eos_token_id is not None else pad_id
     for i in firsts:
-        text = reference_solution(task, ro.examples[i])
+        text = task.reference_solution(ro.examples[i])
         if text is None:
             continue
         ids = task.tokenizer(text, add_special_tokens=False)["input_ids"]

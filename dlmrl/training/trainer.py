@@ -188,9 +188,9 @@ def canvas_token_id(policy) -> int | None:
 
 
 def build_task(cfg: Config, policy):
-    """The configured task (:func:`dlmrl.data.build_task`; text tasks get a canvas of ``sampling.gen_length``; the
+    """The configured task (:func:`dlmrl.config.build_task`; text tasks get a canvas of ``sampling.gen_length``; the
     dataset task gets the reward functions of ``train.reward_funcs`` and ``train.reward_weights``)."""
-    from dlmrl.data import build_task as build_data_task
+    from dlmrl.config.task_options import build_task as build_data_task
 
     tr = cfg.train
     options = ({"reward_functions": RewardFunctions(tr.reward_funcs, tr.reward_weights, "train.reward_funcs")}
@@ -285,7 +285,7 @@ def sample_groups(policy, task, cfg: Config, preset, examples: list, generator: 
                               examples if share is None else examples[share[0] : share[1]], G, generator,
                               max_length, cfg.sampling.temperature, temperature_fn,
                               processes if share is not None else None)
-        return ro if share is None else gather_rollout(ro, processes, G, pad_id)
+        return ro if share is None else gather_rollout(ro, processes, pad_id)
     if cfg.model.kind == "ar":
         ro = rollout_ar(policy, task, cfg, examples, generator, max_new_tokens=max_length,
                         temperature_fn=temperature_fn, prompts=share)
@@ -298,7 +298,7 @@ def sample_groups(policy, task, cfg: Config, preset, examples: list, generator: 
     else:
         ro.rewards = torch.tensor(task.rewards(ro.examples, texts), dtype=torch.float32)  # (B,)
     ro.train_rewards = shaped_rewards(preset, ro.rewards, ro.completion_mask.sum(-1).cpu(), max_length)
-    return ro if share is None else gather_rollout(ro, processes, G, pad_id)
+    return ro if share is None else gather_rollout(ro, processes, pad_id)
 
 
 def sample_step(policy, task, cfg: Config, preset, step: int, generator: torch.Generator, max_length: int,
@@ -377,10 +377,7 @@ def solved_reward(task) -> float | None:
     """The reward that means "fully right" for the rollout ``solve_rate``: the task's correctness reward (Sudoku 1,
     GSM8K/MATH 2, Countdown 1); ``None`` when format rewards are added (the sum then does not say which answers
     were right)."""
-    if getattr(task, "format_rewards", ()):
-        return None
-    correct = getattr(task, "CORRECT", 1.0)
-    return None if correct is None else float(correct)  # (None: no reward means solved, e.g. reward functions)
+    return task.solved_reward  # (None: no reward means solved, e.g. reward functions)
 
 
 def tracker_config(cfg: Config) -> dict:
@@ -567,12 +564,12 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, *, policy=No
             # 2. DaGRPO: each group with no reward above the threshold gets its reference solution as an anchor
             anchors = 0
             if preset.anchor_threshold is not None and len(ro):
-                ro, anchors = add_anchors(ro, task, preset.anchor_threshold, G, cfg.model.kind,
+                ro, anchors = add_anchors(ro, task, preset.anchor_threshold, cfg.model.kind,
                                           getattr(policy, "eos_token_id", None), pad_id,
                                           lambda r, n: shaped_rewards(preset, r, n, max_length),
                                           lambda m: left_to_right_reveal_steps(m, cfg.sampling.block_length,
                                                                                cfg.sampling.steps))
-            group_ids = ro.groups(G)  # (B,) groups need not be G consecutive rows (anchors, episodes)
+            group_ids = ro.group_ids  # (B,) groups need not be G consecutive rows (anchors, episodes)
             # 3. advantages; the rows to score (A = 0 rows when that cannot change the loss). Entropy-based
             #    advantages wait for the old scores (step 4).
             adv_inputs = {"mask": ro.completion_mask, "group_ids": group_ids, "trajectory_ids": ro.trajectories()}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from dlmrl.config import TaskConfig
-from dlmrl.data import build_task
+from dlmrl.config import TaskConfig, build_task
+from dlmrl.config.task_options import check_task
 from dlmrl.data.sudoku_text import SudokuTextExample, SudokuTextTask
 from dlmrl.data.tasks import SudokuTask
 from tests.data.text_helpers import text_tokenizer
@@ -58,5 +58,5 @@ def test_files_and_config_errors(tmp_path):
     assert task.train_batch(3, 0, 0) == [SudokuTextExample(PUZZLE, SOLUTION)] * 3
     assert task.test_batch(1) == [SudokuTextExample(PUZZLE, SOLUTION, "test")]
     with pytest.raises(ValueError, match="task.prompt_template"):
-        SudokuTask.check_config(TaskConfig(answer_mode="text", prompt_template="Grid: {question}"))
-    assert SudokuTask.check_config(TaskConfig(answer_mode="text", prompt_template="Grid: {puzzle}")) == 256
+        check_task(TaskConfig(answer_mode="text", prompt_template="Grid: {question}"))
+    assert check_task(TaskConfig(answer_mode="text", prompt_template="Grid: {puzzle}")) == 256

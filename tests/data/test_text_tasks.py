@@ -9,11 +9,19 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dlmrl.config import Config, ConfigError, TaskConfig, apply_overrides, validate
+from dlmrl.config import Config, ConfigError, TaskConfig, apply_overrides, build_task, validate
 from dlmrl.config.validation import _check_data_files
-from dlmrl.data import TASKS, CountdownExample, GSM8KExample, MathExample, SudokuTask, build_task
+from dlmrl.data import (
+    TASKS,
+    CountdownExample,
+    CountdownTask,
+    GSM8KExample,
+    GSM8KTask,
+    MathExample,
+    MathTask,
+    SudokuTask,
+)
 from dlmrl.data.prompts import D1_SYSTEM_PROMPT
-from dlmrl.data.text_tasks import CountdownTask, GSM8KTask, MathTask
 from tests.data.text_helpers import text_tokenizer
 
 WELL_FORMED = "<reasoning>\nr\n</reasoning>\n<answer>\n72\n</answer>\n"

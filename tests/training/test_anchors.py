@@ -41,7 +41,8 @@ def batch(task, kind: str, answers: list[str]) -> Rollout:
         comp = torch.where(enc.completion_mask, torch.tensor([ids(a) for a in answers]), enc.canvas)
         mask = enc.completion_mask
     r = torch.tensor(task.rewards(examples, task.decode(comp)), dtype=torch.float32)
-    return Rollout(examples, enc.prompt_ids, enc.prompt_mask, comp, mask, nfe=4, rewards=r, train_rewards=r - 0.5)
+    return Rollout(examples, enc.prompt_ids, enc.prompt_mask, comp, mask, nfe=4, group_ids=torch.arange(len(r)) // 2,
+                   rewards=r, train_rewards=r - 0.5)
 
 
 WRONG_A = "4434341221434321"  # cells 0 and 1 wrong, 5, 10, 15 right (reward 0.6 on EX_A)
@@ -54,7 +55,7 @@ def test_a_group_with_no_reward_above_the_threshold_gets_its_solution_as_an_anch
     # group 0 (EX_A): rewards 0 and 0 -> anchor; group 1 (EX_B): one cell of two right (0.5) -> none
     ro = batch(task, kind, [ALL_WRONG_A, ALL_WRONG_A, "1234341221434331", "1214341221434331"])
     assert ro.rewards.tolist() == [0.0, 0.0, 0.5, 0.0]
-    out, n = add_anchors(ro, task, 0.0, 2, kind, TOK.eos_token_id, TOK.pad_token_id, lambda r, lengths: r * 10 + lengths)
+    out, n = add_anchors(ro, task, 0.0, kind, TOK.eos_token_id, TOK.pad_token_id, lambda r, lengths: r * 10 + lengths)
     assert n == 1 and len(out) == 5
     assert out.anchor.tolist() == [False] * 4 + [True]
     assert out.group_ids.tolist() == [0, 0, 1, 1, 0] and out.trajectory_ids.tolist() == [0, 1, 2, 3, 4]
@@ -70,7 +71,7 @@ def test_a_group_with_no_reward_above_the_threshold_gets_its_solution_as_an_anch
     assert out.rewards.tolist() == [0.0, 0.0, 0.5, 0.0, 1.0]  # scored by the task reward
     assert out.train_rewards[4].item() == 10.0 + length and torch.equal(out.train_rewards[:4], ro.train_rewards)
     # a threshold every group clears: no anchor, the rollout unchanged
-    same, n = add_anchors(ro, task, -1.0, 2, kind, TOK.eos_token_id, TOK.pad_token_id, lambda r, lengths: r)
+    same, n = add_anchors(ro, task, -1.0, kind, TOK.eos_token_id, TOK.pad_token_id, lambda r, lengths: r)
     assert n == 0 and same is ro
 
 
@@ -78,9 +79,10 @@ def test_a_short_reference_is_followed_by_eos_and_a_long_one_is_left_out_with_a_
     task = SudokuTask(TOK, TOK.mask_token_id, answer_mode="full")
     ro = batch(task, "ar", [ALL_WRONG_A] * 4)
     short = Rollout(ro.examples, ro.prompt_ids, ro.prompt_mask, ro.completion[:, :10], ro.completion_mask[:, :10], 4,
+                    ro.group_ids,
                     rewards=ro.rewards, train_rewards=ro.train_rewards)
     with pytest.warns(UserWarning, match="1 reference solution"):  # (EX_B's group has 0.5: no anchor)
-        same, n = add_anchors(short, task, 0.0, 2, "ar", TOK.eos_token_id, 0, lambda r, n: r)
+        same, n = add_anchors(short, task, 0.0, "ar", TOK.eos_token_id, 0, lambda r, n: r)
     assert n == 0 and same is short
 
     class ShortReference(SudokuTask):
@@ -89,7 +91,7 @@ def test_a_short_reference_is_followed_by_eos_and_a_long_one_is_left_out_with_a_
 
     task = ShortReference(TOK, TOK.mask_token_id, answer_mode="infill")
     ro = batch(task, "diffusion", [ALL_WRONG_A] * 4)
-    out, n = add_anchors(ro, task, 0.0, 2, "diffusion", TOK.eos_token_id, 0, lambda r, n: r)
+    out, n = add_anchors(ro, task, 0.0, "diffusion", TOK.eos_token_id, 0, lambda r, n: r)
     # "12" then EOS laid on the canvas; EX_A's blanks 0, 1, 5, 10, 15 take it, the givens stay
     eos = TOK.eos_token_id
     expected = ids("0034301221034320")

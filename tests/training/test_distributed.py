@@ -277,7 +277,7 @@ def test_sharded_sampling_gives_every_process_the_one_process_batch(kind, overri
         assert torch.equal(ro.completion, one[0].completion)
         assert torch.equal(ro.completion_mask, one[0].completion_mask)
         assert torch.equal(ro.prompt_ids[ro.prompt_mask], one[0].prompt_ids[one[0].prompt_mask])
-        assert torch.equal(ro.groups(3), one[0].groups(3)) and torch.equal(ro.trajectories(), one[0].trajectories())
+        assert torch.equal(ro.group_ids, one[0].group_ids) and torch.equal(ro.trajectories(), one[0].trajectories())
         assert torch.equal(ro.train_rewards, one[0].train_rewards)
         assert [repr(e) for e in ro.examples] == [repr(e) for e in one[0].examples]
         assert (stats.rounds, stats.completions, stats.groups_dropped, stats.nfe) == (

@@ -24,7 +24,8 @@ def fake(rewards: list[list[float]], tag: int, prompt_len: int = 2, nfe: int = 5
     comp = torch.tensor([[tag, i // G, i % G] for i in range(n)])  # (n, 3)
     r = torch.tensor([x for grp in rewards for x in grp], dtype=torch.float32)
     return Rollout([(tag, i // G) for i in range(n)], torch.full((n, prompt_len), 7), torch.ones(n, prompt_len, dtype=torch.bool),
-                   comp, torch.ones(n, 3, dtype=torch.bool), nfe, rewards=r, train_rewards=r.clone())
+                   comp, torch.ones(n, 3, dtype=torch.bool), nfe, torch.arange(n) // G, rewards=r,
+                   train_rewards=r.clone())
 
 
 def test_resampling_fills_the_batch_in_draw_order_and_trims_the_surplus():
@@ -43,7 +44,7 @@ def test_resampling_fills_the_batch_in_draw_order_and_trims_the_surplus():
     # kept: round 0's group 1, then round 1's groups 1 and 2 (its group 3 is surplus)
     assert out.completion[:, :2].tolist() == [[0, 1], [0, 1], [1, 1], [1, 1], [1, 2], [1, 2]]
     assert out.rewards.tolist() == [0.0, 1.0, 1.0, 0.0, 0.0, pytest.approx(0.2)]
-    assert out.groups(G).tolist() == [0, 0, 1, 1, 2, 2] and out.nfe == 11
+    assert out.group_ids.tolist() == [0, 0, 1, 1, 2, 2] and out.nfe == 11
     # prompts of different lengths are left-padded with pad_id, masked out
     assert out.prompt_ids.shape == (6, 4) and out.prompt_ids[0].tolist() == [9, 9, 7, 7]
     assert out.prompt_mask[0].tolist() == [False, False, True, True] and out.prompt_mask[2].all()

@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dlmrl.config import TaskConfig
-from dlmrl.data import build_task
+from dlmrl.config import TaskConfig, build_task
+from dlmrl.data import CountdownTask, GSM8KTask, MathTask, Task
 from dlmrl.data.tasks import SudokuTask
-from dlmrl.data.text_tasks import CountdownTask, GSM8KTask, MathTask
 from dlmrl.models.ar import load_ar_policy
 from dlmrl.models.loading import load_policy
 from dlmrl.models.sampler import generate
@@ -75,10 +74,15 @@ def test_every_task_names_its_primary_metric():
     assert SudokuTask.primary_metric == "cell_accuracy"
     assert GSM8KTask.primary_metric == MathTask.primary_metric == CountdownTask.primary_metric == "accuracy"
 
-    class NoMetrics:
-        pass
+    class NoMetrics(Task):  # (a task that keeps the protocol's default metrics)
+        from_options = train_batch = test_batch = encode = decode = None
 
-    assert primary_metric(NoMetrics()) == "mean_reward"
+        def rewards(self, examples, texts):
+            return [1.0, 0.0]
+
+    task = NoMetrics()
+    assert primary_metric(task) == "mean_reward" and task.metrics([1, 2], ["a", "b"]) == {"mean_reward": 0.5,
+                                                                                          "num_examples": 2}
 
 
 @pytest.mark.parametrize("num", [0, 3])

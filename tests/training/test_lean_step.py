@@ -107,7 +107,8 @@ class StubPolicy:
 
 def stub_rollout() -> Rollout:
     return Rollout([None, None], torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.bool),
-                   torch.tensor([[1, 2], [3, 4]]), torch.tensor([[True, True], [True, False]]), 2)
+                   torch.tensor([[1, 2], [3, 4]]), torch.tensor([[True, True], [True, False]]), 2,
+                   torch.tensor([0, 0]))
 
 
 def run_scorer(model: nn.Module, mu: int, entropy: bool, **kwargs):

@@ -133,7 +133,7 @@ def test_threshold_rollouts_report_the_mean_nfe_and_the_summed_passes(shipped):
     assert plain.nfe == 4 and plain.row_nfe.tolist() == [4] * 12 and plain.sampling_passes() == 48
     # anchors were not sampled: no log-probs, no passes
     ro.rewards = ro.train_rewards = torch.zeros(12)
-    out, k = add_anchors(ro, task, 0.0, 4, "diffusion", shipped.eos_token_id, 0, lambda r, _: r,
+    out, k = add_anchors(ro, task, 0.0, "diffusion", shipped.eos_token_id, 0, lambda r, _: r,
                          lambda m: torch.where(m, 0, -1))
     assert k == 3 and (out.token_logprobs[-3:] == 0).all() and (out.row_nfe[-3:] == 0).all()
     assert torch.equal(out.token_logprobs[:12], ro.token_logprobs)
@@ -157,7 +157,7 @@ def test_gathered_shares_average_their_rows_nfe(shipped):
     whole = rollout_diffusion(shipped, task, cfg, examples, torch.Generator().manual_seed(1))
     shares = [rollout_diffusion(shipped, task, cfg, examples, torch.Generator().manual_seed(1), prompts=p)
               for p in ((0, 1), (1, 4))]
-    out = gather_rollout(shares[0], TwoShares(shares), 2, 0)
+    out = gather_rollout(shares[0], TwoShares(shares), 0)
     assert torch.equal(out.completion, whole.completion) and torch.equal(out.row_nfe, whole.row_nfe)
     assert out.nfe == whole.nfe and out.sampling_passes() == whole.sampling_passes()
 

@@ -37,11 +37,11 @@ def test_rollouts_carry_the_samplers_record_through_rows_and_cat(base):
     assert ((ro.reveal_step >= 0) == ro.completion_mask).all()
     picked = ro.rows(torch.tensor([4, 1]))
     assert torch.equal(picked.reveal_step, ro.reveal_step[[4, 1]])
-    both = Rollout.cat([ro, picked], 3, 0)
+    both = Rollout.cat([ro, picked], 0)
     assert torch.equal(both.reveal_step, torch.cat([ro.reveal_step, picked.reveal_step]))
-    bare = Rollout(ro.examples, ro.prompt_ids, ro.prompt_mask, ro.completion, ro.completion_mask, ro.nfe)
+    bare = Rollout(ro.examples, ro.prompt_ids, ro.prompt_mask, ro.completion, ro.completion_mask, ro.nfe, ro.group_ids)
     with pytest.raises(ValueError, match="reveal_step is set on some parts only"):
-        Rollout.cat([ro, bare], 3, 0)
+        Rollout.cat([ro, bare], 0)
 
 
 def test_an_anchor_row_gets_the_left_to_right_order_in_the_samplers_schedule():
@@ -49,13 +49,13 @@ def test_an_anchor_row_gets_the_left_to_right_order_in_the_samplers_schedule():
     ro = batch(task, "diffusion", [ALL_WRONG_A, ALL_WRONG_A, "1234341221434331", "1214341221434331"])
     ro.reveal_step = torch.where(ro.completion_mask, 0, -1)  # (a record: every blank at step 0)
     schedule = lambda m: left_to_right_reveal_steps(m, 16, 4)
-    out, n = add_anchors(ro, task, 0.0, 2, "diffusion", TOK.eos_token_id, TOK.pad_token_id, lambda r, _: r, schedule)
+    out, n = add_anchors(ro, task, 0.0, "diffusion", TOK.eos_token_id, TOK.pad_token_id, lambda r, _: r, schedule)
     assert n == 1
     # EX_A's 5 blanks (0, 1, 5, 10, 15) over 4 steps: 2, 1, 1, 1, left to right
     assert out.reveal_step[-1].tolist() == [0, 0, -1, -1, -1, 1, -1, -1, -1, -1, 2, -1, -1, -1, -1, 3]
     assert torch.equal(out.reveal_step[:4], ro.reveal_step)
     with pytest.raises(ValueError, match="pass reveal_steps"):
-        add_anchors(ro, task, 0.0, 2, "diffusion", TOK.eos_token_id, TOK.pad_token_id, lambda r, _: r)
+        add_anchors(ro, task, 0.0, "diffusion", TOK.eos_token_id, TOK.pad_token_id, lambda r, _: r)
 
 
 @pytest.mark.parametrize(("algorithm", "extra"), [
