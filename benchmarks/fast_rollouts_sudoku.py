@@ -31,7 +31,8 @@ from pathlib import Path
 import torch
 
 from dlmrl.config import default_job_config
-from dlmrl.training.trainer import check_same_config, train
+from dlmrl.training.run_folder import check_same_config
+from dlmrl.training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {"plain": [], "threshold": ["sampling.threshold=0.9"], "dual": ["sampling.cache=dual"],

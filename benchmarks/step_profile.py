@@ -190,10 +190,10 @@ def instrument(recorder: Recorder):
     """Patch the trainer so that ``recorder`` sees every model call with its step and phase: the loaded policy
     (first load) and reference (second) get hooks; ``sample_step`` opens a step (phase ``sampling``); the
     scorers' ``prepare`` is ``old_ref``, their ``backward`` is ``grad``."""
-    from dlmrl.training import trainer
+    from dlmrl.training import run_setup, trainer
     from dlmrl.training.rollout import ARScorer, DiffusionScorer
 
-    load, sample = trainer.load_configured_policy, trainer.sample_step
+    load, sample = run_setup.load_configured_policy, trainer.sample_step
 
     def loading(cfg):
         policy = load(cfg)
@@ -213,7 +213,7 @@ def instrument(recorder: Recorder):
         return wrapper
 
     with ExitStack() as stack:
-        stack.enter_context(mock.patch.object(trainer, "load_configured_policy", loading))
+        stack.enter_context(mock.patch.object(run_setup, "load_configured_policy", loading))
         stack.enter_context(mock.patch.object(trainer, "sample_step", sampling))
         for cls in (ARScorer, DiffusionScorer):
             stack.enter_context(mock.patch.object(cls, "prepare", phased(cls.prepare, "old_ref")))

@@ -127,7 +127,7 @@ def _policy_of(model, tokenizer, cfg: Config):
     from dlmrl.models.ar import AutoregressivePolicy, ar_policy_from_model
     from dlmrl.models.loading import diffusion_policy_from_model
     from dlmrl.models.policy import MaskedDiffusionPolicy
-    from dlmrl.training.trainer import load_configured_policy
+    from dlmrl.training.run_setup import load_configured_policy
 
     if isinstance(model, (MaskedDiffusionPolicy, AutoregressivePolicy)):
         if tokenizer is not None:
@@ -221,7 +221,7 @@ class Trainer:
                               f"{len(test_examples)} (0 = all of it)")
         self.config = cfg
         # (everything above needs no weights: a mistake there costs no model load)
-        from dlmrl.training.trainer import canvas_token_id, check_policy
+        from dlmrl.training.run_setup import canvas_token_id, check_policy
 
         self.policy = _policy_of(model, tokenizer, cfg)
         check_policy(cfg, self.policy)
@@ -271,7 +271,7 @@ class Trainer:
         Raises:
             ValueError: the trainer has no eval dataset.
         """
-        from dlmrl.training.trainer import evaluate_config
+        from dlmrl.training.run_setup import evaluate_config
 
         if not self.task.test_examples:
             raise ValueError("evaluate: this trainer has no eval_dataset")

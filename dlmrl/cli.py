@@ -270,7 +270,7 @@ def _build(args, cls):
 def _check_resume_config(args, saved: Path) -> None:
     """``--resume --config FILE``: the run continues with its own ``config.yaml``; refuse a FILE whose settings
     differ from it rather than ignore it silently."""
-    from dlmrl.training.trainer import check_same_config
+    from dlmrl.training.run_folder import check_same_config
 
     given = Config()
     load_yaml(given, args.config)
@@ -366,7 +366,7 @@ def _run_eval(cfg: Config, lengths: tuple[int, ...] | None) -> int:
     """``dlmrl eval``: the task's metrics as JSON, each with its ``record`` (protocol, sampling settings, model,
     versions, dtype, device, hashes). Several lengths (``--gen-lengths`` or the ``eval.preset``'s): one JSON line
     per length, then one ``best_of_lengths`` line."""
-    from dlmrl.training.trainer import build_task, evaluate_config, load_configured_policy
+    from dlmrl.training.run_setup import build_task, evaluate_config, load_configured_policy
 
     try:
         lengths = eval_lengths(cfg, lengths)
@@ -440,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
 
         cpu_processes = requested_cpu_processes()
         if cpu_processes:  # `accelerate launch --cpu --num_processes N` without mpirun started this process alone
-            from dlmrl.training.trainer import check_run_folder
+            from dlmrl.training.run_folder import check_run_folder
 
             try:  # (what the processes would refuse, refused here once: no error printed N times over a traceback)
                 check_process_split(cfg, cpu_processes)

@@ -288,7 +288,7 @@ def build_plan(cfg: Config, resume: bool = False, spec: RunSpec | None = None) -
         accel["processes_the_run_trains_with"] = processes
     out_dir = Path(cfg.output_dir)
     if resume:  # the run's own check: a checkpoint to continue from, and the run's own settings
-        from dlmrl.training.trainer import check_run_folder
+        from dlmrl.training.run_folder import check_run_folder
 
         ckpt = check_run_folder(cfg, resume=True)
         state = f"resumes from {ckpt}" if ckpt is not None else "resumes from step 0 (stopped before its first checkpoint)"

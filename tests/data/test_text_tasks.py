@@ -179,7 +179,7 @@ def test_build_task_from_local_files(tmp_path):
     with pytest.raises(ValueError, match="asked for 2 held-out"):
         task.test_batch(2)
     # the trainer delegates to build_task with sampling.gen_length
-    from dlmrl.training.trainer import build_task as trainer_build_task
+    from dlmrl.training.run_setup import build_task as trainer_build_task
 
     full = Config()
     full.task, full.sampling.gen_length = cfg, 32

@@ -26,7 +26,7 @@ from dlmrl.models.lora import (
     is_peft_model,
     save_final_model,
 )
-from dlmrl.training import trainer
+from dlmrl.training import run_setup
 from tests.helpers import crash_then_resume
 
 KINDS = ("diffusion", "ar")
@@ -204,8 +204,8 @@ def run_train(out, *overrides, resume: bool = False) -> int:
 @pytest.mark.parametrize("kind", KINDS)
 def test_dlmrl_train_with_lora_keeps_the_base_and_scores_kl_against_it(kind, tmp_path, monkeypatch):
     loads = []
-    real_load = trainer.load_configured_policy
-    monkeypatch.setattr(trainer, "load_configured_policy", lambda cfg: loads.append(1) or real_load(cfg))
+    real_load = run_setup.load_configured_policy
+    monkeypatch.setattr(run_setup, "load_configured_policy", lambda cfg: loads.append(1) or real_load(cfg))
     assert run_train(tmp_path, "algorithm=grpo", *LORA, *(AR if kind == "ar" else [])) == 0
     assert len(loads) == 1  # the KL reference (grpo: beta 0.04) is the base in the same model, not a second load
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

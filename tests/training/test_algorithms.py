@@ -15,7 +15,7 @@ from dlmrl.estimators.scoring import score
 from dlmrl.models.loading import load_policy
 from dlmrl.objectives import gdpo_loss
 from dlmrl.objectives.presets import ALGORITHMS
-from dlmrl.training import trainer
+from dlmrl.training import trainer, update
 from tests.helpers import save_tiny_checkpoint
 from tests.training.test_trainer import params, small_config
 
@@ -109,7 +109,7 @@ def test_gdpo_preset_path_gives_the_gdpo_loss_parameters(base, tmp_path, monkeyp
             return loss * row_weight, m
         return loss_fn
 
-    monkeypatch.setattr(trainer, "group_loss_fn", legacy)
+    monkeypatch.setattr(update, "group_loss_fn", legacy)
     trainer.train(small_config(base, tmp_path / "legacy", **extra), progress=False)
     a, b = params(trainer_run), params(tmp_path / "legacy")
     for k in a:

@@ -15,7 +15,7 @@ from dlmrl.models.tokenizer import build_char_tokenizer
 from dlmrl.objectives.advantage_registry import AdvantageInputs
 from dlmrl.objectives.pairwise import ngram_jaccard
 from dlmrl.objectives.presets import get_algorithm
-from dlmrl.training import trainer
+from dlmrl.training import trainer, update
 from dlmrl.training.rollout import Rollout, add_anchors
 from tests.training.test_trainer import small_config
 
@@ -116,7 +116,7 @@ def test_the_anchor_row_counts_with_weight_0_1_and_is_never_clipped():
     torch.testing.assert_close(adv, torch.tensor([-1 / s, -1 / s, 1 / s]))
 
     logp = torch.full((3, 4), -1.0, requires_grad=True)
-    loss_fn = trainer.group_loss_fn(preset.objective, None, adv, mask, 1.0, group_ids=groups, anchor=anchor)
+    loss_fn = update.group_loss_fn(preset.objective, None, adv, mask, 1.0, group_ids=groups, anchor=anchor)
     loss, _ = loss_fn(logp)
     # grpo: mean over the 3 sequences of the token mean of -w·r·A, r = 1; w = 0.1 on the anchor
     assert loss.item() == pytest.approx((1 / s + 1 / s - 0.1 / s) / 3, rel=1e-6)
@@ -128,7 +128,7 @@ def test_the_anchor_row_counts_with_weight_0_1_and_is_never_clipped():
     # anchor's ratio stays π/sg[π] = 1 and keeps its 0.1-weighted gradient
     logp = torch.full((3, 4), -3.0, requires_grad=True)
     old = torch.tensor([[-1.0] * 4, [-1.0] * 4, [-9.0] * 4])  # failures: r = e^-2 < 1 - ε with A < 0
-    loss, _ = trainer.group_loss_fn(preset.objective, old, adv, mask, 1.0, group_ids=groups, anchor=anchor)(logp)
+    loss, _ = update.group_loss_fn(preset.objective, old, adv, mask, 1.0, group_ids=groups, anchor=anchor)(logp)
     loss.backward()
     assert logp.grad[:2].abs().max() == 0
     torch.testing.assert_close(logp.grad[2], hand[2])
@@ -149,13 +149,13 @@ def base(tmp_path_factory):
 def test_trainer_adds_an_anchor_to_every_failed_group_and_trains_on_groups_of_g_plus_one(base, tmp_path, monkeypatch):
     monkeypatch.setattr(SudokuTask, "rewards", exact_only)
     seen = []
-    original = trainer.group_loss_fn
+    original = update.group_loss_fn
 
     def spy(objective, old, advantages, mask, row_weight=1.0, **inputs):
         seen.append((inputs["group_ids"].clone(), inputs["anchor"].clone(), advantages.clone()))
         return original(objective, old, advantages, mask, row_weight, **inputs)
 
-    monkeypatch.setattr(trainer, "group_loss_fn", spy)
+    monkeypatch.setattr(update, "group_loss_fn", spy)
     trainer.train(small_config(base, tmp_path, algorithm="dagrpo", num_iterations=1,
                                              **{"eval.before": False, "eval.after": False}),
                   progress=False)

@@ -164,7 +164,8 @@ def default_job(out, *overrides) -> list[str]:
 def loaded_and_given(cfg, tmp_path) -> tuple[dict, dict]:
     """The final parameters of ``train(cfg)`` (it loads the model and builds the task) and of ``train`` given the
     policy and task it would build."""
-    from dlmrl.training.trainer import build_task, load_configured_policy, train
+    from dlmrl.training.run_setup import build_task, load_configured_policy
+    from dlmrl.training.trainer import train
 
     cfg.output_dir = str(tmp_path / "loaded")
     train(cfg, progress=False)

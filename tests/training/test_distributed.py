@@ -22,7 +22,7 @@ from dlmrl.training.distributed import (
     loss_share,
     split_range,
 )
-from dlmrl.training.trainer import sample_step, step_generator
+from dlmrl.training.sample_step import sample_step, step_generator
 
 
 def config(*overrides: str) -> Config:
@@ -77,7 +77,7 @@ def test_the_cli_refuses_a_mismatch_before_loading_a_model(monkeypatch, capsys, 
     from dlmrl import cli
 
     monkeypatch.setenv("WORLD_SIZE", "4")
-    monkeypatch.setattr("dlmrl.training.trainer.load_configured_policy",
+    monkeypatch.setattr("dlmrl.training.run_setup.load_configured_policy",
                         lambda cfg: pytest.fail("no model may be loaded"))
     assert cli.main(["train", f"output_dir={tmp_path / 'run'}", "prompts_per_step=6"]) == 2
     assert "do not split over 4 processes" in capsys.readouterr().err
@@ -254,7 +254,7 @@ def diffusion_policy():
 ])
 def test_sharded_sampling_gives_every_process_the_one_process_batch(kind, overrides, diffusion_policy, ar_policy):
     from dlmrl.envs import default_env
-    from dlmrl.training.trainer import build_task
+    from dlmrl.training.run_setup import build_task
 
     ar = ["model.kind=ar", "model.name_or_path=tiny-sudoku-ar", "task.answer_mode=full"] if kind == "ar" else []
     cfg = config(*ar, *overrides)

@@ -6,7 +6,7 @@ from safetensors.torch import load_file
 
 from dlmrl.config import Config, ConfigError, apply_overrides, validate
 from dlmrl.estimators import ESTIMATORS, SDMC, Coupled, CoupledSDMC, DoubleMC, OneStep
-from dlmrl.training import trainer
+from dlmrl.training import run_folder, run_setup, trainer
 from tests.training.test_trainer import params, small_config
 
 
@@ -31,7 +31,7 @@ def test_config_builds_the_estimator(overrides, expected):
     cfg = Config()
     apply_overrides(cfg, [f"{k}={v}" for k, v in overrides.items()])
     validate(cfg)
-    assert trainer.build_estimator(cfg) == expected
+    assert run_setup.build_estimator(cfg) == expected
 
 
 @pytest.mark.parametrize(
@@ -66,7 +66,7 @@ def test_every_trainable_estimator_is_registered_and_exact_is_not_trainable():
 @pytest.mark.parametrize("name", ["coupled_sdmc", "coupled", "one_step"])
 def test_two_steps_with_each_new_estimator_change_parameters(base, tmp_path, name, monkeypatch):
     plans = []
-    original = trainer.build_estimator
+    original = run_setup.build_estimator
 
     def spy(*args, **kwargs):
         est = original(*args, **kwargs)
@@ -80,7 +80,7 @@ def test_two_steps_with_each_new_estimator_change_parameters(base, tmp_path, nam
         object.__setattr__(est, "make_plan", recording)
         return est
 
-    monkeypatch.setattr(trainer, "build_estimator", spy)
+    monkeypatch.setattr(run_setup, "build_estimator", spy)
     cfg = small_config(base, tmp_path, **{"estimator.name": name, "eval.before": False,
                                           "estimator.p_mask_prompt": 0.5})
     trainer.train(cfg, progress=False)
@@ -106,7 +106,7 @@ def test_a_null_estimator_name_is_the_presets_recipe_estimator(algorithm, name, 
     apply_overrides(cfg, [f"algorithm={algorithm}"] + ([f"estimator.name={name}"] if name else []))
     assert cfg.estimator.name == name
     validate(cfg)
-    assert trainer.build_estimator(cfg) == expected and estimator_name(cfg) == expected.name
+    assert run_setup.build_estimator(cfg) == expected and estimator_name(cfg) == expected.name
 
 
 def test_the_presets_estimator_is_validated_and_resume_compares_the_setting_not_its_resolution(tmp_path):
@@ -120,7 +120,7 @@ def test_the_presets_estimator_is_validated_and_resume_compares_the_setting_not_
     apply_overrides(cfg, ["algorithm=diffu_grpo"])
     save_yaml(cfg, tmp_path / "config.yaml")
     assert "name: null" in (tmp_path / "config.yaml").read_text()
-    trainer.check_same_config(cfg, tmp_path / "config.yaml")  # null stays null: the same run
+    run_folder.check_same_config(cfg, tmp_path / "config.yaml")  # null stays null: the same run
     apply_overrides(cfg, ["estimator.name=one_step"])  # the same estimator, but a different setting
     with pytest.raises(ConfigError, match="estimator.name: None -> 'one_step'"):
-        trainer.check_same_config(cfg, tmp_path / "config.yaml")
+        run_folder.check_same_config(cfg, tmp_path / "config.yaml")

@@ -10,7 +10,7 @@ import pytest
 
 from dlmrl import cli
 from dlmrl.config import Config, ConfigError, apply_overrides, validate
-from dlmrl.training import trainer
+from dlmrl.training import run_setup, trainer
 from tests.models.checkpoints import save_bert
 from tests.training.test_algorithms import PAIRS, ROOT
 from tests.training.test_rollout_mismatch import TRAJECTORY, metrics
@@ -48,7 +48,7 @@ def test_cache_is_off_by_default_and_the_sampler_section_is_an_alias():
 def test_a_detected_family_without_a_cache_is_refused_when_it_loads(tmp_path):
     cfg = config("sampling.cache=dual", f"model.name_or_path={save_bert(tmp_path / 'bert')}")
     with pytest.raises(ConfigError, match="sampling.cache.*model family 'masked_lm'"):
-        trainer.load_configured_policy(cfg)
+        run_setup.load_configured_policy(cfg)
 
 
 def test_cached_rollouts_log_their_gap_and_the_cap_reweights_them(tmp_path):

@@ -7,7 +7,8 @@ import torch
 
 from dlmrl.config import Config, ConfigError, apply_overrides, save_yaml, validate
 from dlmrl.estimators import scoring
-from dlmrl.training.trainer import check_same_config, train
+from dlmrl.training.run_folder import check_same_config
+from dlmrl.training.trainer import train
 from tests.helpers import save_tiny_checkpoint
 from tests.training.test_trainer import params, small_config
 

@@ -13,7 +13,7 @@ from dlmrl.config import Config, ConfigError, apply_overrides, validate
 from dlmrl.data.tasks import SudokuTask
 from dlmrl.models.loading import load_policy
 from dlmrl.objectives.objective import GroupObjective
-from dlmrl.training import trainer
+from dlmrl.training import run_setup, sample_step, trainer, update
 from dlmrl.training.distributed import Processes, gather_rollout
 from dlmrl.training.rollout import RolloutMismatch, add_anchors, mean_nfe, rollout_diffusion
 from tests.training.test_trainer import params, small_config
@@ -68,14 +68,14 @@ def test_the_weights_multiply_each_tokens_policy_loss():
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=torch.float64)
     objective = GroupObjective(ratio_level="token", epsilon=0.2, loss_type="dapo")
     mm = RolloutMismatch(rollout, mask, cap=1.5)
-    loss, _ = trainer.group_loss_fn(objective, old, adv, mask, 1.0, mismatch=mm, num_tokens=mask.sum())(new)
+    loss, _ = update.group_loss_fn(objective, old, adv, mask, 1.0, mismatch=mm, num_tokens=mask.sum())(new)
     # by hand: -Σ w · min(r A, clip(r) A) / Σ mask, w = min(exp(old - rollout), 1.5)
     w = torch.exp(old - rollout.float().double()).clamp(max=1.5)
     r = torch.exp(new.detach() - old)
     surrogate = torch.minimum(r * adv[:, None], r.clamp(0.8, 1.2) * adv[:, None])
     want = -(w * surrogate)[mask].sum() / mask.sum()
     assert loss.item() == pytest.approx(want.item(), rel=1e-5)
-    plain, _ = trainer.group_loss_fn(objective, old, adv, mask, 1.0, num_tokens=mask.sum())(new)
+    plain, _ = update.group_loss_fn(objective, old, adv, mask, 1.0, num_tokens=mask.sum())(new)
     assert plain.item() != pytest.approx(loss.item(), rel=1e-3)
 
 
@@ -106,8 +106,8 @@ def test_threshold_config_is_valid_and_off_by_default():
     validate(config(**{"sampling.threshold_factor": 2.5}))
     # the trajectory estimator's step bound: a threshold rollout takes at most one step per token
     merged = {"estimator.name": "trajectory", "estimator.merge": 2}
-    assert trainer.build_estimator(config(**merged, **{"sampling.threshold": 0.9})).nfe == math.ceil(16 / 2)
-    assert trainer.build_estimator(config(**merged)).nfe == math.ceil(4 / 2)
+    assert run_setup.build_estimator(config(**merged, **{"sampling.threshold": 0.9})).nfe == math.ceil(16 / 2)
+    assert run_setup.build_estimator(config(**merged)).nfe == math.ceil(4 / 2)
 
 
 # --- rollouts -------------------------------------------------------------------------------------------
@@ -198,14 +198,14 @@ def test_the_gap_is_logged_only_for_the_exact_trajectory_likelihood(tmp_path):
 
 def test_a_capped_weight_reweights_the_tokens_the_rollout_drew_off_policy(tmp_path, monkeypatch):
     # rollout log-probs lowered by 1 nat on every token: Δ = +1, weight min(e, 1.5) = 1.5 everywhere; the gap is 1
-    original = trainer.rollout_diffusion
+    original = sample_step.rollout_diffusion
 
     def off_policy(*args, **kwargs):
         ro = original(*args, **kwargs)
         ro.token_logprobs = torch.where(ro.completion_mask, ro.token_logprobs - 1.0, ro.token_logprobs)
         return ro
 
-    monkeypatch.setattr(trainer, "rollout_diffusion", off_policy)
+    monkeypatch.setattr(sample_step, "rollout_diffusion", off_policy)
     trainer.train(small_config("tiny-sudoku", tmp_path, **TRAJECTORY, **{"train.rollout_is_cap": 1.5}),
                   progress=False)
     rows = [r for r in metrics(tmp_path) if r["rows_scored"]]

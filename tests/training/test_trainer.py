@@ -143,7 +143,7 @@ def test_resume_of_a_run_stopped_before_its_first_checkpoint_starts_it_again(tmp
     starts the run again from step 0 with its settings (refusing others); checkpoints without config.yaml are
     refused rather than resumed with the default recipe."""
     from dlmrl.config import ConfigError, save_yaml
-    from dlmrl.training.trainer import check_run_folder
+    from dlmrl.training.run_folder import check_run_folder
 
     cfg = Config()
     cfg.output_dir = str(tmp_path / "run")

@@ -1,0 +1,129 @@
+"""A run's folder: what a checkpoint holds beyond the model (:class:`RunState`), whether a folder may be started or
+resumed, saving a checkpoint atomically, and the files a finished run leaves (``summary.json``, the reward curve,
+``final_model/``).
+
+A checkpoint folder is written under a staging name and renamed when complete, so a crash or Ctrl-C mid-save
+leaves the previous checkpoint as the newest; the two newest are kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+from accelerate import Accelerator
+
+from dlmrl.config import Config, ConfigError, flatten, load_yaml, to_dict
+from dlmrl.models.lora import save_final_model
+from dlmrl.training.checkpoint import atomic_dir, latest_checkpoint, staging_dir, write_json_atomic
+from dlmrl.training.logging import plot_curves, read_metrics
+
+
+@dataclass
+class RunState:
+    """What a checkpoint needs beyond model/optimizer/scheduler: the next step, eval-before, the cumulative
+    rollout counts (``completions_total``, ``nfe_sampling_total``) and HAPO's previous-step statistics."""
+
+    step: int = 0
+    eval_before: dict | None = None
+    train_seconds: float = 0.0
+    hapo_stats: dict | None = None  # HAPO: the previous step's entropy statistics (adaptive temperature)
+    completions_total: int = 0  # sampled completions so far (every round, every turn; not anchors)
+    nfe_sampling_total: int | float = 0  # the steps' nfe_sampling summed (threshold decoding: means, fractional)
+
+    def state_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.eval_before = state["step"], state["eval_before"]
+        self.train_seconds = state.get("train_seconds", 0.0)
+        self.hapo_stats = state.get("hapo_stats")
+        self.completions_total = state.get("completions_total", 0)
+        self.nfe_sampling_total = state.get("nfe_sampling_total", 0)
+
+
+def check_same_config(cfg: Config, saved_path: Path) -> None:
+    """Refuse to resume a run with settings other than the ones it was started with.
+
+    ``output_dir`` and ``estimator.micro_batch`` may differ (e.g. a smaller micro_batch to fit another machine).
+
+    Raises:
+        ConfigError: listing the keys whose values differ from the saved ``config.yaml``.
+    """
+    saved = Config()
+    load_yaml(saved, saved_path)
+    old, new = dict(flatten(to_dict(saved))), dict(flatten(to_dict(cfg)))
+    free = ("output_dir", "estimator.micro_batch")  # micro_batch changes memory and speed, not the steps taken
+    diff = [f"{k}: {old[k]!r} -> {new[k]!r}" for k in old if k not in free and old[k] != new[k]]
+    if diff:
+        raise ConfigError(f"--resume must use the run's own settings ({saved_path}); these differ: "
+                          + "; ".join(diff))
+
+
+def check_run_folder(cfg: Config, resume: bool) -> Path | None:
+    """The output folder's state against ``--resume``: the checkpoint to resume from (``None`` for a new run).
+
+    Raises:
+        FileNotFoundError: ``resume`` with no checkpoint and no run in ``output_dir``, or with checkpoints but
+            no ``config.yaml``. A run stopped before its first checkpoint resumes from step 0 (``None``).
+        ConfigError: a new run into a folder that holds one, or a resume with other settings
+            (:func:`check_same_config`).
+    """
+    out = Path(cfg.output_dir)
+    ckpt = latest_checkpoint(out) if resume else None
+    if resume and ckpt is None:
+        if not (out / "config.yaml").exists():
+            raise FileNotFoundError(f"--resume: no checkpoint under {out / 'checkpoints'}")
+        # stopped before its first checkpoint (Ctrl-C in the first evaluation, kill -9 before save_steps):
+        # nothing to continue, so the run starts again from step 0 with its own settings (the same seeds
+        # give the same run)
+        check_same_config(cfg, out / "config.yaml")
+        return None
+    if resume and not (out / "config.yaml").exists():
+        raise FileNotFoundError(f"--resume: {out} has checkpoints but no config.yaml (the run's settings); "
+                                "restore it, or start a new run in another --output-dir")
+    if not resume and (latest_checkpoint(out) is not None or (out / "config.yaml").exists()):
+        raise ConfigError(f"output_dir {out} already holds a run; "
+                          "continue that run with --resume or choose a new --output-dir")
+    if resume and (out / "config.yaml").exists():
+        check_same_config(cfg, out / "config.yaml")
+    return ckpt
+
+
+def save_checkpoint(accelerator: Accelerator, out: Path, step: int) -> None:
+    """Save the run's state (model, optimizer, scheduler, RNG, :class:`RunState`) as ``checkpoints/step-<step>``,
+    atomically, and keep the two newest checkpoints."""
+    # (accelerate warns that the tied lm_head is stored once; that is expected for the tiny model)
+    quiet = logging.getLogger("accelerate.utils.other")
+    level, _ = quiet.level, quiet.setLevel(logging.ERROR)
+    final = out / "checkpoints" / f"step-{step}"
+    # the main process makes and renames the folder; every process saves into it (accelerate writes its
+    # files); with one process the waits do nothing
+    with atomic_dir(final) if accelerator.is_main_process else nullcontext(None):
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(staging_dir(final)), safe_serialization=True)
+        accelerator.wait_for_everyone()
+    quiet.setLevel(level)
+    if accelerator.is_main_process:
+        for old in sorted((out / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))[:-2]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+
+
+def write_final_files(accelerator: Accelerator, out: Path, summary: dict, model, tokenizer, model_cfg) -> None:
+    """The main process's last files: ``summary.json`` (with the last logged line as ``final_metrics``), the
+    reward curve ``reward_curve.png`` and ``final_model/`` (LoRA: the adapter, the tokenizer and a note of the base
+    model), each written atomically."""
+    if accelerator.is_main_process:
+        logged = read_metrics(out / "metrics.jsonl")
+        if logged:
+            summary["final_metrics"] = logged[-1]
+        write_json_atomic(out / "summary.json", summary)
+        plot_curves(out / "metrics.jsonl", out / "reward_curve.png", summary)
+        with atomic_dir(out / "final_model") as tmp:
+            save_final_model(model, tokenizer, tmp, model_cfg)
+    accelerator.wait_for_everyone()

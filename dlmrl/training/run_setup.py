@@ -1,0 +1,301 @@
+"""Everything a training run is built from, before its first step: the accelerator and processes, the policy (and
+its KL reference), the task, the scorer, the optimizer and schedule, the run's state and metrics file
+(:func:`set_up_run`, gathered in one :class:`Run`), and the functions that load and check each piece.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator, DistributedDataParallelKwargs
+from transformers import get_scheduler
+
+from dlmrl.config import (
+    Config,
+    ConfigError,
+    RunSpec,
+    check_cache_family,
+    flatten,
+    resolve_run,
+    save_yaml,
+    to_dict,
+)
+from dlmrl.data.encoding import pad_token_id
+from dlmrl.envs import default_env
+from dlmrl.models.loading import load_policy
+from dlmrl.models.lora import (
+    AdapterDisabledPolicy,
+    is_peft_model,
+    prepare_for_training,
+    register_adapter_checkpointing,
+)
+from dlmrl.objectives.segments import delimiter_token_ids
+from dlmrl.rewards.functions import RewardFunctions
+from dlmrl.training.distributed import (
+    Processes,
+    check_process_split,
+    check_sharding_backend,
+    launched_processes,
+)
+from dlmrl.training.evaluation import evaluate_with_config, primary_metric
+from dlmrl.training.logging import MetricsWriter
+from dlmrl.training.rollout import ARScorer, DiffusionScorer
+from dlmrl.training.run_folder import RunState, check_run_folder
+from dlmrl.training.update import measures_rollout_mismatch
+
+
+@dataclass
+class Run:
+    """One training run's parts, built by :func:`set_up_run` (the loop in :func:`dlmrl.training.trainer.train`
+    reads them).
+
+    Attributes:
+        cfg, preset: the config and its algorithm preset (``vocab_size`` filled in for ESPO's clip rule).
+        out: the output folder. ckpt: the checkpoint resumed from, or ``None``.
+        accelerator, processes: ``accelerate``'s and dlmrl's view of the processes (W = ``processes.count``).
+        policy, ref: the trained policy (prepared by ``accelerate``) and the frozen KL reference (or ``None``).
+        task: the task. scorer: :class:`ARScorer` or :class:`DiffusionScorer` (the training estimator).
+        optimizer, scheduler: AdamW and the ``train.lr_scheduler_type`` schedule (one step per update).
+        state: the :class:`RunState` a checkpoint holds. metrics_writer: ``metrics.jsonl`` (main process only).
+        own_grad_sync: DDP gradients averaged once per update by the loop, not by DDP per backward.
+        delimiters: sentence delimiter token ids (presets that need ``segment_ids``), else ``None``.
+        max_length: the generation budget in tokens (AR: the answer + EOS, DAPO: its overlong cache past it).
+        pad_id: prompt padding id. env: the environment of a multi-turn preset, else ``None``.
+        gap_measured: the rollout log-prob gap is defined and logged (:func:`measures_rollout_mismatch`).
+        metric: the held-out headline metric. solved: the reward meaning "fully right" (``solve_rate``), or ``None``.
+    """
+
+    cfg: Config
+    preset: object
+    out: Path
+    ckpt: Path | None
+    accelerator: Accelerator
+    processes: Processes
+    policy: object
+    ref: object | None
+    task: object
+    scorer: object
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    state: RunState
+    metrics_writer: MetricsWriter | None
+    own_grad_sync: bool
+    delimiters: torch.Tensor | None
+    max_length: int
+    pad_id: int
+    env: str | None
+    gap_measured: bool
+    metric: str
+    solved: float | None
+
+    @property
+    def is_ar(self) -> bool:
+        return self.cfg.model.kind == "ar"
+
+    @property
+    def objective(self):
+        return self.preset.objective
+
+    @property
+    def needs(self) -> frozenset[str]:
+        """The inputs the preset's loss and advantages need (``entropy``, ``segment_ids``, ...)."""
+        return self.preset.required_inputs
+
+
+def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None) -> Run:
+    """Build a run of the validated ``cfg`` (``spec``: what :func:`dlmrl.config.validate` resolved it to): check the
+    processes and the output folder, load (or take) the policy and its KL reference, build (or take) the task,
+    prepare model, optimizer and schedule with ``accelerate``, and load the newest checkpoint when resuming.
+
+    Raises:
+        ConfigError: processes that do not split the batch, a run folder that holds another run, a policy of another
+            kind, a model that cannot be loaded, micro-batches under DeepSpeed or FSDP.
+        FileNotFoundError: ``resume`` with no run in ``output_dir``.
+    """
+    check_process_split(cfg, launched_processes())  # (accelerate launch: the batch must split over the processes)
+    check_sharding_backend()  # (FSDP / DeepSpeed on a machine without GPUs: refused, never silently plain DDP)
+    tr, out = cfg.train, Path(cfg.output_dir)
+    ckpt = check_run_folder(cfg, resume)
+    out.mkdir(parents=True, exist_ok=True)
+    # (the schedule moves once per update whatever the process count: the global batch is the 1-process batch)
+    accelerator = Accelerator(log_with=None if tr.report_to == "none" else tr.report_to, project_dir=str(out),
+                              kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)],
+                              step_scheduler_with_optimizer=False)
+    processes = Processes.from_accelerator(accelerator)
+    if launched_processes() > processes.count:
+        raise ConfigError(f"{launched_processes()} processes were launched (WORLD_SIZE) but accelerate set up "
+                          f"{processes.count}: on a machine without GPUs launch with --cpu (or set "
+                          "ACCELERATE_USE_CPU=1), so that the processes train together instead of each alone")
+    check_process_split(cfg, processes.count)
+    configure_deepspeed(accelerator, tr.max_grad_norm)
+    torch.manual_seed(tr.seed)
+
+    preset, is_ar = spec.preset, cfg.model.kind == "ar"
+    given = policy is not None
+    if given:
+        check_policy(cfg, policy)
+    policy = prepare_for_training(policy if given else load_configured_policy(cfg), cfg.model)  # LoRA, checkpointing
+    if preset.objective.parts.clip_rule.needs_vocab_size and preset.objective.vocab_size is None:
+        preset = preset.with_overrides(vocab_size=len(policy.tokenizer))
+    objective = preset.objective
+    ref = None  # the frozen initial model for the KL term (not for a KL toward the rollout policy)
+    wants_ref = "logp_ref" in objective.required_inputs
+    if wants_ref and is_peft_model(policy.model):
+        ref = AdapterDisabledPolicy(policy)  # LoRA: the base itself, adapter disabled (no second copy)
+    elif wants_ref:
+        # the initial model, frozen (a given policy: a copy of its model; the tokenizer is shared)
+        ref = dataclasses.replace(policy, model=copy.deepcopy(policy.model)) if given else load_configured_policy(cfg)
+        ref.model.requires_grad_(False).eval().to(accelerator.device)
+    task = build_task(cfg, policy) if task is None else task
+    # (AR with one process: an entropy preset with μ = 1 takes its entropies from the update's own forward)
+    scorer = (ARScorer(policy, ref, old_scores=objective.needs_old_scores, share_forward=processes.count == 1)
+              if is_ar else
+              DiffusionScorer(policy, ref, build_estimator(cfg, spec), cfg.estimator.micro_batch or None,
+                              old_scores=objective.needs_old_scores))
+    delimiters = delimiter_token_ids(policy.tokenizer) if "segment_ids" in preset.required_inputs else None
+    optimizer = torch.optim.AdamW(policy.model.parameters(), lr=tr.learning_rate, betas=(tr.adam_beta1, tr.adam_beta2),
+                                  weight_decay=tr.weight_decay)
+    total_updates = tr.max_steps * tr.num_iterations
+    scheduler = get_scheduler(tr.lr_scheduler_type, optimizer, num_warmup_steps=tr.warmup_steps * tr.num_iterations,
+                              num_training_steps=max(total_updates, 1))
+    with warnings.catch_warnings():
+        # DDP without buffer synchronisation in forward: the buffers are not trained, and processes may run
+        # different numbers of forward passes (AR sampling stops when a process's rows are done). (torch 2.13
+        # renames broadcast_buffers to forward_sync_buffers, which accelerate does not pass yet.)
+        warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
+        policy.model, optimizer, scheduler = accelerator.prepare(policy.model, optimizer, scheduler)
+    # DDP: each process back-propagates its share without DDP's per-backward all-reduce (the number of backward
+    # calls differs between shares with micro-batches) and gradients are averaged once per update
+    own_grad_sync = processes.count > 1 and isinstance(policy.model, torch.nn.parallel.DistributedDataParallel)
+    if processes.count > 1 and not own_grad_sync and cfg.estimator.micro_batch:
+        raise ConfigError("config key 'estimator.micro_batch': with DeepSpeed or FSDP every process must run one "
+                          "backward per update; set estimator.micro_batch 0")
+    state = RunState()
+    accelerator.register_for_checkpointing(state)
+    register_adapter_checkpointing(accelerator)  # LoRA: checkpoints hold the adapter, not the frozen base
+    if ckpt is None and resume:
+        accelerator.print(f"--resume: {out} has no checkpoint yet (stopped before the first); starting it again "
+                          "from step 0 with its own settings")
+    if ckpt is not None:
+        accelerator.load_state(str(ckpt))
+        accelerator.print(f"resumed from {ckpt} at step {state.step}")
+    if accelerator.is_main_process:
+        save_yaml(cfg, out / "config.yaml")
+    if tr.report_to != "none":  # (TensorBoard: <output_dir>/dlmrl/; wandb/trackio: project "dlmrl", run = folder)
+        accelerator.init_trackers("dlmrl", config=tracker_config(cfg),
+                                  init_kwargs={"wandb": {"name": out.name}, "trackio": {"name": out.name}})
+    metrics_writer = (MetricsWriter(out / "metrics.jsonl", resume_step=state.step if ckpt else None)
+                      if accelerator.is_main_process else None)
+    max_length = task.gen_length + 1 if is_ar else task.gen_length  # generation budget (AR: the grid + EOS)
+    if is_ar and preset.overlong_cache_fraction is not None:
+        # (dlmrl interpretation) DAPO's cache sits past the answer: L_max = (L + 1) / (1 − fraction), so a
+        # complete answer is never punished and only tokens beyond it are
+        max_length = math.ceil(max_length / (1 - preset.overlong_cache_fraction))
+    return Run(cfg=cfg, preset=preset, out=out, ckpt=ckpt, accelerator=accelerator, processes=processes,
+               policy=policy, ref=ref, task=task, scorer=scorer, optimizer=optimizer, scheduler=scheduler,
+               state=state, metrics_writer=metrics_writer, own_grad_sync=own_grad_sync, delimiters=delimiters,
+               max_length=max_length,
+               pad_id=pad_token_id(policy.tokenizer),  # (prompt padding: the pad id, else EOS, else 0)
+               env=(tr.env or default_env(cfg.task.name)) if preset.multi_turn else None,
+               gap_measured=not is_ar and measures_rollout_mismatch(scorer),  # (rollout_logp_gap_* logged)
+               metric=primary_metric(task), solved=solved_reward(task))
+
+
+def canvas_token_id(policy) -> int | None:
+    """The token a task writes on the canvas: the policy's mask id (an AR policy has none; its tokenizer may)."""
+    mask_id = getattr(policy, "mask_token_id", None)
+    return mask_id if mask_id is not None else getattr(policy.tokenizer, "mask_token_id", None)
+
+
+def build_task(cfg: Config, policy):
+    """The configured task (:func:`dlmrl.config.build_task`; text tasks get a canvas of ``sampling.gen_length``; the
+    dataset task gets the reward functions of ``train.reward_funcs`` and ``train.reward_weights``)."""
+    from dlmrl.config.task_options import build_task as build_data_task
+
+    tr = cfg.train
+    options = ({"reward_functions": RewardFunctions(tr.reward_funcs, tr.reward_weights, "train.reward_funcs")}
+               if tr.reward_funcs else {})
+    return build_data_task(cfg.task, policy.tokenizer, canvas_token_id(policy), gen_length=cfg.sampling.gen_length,
+                           **options)
+
+
+def build_estimator(cfg: Config, spec: RunSpec | None = None):
+    """The training estimator of the config's ``estimator`` section (``estimator.name`` null: the algorithm
+    preset's recipe estimator, else sdmc; see :func:`dlmrl.config.estimator_name`): ``spec``'s, the run's resolved
+    config (:func:`dlmrl.config.validate` returns it), else the config resolved here."""
+    return (spec or resolve_run(cfg)).estimator
+
+
+def load_configured_policy(cfg: Config):
+    """``load_policy`` (diffusion) or ``load_ar_policy`` (ar) with the ``model`` section; a load failure becomes
+    a ``ConfigError`` naming the model."""
+    m = cfg.model
+    try:
+        if m.kind == "ar":
+            from dlmrl.models.ar import load_ar_policy
+
+            return load_ar_policy(m.name_or_path, m.trust_remote_code, m.dtype)
+        policy = load_policy(m.name_or_path, m.family, m.trust_remote_code, m.dtype)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model.name_or_path {m.name_or_path!r} (family {m.family!r}) cannot be loaded: {e}") from e
+    check_policy(cfg, policy)
+    return policy
+
+
+def check_policy(cfg: Config, policy) -> None:
+    """What only a loaded (or given) policy can tell: its kind is ``model.kind``, and with ``sampling.cache`` its
+    family has a block cache (a detected family is known only now; refused before any rollout).
+
+    Raises:
+        ConfigError: naming ``model.kind`` or ``sampling.cache``.
+    """
+    from dlmrl.models.ar import AutoregressivePolicy
+
+    kind = "ar" if isinstance(policy, AutoregressivePolicy) else "diffusion"
+    if kind != cfg.model.kind:
+        raise ConfigError(f"config key 'model.kind': the policy is a {kind} policy ({type(policy).__name__}) but "
+                          f"model.kind is {cfg.model.kind!r}")
+    if cfg.sampling.cache != "none" and kind == "diffusion":  # (a detected family is known only now)
+        check_cache_family(policy.family, cfg.sampling.cache, cfg.model.name_or_path)
+
+
+def evaluate_config(cfg: Config, policy, task) -> dict:
+    """Held-out evaluation with the ``eval`` section's settings (its ``preset``'s, protocol ``eval.protocol``; AR:
+    left-to-right decoding, ``eval.steps`` unused), with the result's ``record``
+    (:func:`dlmrl.training.evaluation.evaluate_with_config`)."""
+    return evaluate_with_config(cfg, policy, task)
+
+
+def solved_reward(task) -> float | None:
+    """The reward that means "fully right" for the rollout ``solve_rate``: the task's correctness reward (Sudoku 1,
+    GSM8K/MATH 2, Countdown 1); ``None`` when format rewards are added (the sum then does not say which answers
+    were right)."""
+    return task.solved_reward  # (None: no reward means solved, e.g. reward functions)
+
+
+def tracker_config(cfg: Config) -> dict:
+    """The config flattened to dotted keys with scalar values, as trackers store hyperparameters (TensorBoard's
+    ``add_hparams`` takes no ``None`` or lists)."""
+    return {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in flatten(to_dict(cfg))}
+
+
+def configure_deepspeed(accelerator: Accelerator, max_grad_norm: float) -> None:
+    """DeepSpeed (``accelerate launch`` with a DeepSpeed config) sizes its batch from a dataloader, which this loop
+    has none of: one rollout batch per process per update (``train_micro_batch_size_per_gpu`` 1), and it clips
+    gradients itself: with ``train.max_grad_norm`` (0 = off), unless the DeepSpeed config sets a value."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None:
+        return
+    ds = plugin.deepspeed_config
+    if ds.get("train_micro_batch_size_per_gpu", "auto") == "auto":
+        ds["train_micro_batch_size_per_gpu"] = 1
+    if ds.get("gradient_clipping", "auto") == "auto":
+        ds["gradient_clipping"] = max_grad_norm
+
+
