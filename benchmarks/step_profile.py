@@ -191,7 +191,7 @@ def instrument(recorder: Recorder):
     (first load) and reference (second) get hooks; ``sample_step`` opens a step (phase ``sampling``); the
     scorers' ``prepare`` is ``old_ref``, their ``backward`` is ``grad``."""
     from dlmrl.training import run_setup, trainer
-    from dlmrl.training.rollout import ARScorer, DiffusionScorer
+    from dlmrl.training.scorers import ARScorer, DiffusionScorer
 
     load, sample = run_setup.load_configured_policy, trainer.sample_step
 

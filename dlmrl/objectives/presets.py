@@ -410,7 +410,7 @@ def dagrpo() -> AlgorithmPreset:
 
     **(dlmrl interpretation)** throughout (abstract only), including GRPO's other parts: token ratio,
     ε 0.2, ``grpo`` loss, no KL, and the anchor threshold 0. AR and diffusion: the trainer adds the example's
-    reference solution (:func:`dlmrl.training.rollout.add_anchors`; Sudoku: the solution grid) to each group
+    reference solution (:func:`dlmrl.training.anchors.add_anchors`; Sudoku: the solution grid) to each group
     whose task rewards are all ``<= 0``, and passes the token 3-gram Jaccard similarities to the advantage.
     """
     return AlgorithmPreset("dagrpo", GroupObjective(epsilon=0.2, anchor_weight=0.1), "dagrpo",

@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from dlmrl.data.encoding import encode_prompts
-from dlmrl.training.rollout import Rollout, first_rows
+from dlmrl.training.anchors import first_rows
+from dlmrl.training.rollout import Rollout
 
 
 def encode_observations(tokenizer, texts: Sequence[str], device: str | torch.device = "cpu"):

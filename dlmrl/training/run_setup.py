@@ -45,8 +45,8 @@ from dlmrl.training.distributed import (
 )
 from dlmrl.training.evaluation import evaluate_with_config, primary_metric
 from dlmrl.training.logging import MetricsWriter
-from dlmrl.training.rollout import ARScorer, DiffusionScorer
 from dlmrl.training.run_folder import RunState, check_run_folder
+from dlmrl.training.scorers import ARScorer, DiffusionScorer
 from dlmrl.training.update import measures_rollout_mismatch
 
 

@@ -14,16 +14,9 @@ from dlmrl.envs import make_env
 from dlmrl.objectives.shaping import soft_overlong_punishment
 from dlmrl.rewards.functions import ScoresEachReward
 from dlmrl.training.distributed import Processes, gather_rollout
+from dlmrl.training.dynamic_sampling import SamplingStats, example_key, fill_informative_groups, fresh_prompts
 from dlmrl.training.episodes import rollout_episodes, trajectory_rewards
-from dlmrl.training.rollout import (
-    Rollout,
-    SamplingStats,
-    example_key,
-    fill_informative_groups,
-    fresh_prompts,
-    rollout_ar,
-    rollout_diffusion,
-)
+from dlmrl.training.rollout import Rollout, rollout_ar, rollout_diffusion
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
@@ -78,13 +71,13 @@ def sample_step(policy, task, cfg: Config, preset, step: int, generator: torch.G
                 processes: Processes | None = None) -> tuple[Rollout, SamplingStats]:
     """Step 1 of the loop: the step's prompts (``task.train_batch(prompts_per_step, seed, step)``) sampled with
     :func:`sample_groups`; with the preset's dynamic sampling (DAPO), groups of equal rewards are dropped and
-    new prompts (:func:`~dlmrl.training.rollout.fresh_prompts`, none drawn before in the step) sampled, at
-    most ``dynamic_sampling_max_rounds`` extra rounds (:func:`~dlmrl.training.rollout.fill_informative_groups`).
+    new prompts (:func:`~dlmrl.training.dynamic_sampling.fresh_prompts`, none drawn before in the step) sampled, at
+    most ``dynamic_sampling_max_rounds`` extra rounds (:func:`~dlmrl.training.dynamic_sampling.fill_informative_groups`).
     With several ``processes`` every round is sampled in shares and gathered, so every process sees the whole
     batch, takes the same decisions and runs the same number of rounds.
 
     Returns:
-        The batch to train on and what sampling it cost (:class:`~dlmrl.training.rollout.SamplingStats`).
+        The batch to train on and what sampling it cost (:class:`~dlmrl.training.dynamic_sampling.SamplingStats`).
     """
     tr = cfg.train
     examples = task.train_batch(tr.prompts_per_step, tr.seed, step)

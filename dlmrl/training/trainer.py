@@ -39,8 +39,10 @@ from dlmrl.config import Config, validate
 from dlmrl.models.ar import HapoTemperature
 from dlmrl.models.sampler import left_to_right_reveal_steps
 from dlmrl.objectives.entropy import HapoEntropyStats
+from dlmrl.training.anchors import add_anchors
 from dlmrl.training.callbacks import Callbacks
-from dlmrl.training.rollout import Rollout, SamplingStats, add_anchors
+from dlmrl.training.dynamic_sampling import SamplingStats
+from dlmrl.training.rollout import Rollout
 from dlmrl.training.run_folder import save_checkpoint, write_final_files
 from dlmrl.training.run_setup import Run, evaluate_config, set_up_run
 from dlmrl.training.sample_step import sample_step, shaped_rewards, step_generator

@@ -21,7 +21,8 @@ from dlmrl.objectives.objective import GroupObjective
 from dlmrl.objectives.pairwise import ngram_jaccard
 from dlmrl.objectives.segments import sentence_segments
 from dlmrl.training.distributed import Processes, group_share, loss_share
-from dlmrl.training.rollout import Rollout, RolloutMismatch
+from dlmrl.training.rollout import Rollout
+from dlmrl.training.scorers import RolloutMismatch
 
 #: the objective's metrics averaged over a step's μ updates (and combined over processes)
 UPDATE_METRICS = ("loss", "ratio_mean", "ratio_min", "ratio_max", "clip_frac_low", "clip_frac_high", "kl")

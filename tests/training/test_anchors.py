@@ -16,7 +16,8 @@ from dlmrl.objectives.advantage_registry import AdvantageInputs
 from dlmrl.objectives.pairwise import ngram_jaccard
 from dlmrl.objectives.presets import get_algorithm
 from dlmrl.training import trainer, update
-from dlmrl.training.rollout import Rollout, add_anchors
+from dlmrl.training.anchors import add_anchors
+from dlmrl.training.rollout import Rollout
 from tests.training.test_trainer import small_config
 
 TOK = build_char_tokenizer()

@@ -12,7 +12,8 @@ from dlmrl.config import Config, ConfigError, apply_overrides, validate
 from dlmrl.data.sudoku import SudokuExample
 from dlmrl.data.tasks import SudokuTask
 from dlmrl.training import trainer
-from dlmrl.training.rollout import Rollout, fill_informative_groups, fresh_prompts
+from dlmrl.training.dynamic_sampling import fill_informative_groups, fresh_prompts
+from dlmrl.training.rollout import Rollout
 from tests.training.test_trainer import params, small_config
 
 G = 2

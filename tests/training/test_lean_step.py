@@ -13,7 +13,8 @@ from torch import nn
 
 from dlmrl.models.ar import AutoregressivePolicy
 from dlmrl.training import run_setup, trainer
-from dlmrl.training.rollout import ARScorer, OldScores, Rollout, train_mode_is_deterministic
+from dlmrl.training.rollout import Rollout
+from dlmrl.training.scorers import ARScorer, OldScores, train_mode_is_deterministic
 from tests.training.test_trainer import params, small_config
 
 AR = {"model.kind": "ar", "model.name_or_path": "tiny-sudoku-ar", "task.answer_mode": "full",

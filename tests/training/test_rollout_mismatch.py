@@ -14,8 +14,10 @@ from dlmrl.data.tasks import SudokuTask
 from dlmrl.models.loading import load_policy
 from dlmrl.objectives.objective import GroupObjective
 from dlmrl.training import run_setup, sample_step, trainer, update
+from dlmrl.training.anchors import add_anchors
 from dlmrl.training.distributed import Processes, gather_rollout
-from dlmrl.training.rollout import RolloutMismatch, add_anchors, mean_nfe, rollout_diffusion
+from dlmrl.training.rollout import mean_nfe, rollout_diffusion
+from dlmrl.training.scorers import RolloutMismatch
 from tests.training.test_trainer import params, small_config
 
 TRAJECTORY = {"estimator.name": "trajectory", "estimator.merge": 1, "eval.before": False, "eval.after": False}

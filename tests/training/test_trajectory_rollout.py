@@ -13,7 +13,8 @@ from dlmrl.data.tasks import SudokuTask
 from dlmrl.models.loading import load_policy
 from dlmrl.models.sampler import generate, left_to_right_reveal_steps
 from dlmrl.training import trainer
-from dlmrl.training.rollout import Rollout, add_anchors, rollout_diffusion
+from dlmrl.training.anchors import add_anchors
+from dlmrl.training.rollout import Rollout, rollout_diffusion
 from tests.helpers import crash_then_resume, save_tiny_checkpoint
 from tests.training.test_anchors import ALL_WRONG_A, TOK, batch
 from tests.training.test_trainer import params, small_config
