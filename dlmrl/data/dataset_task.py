@@ -37,7 +37,7 @@ import torch
 from dlmrl.data.loading import DataError, Records, field_error, is_local_file
 from dlmrl.data.prompts import PromptTemplate, render_prompt
 from dlmrl.data.task import TASKS
-from dlmrl.data.text_tasks import TextOptions, TextTask
+from dlmrl.data.text_tasks import SourceOptions, TextOptions, TextTask
 from dlmrl.rewards.functions import RewardFunctions
 
 __all__ = ["DatasetExample", "DatasetOptions", "DatasetTask", "dataset_examples"]
@@ -50,7 +50,7 @@ RESERVED_METRICS = ("mean_reward", "num_examples", "primary_metric", "num_puzzle
 
 
 @dataclass(frozen=True)
-class DatasetOptions:
+class DatasetOptions(SourceOptions):
     """The dataset task's settings (``task.*`` keys of the same names).
 
     Attributes:
@@ -62,17 +62,8 @@ class DatasetOptions:
         num_proc, cache_dir: ``datasets.load_dataset``'s.
     """
 
-    dataset: str | None = None
-    subset: str | None = None
-    split: str | None = None
-    test_dataset: str | None = None
-    test_split: str | None = None
-    train_file: str | None = None
-    test_file: str | None = None
     prompt_column: str = "prompt"
     chat_template: str = "auto"
-    num_proc: int | None = None
-    cache_dir: str | None = None
 
 
 @dataclass(frozen=True)

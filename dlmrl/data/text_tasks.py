@@ -72,8 +72,8 @@ class PromptOptions:
 
 
 @dataclass(frozen=True)
-class TextOptions(PromptOptions):
-    """A text task's settings: its prompts and where its data comes from (``task.*`` keys of the same names).
+class SourceOptions:
+    """Where a task's data comes from (``task.*`` keys of the same names).
 
     Attributes:
         dataset, subset, split: the training source (hub id or local file/folder) and split (``None``: the task's
@@ -91,6 +91,12 @@ class TextOptions(PromptOptions):
     test_file: str | None = None
     num_proc: int | None = None
     cache_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class TextOptions(PromptOptions, SourceOptions):
+    """A text task's settings: its prompts (:class:`PromptOptions`) and where its data comes from
+    (:class:`SourceOptions`)."""
 
 
 class TextTask(Task):
