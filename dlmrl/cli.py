@@ -443,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
             from dlmrl.training.run_folder import check_run_folder
 
             try:  # (what the processes would refuse, refused here once: no error printed N times over a traceback)
-                check_process_split(cfg, cpu_processes)
+                check_process_split(cfg, cpu_processes, spec.preset)
                 check_sharding_backend()
                 check_run_folder(cfg, args.resume)
             except (ConfigError, FileNotFoundError) as e:

@@ -145,7 +145,7 @@ def cpu_relaunch_command(argv: list[str], num_processes: int) -> list[str]:
             "--master_port", os.environ.get("MASTER_PORT", "29500"), "-m", "dlmrl.cli", *argv]
 
 
-def check_process_split(cfg: Config, num_processes: int) -> None:
+def check_process_split(cfg: Config, num_processes: int, preset=None) -> None:
     """Refuse, before any model is loaded, a config whose batch does not split over ``num_processes``.
 
     The rule: each process samples ``prompts_per_step / W`` prompts and all their G completions, so
@@ -168,7 +168,7 @@ def check_process_split(cfg: Config, num_processes: int) -> None:
             f"processes (each process samples prompts_per_step / num_processes prompts and all their "
             f"num_generations = {tr.num_generations} completions); use a multiple of {num_processes} "
             f"(e.g. {', '.join(map(str, ok[:3]))}) or launch a number of processes that divides it")
-    objective = build_preset(cfg).objective
+    objective = (preset or build_preset(cfg)).objective  # (preset: the run's resolved one, RunSpec.preset)
     if objective.needs_whole_batch:
         raise ConfigError(
             f"config key 'train.algorithm': {tr.algorithm!r} ranks or normalises token entropies over the whole "

@@ -282,7 +282,7 @@ def build_plan(cfg: Config, resume: bool = False, spec: RunSpec | None = None) -
     estimator = _estimator_section(cfg, spec)
     accel = _accelerate_section()
     processes = run_processes(accel)
-    check_process_split(cfg, processes)  # (the run's own check, with the run's process count)
+    check_process_split(cfg, processes, spec.preset)  # (the run's own check, with the run's process count)
     check_sharding_backend()
     if processes != accel.get("num_processes", processes):
         accel["processes_the_run_trains_with"] = processes

@@ -118,7 +118,7 @@ def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None)
             kind, a model that cannot be loaded, micro-batches under DeepSpeed or FSDP.
         FileNotFoundError: ``resume`` with no run in ``output_dir``.
     """
-    check_process_split(cfg, launched_processes())  # (accelerate launch: the batch must split over the processes)
+    check_process_split(cfg, launched_processes(), spec.preset)  # (accelerate launch: the batch must split)
     check_sharding_backend()  # (FSDP / DeepSpeed on a machine without GPUs: refused, never silently plain DDP)
     tr, out = cfg.train, Path(cfg.output_dir)
     ckpt = check_run_folder(cfg, resume)
@@ -132,7 +132,7 @@ def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None)
         raise ConfigError(f"{launched_processes()} processes were launched (WORLD_SIZE) but accelerate set up "
                           f"{processes.count}: on a machine without GPUs launch with --cpu (or set "
                           "ACCELERATE_USE_CPU=1), so that the processes train together instead of each alone")
-    check_process_split(cfg, processes.count)
+    check_process_split(cfg, processes.count, spec.preset)
     configure_deepspeed(accelerator, tr.max_grad_norm)
     torch.manual_seed(tr.seed)
 

@@ -77,7 +77,6 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, *, policy=No
         FileNotFoundError: ``resume=True`` with no checkpoint in ``output_dir``.
         dlmrl.rewards.functions.RewardFunctionError: a reward function returned the wrong number of values.
     """
-    spec = validate(cfg, data=task is None)  # (the config resolved once: its preset and estimator)
     spec = validate(cfg, data=task is None)
     hooks = Callbacks(callbacks)
     run = set_up_run(cfg, spec, resume, policy, task)  # accelerator, policy (+ KL reference), task, scorer, optimizer
