@@ -98,6 +98,8 @@ _REGISTRIES = {
     "clip_rules": ("dlmrl.objectives.clip_rules", "CLIP_RULES"),
     "loss_types": ("dlmrl.objectives.aggregation", "LOSS_TYPES"),
     "weightings": ("dlmrl.objectives.weighting", "WEIGHTINGS"),
+    "families": ("dlmrl.models.families", "FAMILIES"),
+    "envs": ("dlmrl.envs", "ENVS"),
 }
 
 
@@ -120,6 +122,10 @@ def _run_list(name: str) -> int:
     lines = []
     for key in registry.names():
         text = plain_text(registry.doc(key))
+        if name == "families":  # (a Family is an instance: say what it offers instead of its class's docstring)
+            family = registry.get(key)
+            text = ("sampling.cache prefix | dual" if family.cached_logits is not None
+                    else f"no block cache ({family.no_cache_reason or 'not implemented'})")
         if name == "algorithms":  # which policy kinds the preset runs on
             with warnings.catch_warnings():  # (some presets warn about their own documented choices)
                 warnings.simplefilter("ignore")
@@ -261,10 +267,9 @@ def _build(args, cls):
     if cls is not Config:
         validate_pretrain(cfg)
         return cfg, None
-    spec = validate(cfg, for_training=args.command == "train")  # (eval trains nothing: any algorithm will do)
-    if source == default_config_path() and use_the_algorithms_estimator(cfg, args.overrides):
-        spec = validate(cfg, for_training=args.command == "train")
-    return cfg, spec
+    if source == default_config_path():  # (before validating: estimator.options are the algorithm's estimator's)
+        use_the_algorithms_estimator(cfg, args.overrides)
+    return cfg, validate(cfg, for_training=args.command == "train")  # (eval trains nothing: any algorithm will do)
 
 
 def _check_resume_config(args, saved: Path) -> None:
@@ -320,6 +325,11 @@ def eval_length_configs(cfg: Config, lengths: tuple[int, ...]) -> list[Config]:
         c.sampling.gen_length = length
         steps = cfg.eval.steps * length / cfg.sampling.gen_length
         if cfg.eval.preset != "none":  # (the preset's steps at each length: dlmrl.training.eval_presets)
+            from dlmrl.training.eval_presets import PRESETS, preset_length_problem
+
+            problem = preset_length_problem(PRESETS[cfg.eval.preset], length) if cfg.model.kind == "diffusion" else None
+            if problem:
+                raise ConfigError(f"--gen-lengths {length}: eval.preset {cfg.eval.preset!r}: {problem}")
             out.append(_validated_length(c, length))
             continue
         if cfg.model.kind == "diffusion" and steps != int(steps):

@@ -237,9 +237,12 @@ def locate_error(error: ConfigError, path: str | Path | None, overrides: list[st
     over the file), else the YAML file and line, when there is one."""
     key = _key_in(str(error))
     if key:
+        whole = key.split("[", 1)[0]  # (a list entry, key[i], is set by its key)
         for o in overrides:
             name = _unalias(o.split("=", 1)[0].strip())
-            if name and (name == key or key.endswith("." + name) or name.endswith("." + key)):
+            # the key itself, a bare leaf of it, or (an options mapping) a setting inside it or the mapping above it
+            if name and (name == whole or whole.endswith("." + name) or name.endswith("." + whole)
+                         or name.startswith(whole + ".") or whole.startswith(name + ".")):
                 return ConfigError(f"command-line override {o!r}: {error}")
     if path is None or str(error).startswith(str(path)) or not Path(path).is_file():
         return error

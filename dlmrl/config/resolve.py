@@ -148,7 +148,8 @@ def preset_overrides(tr: TrainConfig) -> dict:
     if tr.dynamic_sampling_max_rounds is not None:
         out["dynamic_sampling_max_rounds"] = tr.dynamic_sampling_max_rounds
     if tr.part_options:
-        out["part_options"] = {kind: dict(own or {}) for kind, own in tr.part_options.items()}
+        # (a value that is no mapping is validation's to report, naming its key: here it is left out)
+        out["part_options"] = {kind: dict(own) for kind, own in tr.part_options.items() if isinstance(own, dict)}
     return out
 
 
@@ -185,7 +186,7 @@ def _default_recipe() -> Config:
 
 def use_the_algorithms_estimator(cfg: Config, overrides: list[str]) -> bool:
     """Give a config built on the default recipe its algorithm's own estimator when ``overrides`` change the
-    algorithm but name no ``estimator.*`` key; True if it did. Prints a line on stderr saying so.
+    algorithm but name no ``estimator.*`` key that chooses one (``estimator.options`` and ``micro_batch`` tune the one that runs); True if it did. Prints a line on stderr saying so.
 
     The default recipe's estimator (``trajectory``, merge 2) is its GDPO's choice; ``dlmrl train
     algorithm=diffu_grpo`` means diffu_grpo with its own estimator (``one_step``), as a config file naming no
@@ -195,11 +196,16 @@ def use_the_algorithms_estimator(cfg: Config, overrides: list[str]) -> bool:
     import sys
 
     recipe = _default_recipe()
-    chosen = any(_resolve_key(Config, o.split("=", 1)[0].strip()).startswith("estimator.") for o in overrides)
+    # (estimator.options and estimator.micro_batch tune whichever estimator runs: they choose none)
+    tuning = ("estimator.options", "estimator.micro_batch")
+    chosen = any(k.startswith("estimator.") and not k.startswith(tuning)
+                 for k in (_resolve_key(Config, o.split("=", 1)[0].strip()) for o in overrides))
+    untuned = dataclasses.replace(cfg.estimator, options=recipe.estimator.options,
+                                  micro_batch=recipe.estimator.micro_batch)
     if (cfg.model.kind != "diffusion" or cfg.train.algorithm == recipe.train.algorithm or chosen
-            or cfg.estimator != recipe.estimator):
+            or untuned != recipe.estimator):
         return False
-    cfg.estimator = EstimatorConfig()
+    cfg.estimator = EstimatorConfig(options=cfg.estimator.options, micro_batch=cfg.estimator.micro_batch)
     print(f"dlmrl: train.algorithm={cfg.train.algorithm}: the default recipe's estimator ({recipe.estimator.name}, "
           f"merge {recipe.estimator.merge}) is its {recipe.train.algorithm}'s; using {cfg.train.algorithm}'s own "
           f"({estimator_name(cfg)}; set an estimator.* key to choose another)", file=sys.stderr)

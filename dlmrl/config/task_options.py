@@ -16,7 +16,7 @@ import warnings
 
 from dlmrl.config.overrides import part_options
 from dlmrl.config.schema import TaskConfig
-from dlmrl.errors import ConfigError
+from dlmrl.errors import ConfigError, OptionError
 
 __all__ = ["build_task", "check_task", "check_task_keys", "task_class", "task_options"]
 
@@ -55,7 +55,19 @@ def task_options(t: TaskConfig):
     cls = _options_class(t)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     given = part_options(cls, t.options, "task.options")
-    return cls(**{**{k: v for k, v in _flat(t).items() if k in names}, **given})
+    try:
+        return cls(**{**{k: v for k, v in _flat(t).items() if k in names}, **given})
+    except OptionError as e:  # (a check in the options class's __post_init__ that names its field)
+        raise ConfigError(f"config key {task_key(t, e.field)!r}: {e}") from None
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"config key 'task.options': {cls.__name__}: {e}") from None
+
+
+def task_key(t: TaskConfig, field: str) -> str:
+    """The config key that set the task setting ``field``: ``task.options.<field>`` when ``task.options`` gives it,
+    else the flat ``task.<field>``."""
+    field = field.removeprefix("task.options.").removeprefix("task.")
+    return f"task.options.{field}" if field in t.options else f"task.{field}"
 
 
 def check_task_keys(t: TaskConfig) -> None:

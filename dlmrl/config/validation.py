@@ -6,7 +6,7 @@ import dataclasses
 import math
 from pathlib import Path
 
-from dlmrl.config.overrides import apply_overrides, load_yaml
+from dlmrl.config.overrides import apply_overrides, load_yaml, part_options
 from dlmrl.config.resolve import (
     RunSpec,
     _default_recipe,
@@ -26,8 +26,8 @@ from dlmrl.config.schema import (
     TaskConfig,
     default_config_path,
 )
-from dlmrl.config.task_options import check_task, check_task_keys, task_class
-from dlmrl.errors import ConfigError
+from dlmrl.config.task_options import check_task, check_task_keys, task_class, task_key
+from dlmrl.errors import ConfigError, OptionError
 
 
 def _check(cond: bool, key: str, msg: str) -> None:
@@ -46,17 +46,17 @@ def tracker_available(name: str) -> bool:
     return bool(getattr(utils, f"is_{name}_available")())
 
 
-def check_eval_protocol(cfg: Config) -> None:
+def check_eval_protocol(cfg: Config, for_training: bool = True) -> None:
     """``eval.preset`` and ``eval.protocol``: known names, a protocol the task has, and (a preset) a generation
     length its blocks and steps fit.
 
     Raises:
         ConfigError: naming ``eval.preset`` or ``eval.protocol``.
     """
-    from dlmrl.training.eval_presets import PRESETS, preset_steps
+    from dlmrl.training.eval_presets import PRESETS, preset_length_problem
     from dlmrl.training.eval_protocol import PROTOCOLS, protocol_problem
 
-    ev, t, s = cfg.eval, cfg.task, cfg.sampling
+    ev, t = cfg.eval, cfg.task
     _check(ev.preset == "none" or ev.preset in PRESETS, "eval.preset",
            f"unknown preset {ev.preset!r}; use none, {', '.join(PRESETS)}")
     _check(ev.protocol is None or ev.protocol in PROTOCOLS, "eval.protocol",
@@ -67,10 +67,12 @@ def check_eval_protocol(cfg: Config) -> None:
     _check(problem is None, "eval.protocol" if ev.protocol else "eval.preset",
            f"{problem}{f' (the protocol of preset {ev.preset!r}; set eval.protocol: strict)' if not ev.protocol else ''}")
     if preset is not None and cfg.model.kind == "diffusion":
-        steps, blocks = preset_steps(preset, s.gen_length), s.gen_length // preset.block_length
-        _check(s.gen_length % preset.block_length == 0 and steps % max(blocks, 1) == 0, "eval.preset",
-               f"preset {ev.preset!r} decodes in blocks of {preset.block_length} with {steps} steps at "
-               f"sampling.gen_length {s.gen_length}; use a multiple of {preset.block_length}")
+        # `dlmrl eval` decodes the preset's lengths; a training run's held-out evaluations decode sampling.gen_length
+        during_training = for_training and (ev.before or ev.after or ev.eval_steps)
+        for length in (cfg.sampling.gen_length,) if during_training else preset.gen_lengths:
+            problem = preset_length_problem(preset, length)
+            _check(problem is None, "eval.preset", f"preset {ev.preset!r}: {problem}"
+                   + (" (a training run evaluates at sampling.gen_length)" if during_training else ""))
 
 
 def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSpec:
@@ -136,7 +138,7 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
         _check(steps >= blocks and steps % blocks == 0, key, f"{steps} steps do not split evenly over {blocks} blocks")
     _check(s.temperature >= 0, "sampling.temperature", "must be >= 0")
     _check(ev.temperature >= 0, "eval.temperature", "must be >= 0")
-    check_eval_protocol(cfg)
+    check_eval_protocol(cfg, for_training)
     from dlmrl.models.sampler import REMASKING
 
     _check(s.remasking in REMASKING, "sampling.remasking", f"must be one of {', '.join(REMASKING)}")
@@ -334,7 +336,19 @@ def _check_algorithm(cfg: Config):
     _check(tr.epsilon is None or 0 < tr.epsilon < 1, "train.epsilon", "must be in (0, 1)")
     _check(tr.epsilon_high is None or tr.epsilon_high > 0, "train.epsilon_high", "must be > 0")
     _check(tr.beta is None or tr.beta >= 0, "train.beta", "must be >= 0")
+    from dlmrl.objectives.aggregation import LOSS_TYPES
+    from dlmrl.objectives.clip_rules import CLIP_RULES
+    from dlmrl.objectives.weighting import WEIGHTINGS
+
+    registries = {"clip_rule": CLIP_RULES, "loss_type": LOSS_TYPES, "weighting": WEIGHTINGS}
+    for part, own in tr.part_options.items():
+        _check(part in registries, f"train.part_options.{part}",
+               f"part_options may only name {', '.join(registries)} (a mapping of that part's settings each)")
+        _check(isinstance(own, dict), f"train.part_options.{part}",
+               f"expects a mapping of the {part}'s settings by field name, got {own!r}")
     preset = build_preset(cfg)
+    for part, own in tr.part_options.items():  # (types: the part's own fields', checked before any model loads)
+        part_options(registries[part].get(getattr(preset.objective, part)), own, f"train.part_options.{part}")
     eps, eps_high = preset.objective.epsilon, preset.objective.epsilon_high
     _check(eps_high is None or eps_high >= eps, "train.epsilon_high",
            f"the upper clip {eps_high} is below the lower one (epsilon {eps}); clip-higher needs epsilon_high >= "
@@ -390,10 +404,13 @@ def _check_data_files(t: TaskConfig) -> int | float:
         size = check_task(t)
     except ConfigError:
         raise
+    except OptionError as e:  # (the task's check names the setting it refuses)
+        raise ConfigError(f"config key {task_key(t, e.field)!r}: {e}") from None
     except (ValueError, TypeError) as e:
+        # (the built-in tasks' checks start their message with the key: "task.test_file: ...")
         key, sep, msg = str(e).partition(": ")
         if sep and key.startswith("task.") and " " not in key:
-            raise ConfigError(f"config key {key!r}: {msg}") from None
+            raise ConfigError(f"config key {task_key(t, key)!r}: {msg}") from None
         raise ConfigError(str(e)) from None
     return math.inf if size is None else size
 
@@ -446,7 +463,6 @@ def default_job_config(overrides: list[str] | tuple[str, ...] = ()) -> Config:
     cfg = Config()
     load_yaml(cfg, default_config_path())
     apply_overrides(cfg, list(overrides))
+    use_the_algorithms_estimator(cfg, list(overrides))  # (first: estimator.options are the algorithm's estimator's)
     validate(cfg)
-    if use_the_algorithms_estimator(cfg, list(overrides)):
-        validate(cfg)
     return cfg

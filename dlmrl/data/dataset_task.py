@@ -116,8 +116,8 @@ def dataset_examples(records: Records, prompt_column: str = "prompt", split: str
     columns = list(records.columns)
     if prompt_column not in records.columns:
         raise DataError(f"{records.source}: no prompt column {prompt_column!r} (task.prompt_column); its columns are "
-                        f"{', '.join(repr(c) for c in columns) or 'none'} (rename one, e.g. "
-                        f"dataset.rename_column('question', {prompt_column!r}), or set task.prompt_column)")
+                        f"{', '.join(repr(c) for c in columns) or 'none'} (rename one of them to {prompt_column!r}, "
+                        "or name the column that holds the prompts with task.prompt_column)")
     clash = [c for c in columns if c in RESERVED_COLUMNS]
     if clash:
         raise DataError(f"{records.source}: column {clash[0]!r} has the name of the reward functions' own argument "

@@ -10,6 +10,9 @@ imported by ``dlmrl train --import my_pkg.tasks`` or the ``dlmrl.plugins`` entry
 1. Declare its settings as a frozen dataclass (every field with a default); its fields are the task's keys in
    YAML: ``task.options.<field>`` for any task, and the flat ``task.<field>`` where the field has the name of a
    :class:`~dlmrl.config.TaskConfig` key (``train_file``, ``prompt_template``, ...).
+   Check a value where it is set (``__post_init__``) or in ``check_options``, raising
+   :class:`dlmrl.errors.OptionError` ``(field, message)``: the config then names the key that set it
+   (``task.options.<field>`` or ``task.<field>``) before any model loads.
 2. Subclass :class:`Task`, set ``name`` and ``options_class``, write ``from_options`` and the abstract methods;
    override ``metrics``, ``primary_metric``, ``reference_solution``, ``check_options`` where the defaults do not
    fit. Keep its prompt templates in the same module (a text task's ``templates``).

@@ -177,8 +177,13 @@ class GroupObjective:
             if unknown:
                 raise OptionError(f"part_options.{kind}.{unknown[0]}",
                                   f"{kind} {name!r} has no setting {unknown[0]!r} (its settings: "
-                                  f"{', '.join(registries[kind].get(name).hyperparameters())})")
-            return registries[kind].build(name, {**options, **own})
+                                  f"{', '.join(registries[kind].get(name).hyperparameters()) or 'none'})")
+            try:
+                return registries[kind].build(name, {**options, **own})
+            except OptionError as e:  # (a value given in part_options: name it there, not as the flat field)
+                if e.field in own:
+                    raise OptionError(f"part_options.{kind}.{e.field}", str(e)) from None
+                raise
 
         # (the parts check their own fields; the checks below cover every field, the unused parts' too)
         parts = ObjectiveParts(build("clip_rule"), build("loss_type"), build("weighting"))

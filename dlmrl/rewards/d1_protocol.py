@@ -92,7 +92,10 @@ def gsm8k_gold(answer: str, fixed: bool = False) -> float | None:
     ``#### [$]digits[,digits][.digits]``, commas removed, as a float; ``None`` without one, and (``fixed`` False,
     d1's bug) for a negative answer."""
     m = (_GOLD_FIXED if fixed else _GOLD).search(answer)
-    return float(m.group(1).replace(",", "")) if m else None
+    try:
+        return float(m.group(1).replace(",", "")) if m else None
+    except ValueError:  # ("#### ," has no digit: d1's try/except returns None)
+        return None
 
 
 def _gsm8k_number(text: str, first: bool, fixed: bool) -> float | None:

@@ -46,6 +46,16 @@ def preset_steps(preset: EvalPreset, gen_length: int) -> int:
     return max(1, gen_length // preset.steps_divisor)
 
 
+def preset_length_problem(preset: EvalPreset, gen_length: int) -> str | None:
+    """Why the diffusion sampler cannot decode ``gen_length`` tokens with ``preset``'s blocks and steps (``None``:
+    it can): the length must be a multiple of the block length, and the steps split evenly over the blocks."""
+    steps, blocks = preset_steps(preset, gen_length), gen_length // preset.block_length
+    if gen_length % preset.block_length or steps % max(blocks, 1):
+        return (f"it decodes in blocks of {preset.block_length} with {steps} steps at gen_length {gen_length}; use "
+                f"a multiple of {preset.block_length}")
+    return None
+
+
 @dataclass(frozen=True)
 class EvalSettings:
     """What one held-out evaluation runs with (it goes into the result's record). Evaluation always decodes with

@@ -50,7 +50,7 @@ def _task(cfg) -> dict:
             "test_prompt_template": t.test_prompt_template or t.prompt_template, "chat_template": t.chat_template}
 
 
-def eval_record(cfg, policy, settings: dict) -> dict:
+def eval_record(cfg, policy, settings: dict, trained_steps: int | None = None) -> dict:
     """The record of one evaluation of ``policy`` under config ``cfg`` with ``settings``
     (:meth:`~dlmrl.training.eval_presets.EvalSettings.as_dict`): ``protocol``, ``sampling``, ``task``, ``model``
     (id, revision, kind, family, weights dtype), ``dlmrl_version``, ``torch_version``, ``transformers_version``,
@@ -60,6 +60,8 @@ def eval_record(cfg, policy, settings: dict) -> dict:
     from dlmrl import __version__
 
     model, param = _model(cfg, policy)
+    if trained_steps is not None:  # (inside a training run: the weights are the run's after that many steps)
+        model["trained_steps"], model["run"] = trained_steps, str(cfg.output_dir)
     sampling = {k: v for k, v in settings.items() if k != "protocol"}
     record = {"protocol": settings["protocol"], "sampling": sampling, "task": _task(cfg), "model": model,
               "dlmrl_version": __version__, "torch_version": torch.__version__,

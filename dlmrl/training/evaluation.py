@@ -131,11 +131,13 @@ def evaluate_ar(policy, task, num_puzzles: int = 256, batch_size: int = 256, tem
     return _summary(task, examples, texts, nfe, protocol, raw, max_new_tokens=task.gen_length + 1)
 
 
-def evaluate_with_config(cfg, policy, task, gen_length: int | None = None) -> dict:
+def evaluate_with_config(cfg, policy, task, gen_length: int | None = None, trained_steps: int | None = None) -> dict:
     """Held-out evaluation with config ``cfg``'s settings (:func:`~dlmrl.training.eval_presets.eval_settings`: its
     ``eval.preset``'s, else the ``eval`` section's) at ``gen_length`` (default ``sampling.gen_length``; a text task
     is decoded at that length), with the result's ``record`` (:func:`~dlmrl.training.eval_record.eval_record`).
-    AR policies decode left to right (steps and block length unused)."""
+    AR policies decode left to right (steps and block length unused). ``trained_steps``: inside a training run,
+    the steps the policy has been trained so far (the record's ``model.trained_steps``, with the run's folder, so
+    that a figure before training and one after it do not share a hash)."""
     from dlmrl.training.eval_presets import eval_settings
     from dlmrl.training.eval_record import eval_record
 
@@ -151,4 +153,4 @@ def evaluate_with_config(cfg, policy, task, gen_length: int | None = None) -> di
                           temperature=s.temperature, batch_size=s.batch_size, seed=s.seed, protocol=s.protocol)
     recorded = settings.as_dict()
     recorded["gen_length"] = getattr(task, "gen_length", recorded["gen_length"])  # (the canvas decoded)
-    return {**result, "record": eval_record(cfg, policy, recorded)}
+    return {**result, "record": eval_record(cfg, policy, recorded, trained_steps)}

@@ -69,6 +69,10 @@ def _algorithm_section(cfg: Config, preset) -> dict:
            "epsilon": o.epsilon, "epsilon_high": o.epsilon_high if o.epsilon_high is not None else o.epsilon,
            "clip_rule": o.clip_rule, "loss_type": o.loss_type, "beta": o.beta,
            "num_iterations": cfg.train.num_iterations}
+    # each part as it describes itself: its name and settings (weighting only when there is one)
+    for kind, part in zip(("clip_rule", "loss_type", "weighting"), o.parts):
+        if kind != "weighting" or part.name != "none":
+            out[f"{kind}_settings"] = dataclasses.asdict(part)
     if o.beta > 0 and o.kl_reference == "old":
         out["kl"] = f"{o.kl_kind} at {o.kl_level} level, toward the rollout policy"
         out["reference_model"] = "none (the KL is taken toward the rollout policy's own scores)"

@@ -265,11 +265,11 @@ def check_policy(cfg: Config, policy) -> None:
         check_cache_family(policy.family, cfg.sampling.cache, cfg.model.name_or_path)
 
 
-def evaluate_config(cfg: Config, policy, task) -> dict:
+def evaluate_config(cfg: Config, policy, task, trained_steps: int | None = None) -> dict:
     """Held-out evaluation with the ``eval`` section's settings (its ``preset``'s, protocol ``eval.protocol``; AR:
     left-to-right decoding, ``eval.steps`` unused), with the result's ``record``
     (:func:`dlmrl.training.evaluation.evaluate_with_config`)."""
-    return evaluate_with_config(cfg, policy, task)
+    return evaluate_with_config(cfg, policy, task, trained_steps=trained_steps)
 
 
 def solved_reward(task) -> float | None:

@@ -83,7 +83,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, *, policy=No
     tr, state, accelerator, preset = cfg.train, run.state, run.accelerator, run.preset
 
     def held_out() -> dict:
-        metrics = evaluate_config(cfg, run.policy, run.task)
+        metrics = evaluate_config(cfg, run.policy, run.task, trained_steps=state.step)
         hooks.on_evaluate(metrics)
         return metrics
 

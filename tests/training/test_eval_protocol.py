@@ -52,12 +52,22 @@ def test_without_a_preset_the_eval_section_decides_and_protocol_wins_over_the_pr
     (["task.name=sudoku", "sampling.gen_length=16", "sampling.block_length=16", "sampling.steps=4",
       "eval.preset=d1"], "eval.preset", "set eval.protocol: strict"),
     (["task.name=dataset", "eval.protocol=d1"], "eval.protocol", "task 'dataset' has only 'strict'"),
-    (["eval.preset=d1", "sampling.gen_length=48", "sampling.block_length=16", "sampling.steps=48"],
-     "eval.preset", "blocks of 32"),
 ])
 def test_bad_values_name_the_key(overrides, key, words):
     with pytest.raises(ConfigError, match=f"'{key}'.*{words}"):
         validate(_cfg(*overrides), for_training=False, data=False)
+
+
+def test_a_preset_checks_the_lengths_it_decodes():
+    # `dlmrl eval` decodes the preset's own lengths (128, 256, 512): sampling.gen_length does not matter there;
+    # a training run's held-out evaluations decode sampling.gen_length, which the preset's blocks must fit
+    text = ["task.name=sudoku", "task.answer_mode=text", "sampling.gen_length=48", "sampling.block_length=16",
+            "sampling.steps=48", "eval.preset=d1"]
+    validate(_cfg(*text), for_training=False, data=False)
+    with pytest.raises(ConfigError, match=r"'eval.preset'.*blocks of 32.*gen_length 48.*sampling.gen_length"):
+        validate(_cfg(*text), for_training=True, data=False)
+    validate(_cfg(*text, "eval.before=false", "eval.after=false", "eval.eval_steps=0"), for_training=True,
+             data=False)  # (no held-out evaluation in the run: nothing decodes at 48)
 
 
 def test_a_preset_does_not_check_the_unused_eval_steps():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 
 import pytest
@@ -127,6 +128,20 @@ def test_a_parts_own_settings_come_from_part_options(plugin, tmp_path):
     cfg = Config()
     load_yaml(cfg, run)
     assert build_preset(cfg).objective.parts.clip_rule.widen == 2.0
+
+
+def test_bad_part_options_stop_before_loading_naming_the_override(plugin, capsys):
+    from dlmrl import cli
+
+    base = ["train", "--import", "plug_parts", "algorithm=grpo", "train.clip_rule=plug_entropy_widened", "--dry-run"]
+    for override, words in [
+        ("train.part_options.clip_rule.widen=abc", r"'train\.part_options\.clip_rule\.widen' expects float"),
+        ("train.part_options.clip_rule=0.5", r"'train\.part_options\.clip_rule': expects a mapping"),
+        ("train.part_options.clip.widen=1", r"'train\.part_options\.clip': part_options may only name"),
+    ]:
+        assert cli.main([*base, override]) == 2
+        err = capsys.readouterr().err
+        assert re.search(rf"command-line override '{re.escape(override)}'.*{words}", err), err
 
 
 def test_a_user_rule_that_needs_the_whole_batch_is_refused_with_two_processes(plugin):
