@@ -2,6 +2,9 @@
 
 Every character is one token; special tokens are ``[PAD] [BOS] [EOS] [MASK] [UNK]``. The alphabet
 covers the Sudoku task (digits, ``=``, newline, space, ``|``) so decoded canvases read as grids.
+:data:`TEXT_ALPHABET` extends it with the rest of printable ASCII for text tasks (the multi-hop tool-use
+traces: letters, JSON punctuation); it keeps the Sudoku alphabet's ids, so a Sudoku prompt encodes the
+same with either tokenizer.
 """
 
 from __future__ import annotations
@@ -11,6 +14,9 @@ from transformers import PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ["[PAD]", "[BOS]", "[EOS]", "[MASK]", "[UNK]"]
 ALPHABET = "0123456789=\n |"
+#: the Sudoku alphabet then every other printable ASCII character (32..126) in code-point order: ids 0..19
+#: are those of the Sudoku tokenizer, the rest follow (105 tokens with the specials)
+TEXT_ALPHABET = ALPHABET + "".join(chr(c) for c in range(32, 127) if chr(c) not in ALPHABET)
 
 
 def build_char_tokenizer(alphabet: str = ALPHABET) -> PreTrainedTokenizerFast:
@@ -40,3 +46,9 @@ def build_char_tokenizer(alphabet: str = ALPHABET) -> PreTrainedTokenizerFast:
         padding_side="left",
         clean_up_tokenization_spaces=False,
     )
+
+
+def build_text_tokenizer() -> PreTrainedTokenizerFast:
+    """The character tokenizer over :data:`TEXT_ALPHABET` (the multi-hop tool-use task's tiny models); an
+    unknown character (non-ASCII) becomes ``[UNK]``."""
+    return build_char_tokenizer(TEXT_ALPHABET)
