@@ -36,6 +36,7 @@ import copy
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 import torch
 
@@ -182,8 +183,8 @@ class MultiHopTask(Task):
     options_class = MultiHopOptions
     primary_metric = "em"
     #: the flat task.* keys this task does not read
-    refused_keys = {k: "the multihop task generates its questions; set task.options.* instead"
-                    for k in ("train_file", "test_file")}
+    refused_keys: ClassVar[dict[str, str]] = {k: "the multihop task generates its questions; set task.options.* instead"
+                                              for k in ("train_file", "test_file")}
 
     def __init__(self, tokenizer, mask_token_id: int | None, gen_length: int = 576,
                  options: MultiHopOptions | None = None, answer_fn=None, **settings):

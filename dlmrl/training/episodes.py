@@ -154,16 +154,13 @@ def evaluate_episodes(policy, task, make_env: Callable[[], object], examples: Se
     policy.model.eval()
     played: list = []
     for start in range(0, len(examples), max(batch_size, 1)):
-        chunk: list = []
-
         def fresh():
             env = make_env()
-            chunk.append(env)
+            played.append(env)
             return env
 
         rollout_episodes(policy, task, fresh, examples[start:start + batch_size], 1, torch.Generator().manual_seed(0),
                          max_new_tokens, temperature=0.0)
-        played += chunk
     if was_training:
         policy.model.train()
     return played

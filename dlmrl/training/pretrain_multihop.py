@@ -30,13 +30,18 @@ import torch
 
 from dlmrl.config import ConfigError, PretrainConfig
 from dlmrl.config.overrides import part_options
-from dlmrl.data.encoding import encode_prompts, left_pad
+from dlmrl.data.encoding import encode_prompts
 from dlmrl.data.multihop_task import MultiHopOptions, MultiHopTask
 from dlmrl.envs.tools.agent import FORMS, sft_pairs
 from dlmrl.models.ar import AutoregressivePolicy, build_tiny_causal_model
 from dlmrl.models.tokenizer import build_text_tokenizer
 from dlmrl.training.evaluation import evaluate, evaluate_task_episodes
-from dlmrl.training.pretrain import masked_diffusion_sft_loss, pretrain_output_dir, save_pretrain_run, sft_loop
+from dlmrl.training.pretrain import (
+    masked_diffusion_sft_loss,
+    pretrain_output_dir,
+    save_pretrain_run,
+    sft_loop,
+)
 from dlmrl.training.pretrain_ar import ar_sft_loss
 
 __all__ = ["MAX_POSITIONS", "SFTPairs", "multihop_options", "pretrain_multihop", "sft_forms"]

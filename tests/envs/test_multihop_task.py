@@ -9,7 +9,7 @@ import torch
 
 from dlmrl.config import Config, apply_overrides, validate
 from dlmrl.data import TASKS
-from dlmrl.data.multihop_task import MultiHopOptions, MultiHopTask
+from dlmrl.data.multihop_task import MultiHopTask
 from dlmrl.envs import default_env, make_env
 from dlmrl.envs.tools import ScriptedAgent
 from dlmrl.envs.tools.trace_reward import COMPONENTS
