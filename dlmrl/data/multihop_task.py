@@ -52,9 +52,18 @@ from dlmrl.envs.tools.simulator import ToolSimulator
 from dlmrl.envs.tools.trace_reward import COMPONENTS, MTRTraceReward, TraceScore
 from dlmrl.rewards.functions import RewardFunctions
 
-__all__ = ["EVAL_MODES", "MultiHopOptions", "MultiHopTask", "TraceComponent", "trace_metrics"]
+__all__ = ["EVAL_MODES", "MultiHopOptions", "MultiHopTask", "TraceComponent", "multihop_tokenizer", "trace_metrics"]
 
 EVAL_MODES = ("episodes", "sequence")
+
+
+def multihop_tokenizer():
+    """The tiny tool-use models' tokenizer: the trace pieces (:func:`~dlmrl.envs.tools.pieces.trace_pieces`) over
+    the text character alphabet (:func:`~dlmrl.models.tokenizer.build_piece_tokenizer`; Sudoku's ids kept)."""
+    from dlmrl.envs.tools.pieces import trace_pieces
+    from dlmrl.models.tokenizer import build_piece_tokenizer
+
+    return build_piece_tokenizer(trace_pieces())
 
 
 @dataclass(frozen=True)
@@ -62,10 +71,12 @@ class MultiHopOptions:
     """The multi-hop task's settings (``task.options.<field>``).
 
     Attributes:
-        kb_seed: the knowledge base's seed. kb_scale: entities per type as a multiple of the defaults (48 people,
-            24 cities, 8 countries, 32 films, 16 books, 16 companies); ``test_fraction`` of each type is held out.
+        kb_seed: the knowledge base's seed. kb_scale: entities per type as a multiple of the knowledge base's
+            defaults (48 people, 24 cities, 8 countries, 32 films, 16 books, 16 companies); 16 gives 3,665 training
+            questions, enough that a tiny model must learn to copy names rather than memorise the answers.
+            ``test_fraction`` of each type is held out.
         hops: the hop counts of the questions (each 1..3). question_seed: the questions' shuffle seed.
-        n_train, n_test: questions kept per split (0: all).
+        n_train, n_test: questions kept per split (0: all; the first 200 held-out questions by default).
         context: the episodes' context mode, ``react`` (the transcript) or ``memory`` (question + memory): the
             ``multihop`` environment's (flow_grpo's default ``train.env``) and the held-out episodes'.
         w_ans, w_cons: the reward's weights (MTR's composite; ``w_cons: 0`` is the answer-only reward).
@@ -76,19 +87,19 @@ class MultiHopOptions:
     """
 
     kb_seed: int = 0
-    kb_scale: float = 1.0
+    kb_scale: float = 16.0
     test_fraction: float = 0.25
     hops: list[int] = field(default_factory=lambda: [2, 3])
     question_seed: int = 0
     n_train: int = 0
-    n_test: int = 0
+    n_test: int = 200
     context: str = "react"
     w_ans: float = 1.0
     w_cons: float = 0.2
     metric: str = "em"
     eval_mode: str = "episodes"
     max_turns: int = 5
-    turn_length: int = 160
+    turn_length: int = 64
 
 
 _BASE_SIZES = {"person": 48, "city": 24, "country": 8, "film": 32, "book": 16, "company": 16}
@@ -164,8 +175,7 @@ class MultiHopTask(Task):
     """Multi-hop QA with simulated tools (module docstring).
 
     Args:
-        tokenizer: a tokenizer covering the traces' characters (the tiny models':
-            :func:`~dlmrl.models.tokenizer.build_text_tokenizer`). mask_token_id: the canvas token (``None``: AR).
+        tokenizer: a tokenizer covering the traces' characters (the tiny models': :func:`multihop_tokenizer`). mask_token_id: the canvas token (``None``: AR).
         gen_length: the single-sequence canvas (the whole trace) and, in episodes, each turn's budget.
         options: :class:`MultiHopOptions`; ``settings``: fields of it to change.
         answer_fn: a user's simulator ``answer_fn(name, arguments) -> str`` (e.g. an LLM as MTR's ToolActor) in
@@ -186,7 +196,7 @@ class MultiHopTask(Task):
     refused_keys: ClassVar[dict[str, str]] = {k: "the multihop task generates its questions; set task.options.* instead"
                                               for k in ("train_file", "test_file")}
 
-    def __init__(self, tokenizer, mask_token_id: int | None, gen_length: int = 576,
+    def __init__(self, tokenizer, mask_token_id: int | None, gen_length: int = 160,
                  options: MultiHopOptions | None = None, answer_fn=None, **settings):
         self.options = o = replace(options or MultiHopOptions(), **settings)
         check_multihop_options(o)
@@ -210,7 +220,7 @@ class MultiHopTask(Task):
         if unknown is not None and unknown in tokenizer(text, add_special_tokens=False)["input_ids"]:
             raise ValueError("the tokenizer does not cover the multihop traces' characters (it writes the unknown "
                              "token); use a tokenizer with ASCII letters and JSON punctuation (the tiny models': "
-                             "dlmrl.models.tokenizer.build_text_tokenizer)")
+                             "dlmrl.data.multihop_task.multihop_tokenizer)")
 
     @classmethod
     def check_options(cls, options: MultiHopOptions) -> int:
@@ -221,8 +231,8 @@ class MultiHopTask(Task):
     @classmethod
     def from_options(cls, options, tokenizer, mask_token_id: int | None, gen_length: int | None = None,
                      **resources) -> MultiHopTask:
-        """The task with a canvas of ``gen_length`` tokens (``sampling.gen_length``; 576 when ``None``)."""
-        return cls(tokenizer, mask_token_id, gen_length or 576, options, **resources)
+        """The task with a canvas of ``gen_length`` tokens (``sampling.gen_length``; 160 when ``None``)."""
+        return cls(tokenizer, mask_token_id, gen_length or 160, options, **resources)
 
     def in_context(self, mode: str) -> MultiHopTask:
         """A shallow copy playing its episodes in context ``mode`` (the same world, simulator and rewards)."""

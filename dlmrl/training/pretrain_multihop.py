@@ -7,7 +7,7 @@ pairs are a mixture of ``sft_forms`` drawn in turn (``trace``: the question and 
 what the ReAct episodes' prompts continue; ``memory`` / ``react``: one pair per turn of an episode in that context
 mode), each completion followed by EOS. Batches are a function of ``(seed, step)``.
 
-- ``kind: ar``: a causal Llama (:func:`~dlmrl.models.ar.build_tiny_causal_model`, 2048 positions), next-token
+- ``kind: ar``: a causal Llama (:func:`~dlmrl.models.ar.build_tiny_causal_model`, 1024 positions), next-token
   loss on the completion tokens (:func:`~dlmrl.training.pretrain_ar.ar_sft_loss`); evaluated at the end on the
   held-out questions by greedy episodes in both context modes
   (:func:`~dlmrl.training.evaluation.evaluate_task_episodes`): EM and tool-call validity.
@@ -16,7 +16,8 @@ mode), each completion followed by EOS. Batches are a function of ``(seed, step)
   them); evaluated by one single-sequence decode per held-out question (``eval_mode: sequence``: the model's own
   observations, re-simulated by the reward) **(dlmrl interpretation)**.
 
-The tokenizer is :func:`~dlmrl.models.tokenizer.build_text_tokenizer` (the Sudoku alphabet's ids kept). Stopping
+The tokenizer is :func:`~dlmrl.data.multihop_task.multihop_tokenizer` (the traces' pieces over a character
+fallback; the Sudoku alphabet's ids kept). Stopping
 early (few ``steps``) leaves a base imperfect enough for RL.
 """
 
@@ -31,10 +32,9 @@ import torch
 from dlmrl.config import ConfigError, PretrainConfig
 from dlmrl.config.overrides import part_options
 from dlmrl.data.encoding import encode_prompts
-from dlmrl.data.multihop_task import MultiHopOptions, MultiHopTask
+from dlmrl.data.multihop_task import MultiHopOptions, MultiHopTask, multihop_tokenizer
 from dlmrl.envs.tools.agent import FORMS, sft_pairs
 from dlmrl.models.ar import AutoregressivePolicy, build_tiny_causal_model
-from dlmrl.models.tokenizer import build_text_tokenizer
 from dlmrl.training.evaluation import evaluate, evaluate_task_episodes
 from dlmrl.training.pretrain import (
     masked_diffusion_sft_loss,
@@ -46,7 +46,7 @@ from dlmrl.training.pretrain_ar import ar_sft_loss
 
 __all__ = ["MAX_POSITIONS", "SFTPairs", "multihop_options", "pretrain_multihop", "sft_forms"]
 
-MAX_POSITIONS = 2048  # a ReAct prompt (~500 characters) plus a whole trace (~600) fits with room
+MAX_POSITIONS = 1024  # a ReAct prompt plus a whole trace (under 300 tokens) fits with room
 
 
 def multihop_options(cfg: PretrainConfig) -> MultiHopOptions:
@@ -108,7 +108,7 @@ def pretrain_multihop(cfg: PretrainConfig, progress: bool = True) -> dict:
     out = pretrain_output_dir(cfg)
     options, forms = multihop_options(cfg), sft_forms(cfg)
     torch.manual_seed(cfg.seed)
-    tokenizer = build_text_tokenizer()
+    tokenizer = multihop_tokenizer()
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     ar = cfg.kind == "ar"
     if ar:

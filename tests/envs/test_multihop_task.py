@@ -9,15 +9,15 @@ import torch
 
 from dlmrl.config import Config, apply_overrides, validate
 from dlmrl.data import TASKS
-from dlmrl.data.multihop_task import MultiHopTask
+from dlmrl.data.multihop_task import MultiHopTask, multihop_tokenizer
 from dlmrl.envs import default_env, make_env
 from dlmrl.envs.tools import ScriptedAgent
 from dlmrl.envs.tools.trace_reward import COMPONENTS
-from dlmrl.models.tokenizer import ALPHABET, build_char_tokenizer, build_text_tokenizer
+from dlmrl.models.tokenizer import ALPHABET, build_char_tokenizer
 from dlmrl.rewards.functions import ScoresEachReward
 from dlmrl.training.episodes import rollout_episodes, trajectory_reward_parts
 
-TOK = build_text_tokenizer()
+TOK = multihop_tokenizer()
 TASK = MultiHopTask(TOK, None)
 
 
@@ -168,3 +168,27 @@ def test_user_simulator_hook():
     q = task.test_examples[0]
     s = task.scores([q], [TASK.reference_solution(q)])[0]
     assert calls and s.observed == 0.0  # (the hook answers differently from the knowledge base)
+
+
+def test_piece_tokenizer_round_trips_any_text_and_shortens_traces(tmp_path):
+    import random
+    import string
+
+    from transformers import AutoTokenizer
+
+    rng = random.Random(0)
+    texts = ["".join(rng.choice(string.printable) for _ in range(rng.randint(0, 80))) for _ in range(200)]
+    for t in texts:
+        ids = TOK(t, add_special_tokens=False)["input_ids"]
+        if all(c in TOK.get_vocab() for c in t):  # (every printable ASCII character has its token)
+            assert TOK.decode(ids) == t
+    q = TASK.train_examples[0]
+    trace = TASK.reference_solution(q)
+    assert len(TOK(trace, add_special_tokens=False)["input_ids"]) < len(trace) / 3
+    TOK.save_pretrained(tmp_path)
+    again = AutoTokenizer.from_pretrained(tmp_path)
+    assert again(trace)["input_ids"] == TOK(trace)["input_ids"]
+    # a name is cut the same way in the question, the action and the observation (so copying it is exact)
+    name = q.topic
+    pieces = TOK.tokenize(name)
+    assert all(TOK.tokenize(s)[: len(pieces)] == pieces for s in (name + " was", name + '", "'))
