@@ -7,7 +7,9 @@ against the simulator, in both context modes (EM, F1, tool-call validity, answer
 
 - ``grpo_answer``: ``configs/mtr_multihop_tiny_ar.yaml`` with ``task.options.w_cons: 0`` (reward = EM);
 - ``grpo_mtr``: the same config as shipped (reward = EM + 0.2 · consistency);
-- ``flow_grpo_memory``: ``configs/flow_grpo_multihop_tiny_ar.yaml`` (memory episodes, final reward per turn).
+- ``flow_grpo_memory_answer``: ``configs/flow_grpo_multihop_tiny_ar.yaml`` with ``w_cons: 0`` (the answer-only
+  reward in the episode form, where the observations are the simulator's);
+- ``flow_grpo_memory``: ``configs/flow_grpo_multihop_tiny_ar.yaml`` (memory episodes, final MTR reward per turn).
 
 The base is evaluated once (greedy decoding is deterministic). Writes ``benchmarks/results/tools_multihop.json``
 and ``tools_multihop.png`` (held-out EM and tool-call validity per variant, mean and per-seed points)::
@@ -36,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {
     "grpo_answer": ("configs/mtr_multihop_tiny_ar.yaml", ["task.options.w_cons=0.0"]),
     "grpo_mtr": ("configs/mtr_multihop_tiny_ar.yaml", []),
+    "flow_grpo_memory_answer": ("configs/flow_grpo_multihop_tiny_ar.yaml", ["task.options.w_cons=0.0"]),
     "flow_grpo_memory": ("configs/flow_grpo_multihop_tiny_ar.yaml", []),
 }
 KEYS = ("em", "f1", "tool_call_validity", "answered", "consistency", "grounded", "mean_reward")
@@ -84,7 +87,7 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = ["sft_base", *VARIANTS]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     for ax, key in zip(axes, ("em", "tool_call_validity")):
         for j, mode in enumerate(("react", "memory")):
             xs = [i + (j - 0.5) * 0.35 for i in range(len(names))]
