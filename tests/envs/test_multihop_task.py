@@ -43,7 +43,7 @@ def test_registered_with_options_and_a_default_environment():
 
 @pytest.mark.parametrize(("settings", "key"), [({"context": "chat"}, "context"), ({"metric": "bleu"}, "metric"),
                                               ({"hops": [4]}, "hops"), ({"w_ans": 0.0, "w_cons": 0.0}, "w_ans"),
-                                              ({"n_test": 10_000}, "n_test"), ({"eval_mode": "x"}, "eval_mode")])
+                                              ({"n_train": -1}, "n_train"), ({"eval_mode": "x"}, "eval_mode")])
 def test_bad_options_name_their_key(settings, key):
     with pytest.raises(ValueError, match=f"task.options.{key}"):
         MultiHopTask(TOK, None, **settings)
