@@ -42,8 +42,9 @@ def _parser() -> argparse.ArgumentParser:
         ("train", Config, ("Fine-tune a policy with a group optimizer (train.algorithm; default: GDPO on the "
                            "tiny diffusion model). Without --config, runs the tiny Sudoku recipe.")),
         ("eval", Config, "Evaluate a checkpoint on the held-out split (greedy decoding)."),
-        ("pretrain", PretrainConfig, ("SFT of a tiny default on Sudoku solutions: masked-diffusion "
-                                      "(kind=diffusion) or next-token (kind=ar).")),
+        ("pretrain", PretrainConfig, ("SFT of a tiny default on Sudoku solutions (task=sudoku) or multi-hop "
+                                      "tool-use traces (task=multihop): masked-diffusion (kind=diffusion) or "
+                                      "next-token (kind=ar).")),
     ):
         sp = sub.add_parser(name, help=desc, description=desc, formatter_class=fmt,
                             epilog="config keys (set in YAML or as key=value; bare leaf names work when unique):\n"
@@ -493,7 +494,13 @@ def main(argv: list[str] | None = None) -> int:
         from dlmrl.training.pretrain_ar import pretrain_ar
 
         try:
-            print(json.dumps((pretrain_ar if cfg.kind == "ar" else pretrain)(cfg), indent=2))
+            if cfg.task == "multihop":
+                from dlmrl.training.pretrain_multihop import pretrain_multihop
+
+                run = pretrain_multihop
+            else:
+                run = pretrain_ar if cfg.kind == "ar" else pretrain
+            print(json.dumps(run(cfg), indent=2))
         except ConfigError as e:
             print(f"dlmrl pretrain: {e}", file=sys.stderr)
             return 2

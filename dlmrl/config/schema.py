@@ -272,8 +272,9 @@ class TrainConfig:
               "groups whose rewards differ; null = the preset's (dapo: 3).")
     max_completions: int = doc(0, "Rollout budget: stop at the end of the step where the cumulative number of "
                                   "sampled completions (every round, every turn) reaches this (0 = off).")
-    env: str | None = doc(None, "Environment of multi-turn presets (flow_grpo): sudoku_feedback | sudoku_retry "
-                                "(dlmrl.envs.ENVS); null = the task's default (sudoku: sudoku_feedback).")
+    env: str | None = doc(None, "Environment of multi-turn presets (flow_grpo): sudoku_feedback | sudoku_retry | "
+                                "multihop | multihop_react | multihop_memory (dlmrl.envs.ENVS); null = the task's "
+                                "default (sudoku: sudoku_feedback; multihop: multihop, task.options.context's mode).")
     max_turns: int = doc(3, "Multi-turn presets: most turns (policy responses) per episode.")
     reward_funcs: list[str] = field(default_factory=list, metadata={"help": (
         "task.name dataset: the reward functions, each a registry name (dlmrl list rewards) or an import string "
@@ -321,7 +322,8 @@ class Config:
 
 @dataclass
 class PretrainConfig:
-    """The ``dlmrl pretrain`` config: SFT of a tiny default on Sudoku solutions (masked-diffusion or next-token)."""
+    """The ``dlmrl pretrain`` config: SFT of a tiny default on Sudoku solutions or on multi-hop tool-use traces
+    (masked-diffusion or next-token)."""
 
     kind: str = doc("diffusion", "Model kind: 'diffusion' (bidirectional, masked-diffusion SFT, infill) or 'ar' "
                                  "(causal, next-token SFT on d1's full format).")
@@ -337,7 +339,15 @@ class PretrainConfig:
     num_layers: int = doc(4, "Transformer layers.")
     num_heads: int = doc(4, "Attention heads.")
     intermediate_size: int = doc(192, "MLP width.")
-    eval_puzzles: int = doc(256, "Held-out puzzles evaluated at the end (greedy, infill).")
+    eval_puzzles: int = doc(256, "Held-out puzzles evaluated at the end (greedy, infill); multihop: held-out "
+                                 "questions (0 = all).")
+    task: str = doc("sudoku", "What to SFT on: sudoku (the solutions) | multihop (the scripted agent's tool-use "
+                              "traces, dlmrl.training.pretrain_multihop).")
+    task_options: dict = field(default_factory=dict, metadata={"help": (
+        "multihop: the task's settings (MultiHopOptions: kb_seed, kb_scale, hops, ...), as task.options of a run.")})
+    sft_forms: str = doc("trace,memory", "multihop: the SFT pairs, a comma list of trace (prompt = question, "
+                                         "completion = the whole trace) | react | memory (one pair per turn in that "
+                                         "episode context mode).")
 
 
 def iter_fields(cls: type, prefix: str = ""):

@@ -450,6 +450,8 @@ def validate_pretrain(cfg: PretrainConfig) -> None:
     _check(cfg.hidden_size % cfg.num_heads == 0, "num_heads", "must divide hidden_size")
     _check(cfg.learning_rate > 0, "learning_rate", "must be > 0")
     _check(1 <= cfg.min_blanks <= cfg.max_blanks <= 12, "min_blanks", "need 1 <= min_blanks <= max_blanks <= 12")
+    _check(cfg.task in ("sudoku", "multihop"), "task", f"unknown pretraining task {cfg.task!r}; use sudoku or multihop")
+    _check(cfg.task == "multihop" or not cfg.task_options, "task_options", "only the multihop pretraining reads them")
 
 
 def default_job_config(overrides: list[str] | tuple[str, ...] = ()) -> Config:

@@ -37,7 +37,7 @@ ENVS: Registry[type] = Registry("environment")
 """Environment classes: constructed as ``cls(task, max_turns)``; ``cls.tasks`` names the tasks they serve."""
 
 #: the environment a multi-turn preset uses on each task when ``train.env`` is null
-DEFAULT_ENVS = {"sudoku": "sudoku_feedback"}
+DEFAULT_ENVS = {"sudoku": "sudoku_feedback", "multihop": "multihop"}
 
 
 def default_env(task_name: str) -> str | None:

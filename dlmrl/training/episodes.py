@@ -3,7 +3,10 @@
 Every turn's (context, response) pair becomes one row of a :class:`~dlmrl.training.rollout.Rollout`:
 the prompt is the turn's observation, the completion the policy's response, and the reward the
 trajectory's *final* reward; ``trajectory_ids`` tie a trajectory's turns together and ``group_ids`` its
-question's G trajectories, which is what the ``flow_grpo`` advantage reads.
+question's G trajectories, which is what the ``flow_grpo`` advantage reads. An environment that scores its trajectory in parts
+(``env.reward_parts``, e.g. the tool-use environments' MTR components) has them on every row of the
+trajectory too (``Rollout.reward_parts``), and :func:`trajectory_reward_parts` gives one row per trajectory
+for logging. :func:`evaluate_episodes` plays one greedy episode per held-out example.
 Reference: Flow-GRPO / AgentFlow arXiv 2510.05592.
 """
 
@@ -52,7 +55,9 @@ def rollout_episodes(policy, task, make_env: Callable[[], object], examples: Seq
         order): ``prompt_ids`` the turn's observation, ``completion`` the response (mask up to and
         including EOS), ``rewards`` = ``train_rewards`` = the trajectory's final reward ``(B,)`` float32,
         ``trajectory_ids`` = e, ``group_ids`` = e // G, ``nfe`` = the sum over turns of the longest
-        response (forward passes per episode), ``passes`` = the sum over turns of active episodes × that.
+        response (forward passes per episode), ``passes`` = the sum over turns of active episodes × that;
+        ``reward_parts`` ``(B, F)`` float32, the trajectory's ``env.reward_parts`` on each of its rows, when
+        every environment gives them (else ``None``).
     Raises:
         RuntimeError: an environment that has not ended its episode after its ``max_turns``.
     """
@@ -113,13 +118,50 @@ def rollout_episodes(policy, task, make_env: Callable[[], object], examples: Seq
     ids, mask = encode_observations(policy.tokenizer, texts_all, policy.device)
     traj = torch.tensor([e for e in range(E) for _ in turns[e]], dtype=torch.long)  # (B,)
     rewards = torch.tensor([final[e] for e in traj.tolist()], dtype=torch.float32)  # (B,)
+    parts = [getattr(env, "reward_parts", None) for env in envs]
+    reward_parts = (torch.tensor([list(parts[e]) for e in traj.tolist()], dtype=torch.float32)  # (B, F)
+                    if all(p is not None for p in parts) else None)
     return Rollout([examples[owners[e]] for e in traj.tolist()], ids, mask,
                    torch.stack([c for e in range(E) for c, _ in turns[e]]),
                    torch.stack([m for e in range(E) for _, m in turns[e]]), nfe,
                    group_ids=traj // G, trajectory_ids=traj, rewards=rewards, train_rewards=rewards.clone(),
-                   passes=passes)
+                   passes=passes, reward_parts=reward_parts)
 
 
 def trajectory_rewards(ro: Rollout) -> torch.Tensor:
     """``(n_traj,)`` one reward per trajectory (its first row's), in order of first appearance."""
     return ro.rewards[first_rows(ro.trajectories().tolist())]
+
+
+def trajectory_reward_parts(ro: Rollout) -> torch.Tensor | None:
+    """``(n_traj, F)`` the reward parts of each trajectory (its first row's), or ``None`` when the rollout has none."""
+    if ro.reward_parts is None:
+        return None
+    return ro.reward_parts[first_rows(ro.trajectories().tolist())]
+
+
+@torch.no_grad()
+def evaluate_episodes(policy, task, make_env: Callable[[], object], examples: Sequence, max_new_tokens: int,
+                      batch_size: int = 256) -> list:
+    """Play one greedy episode per example (temperature 0), ``batch_size`` episodes at a time.
+
+    Args:
+        policy: an AR policy. task: decodes the responses. make_env: a fresh environment per episode.
+        examples: the held-out examples. max_new_tokens: each turn's budget.
+    Returns:
+        The ended environments, one per example in order (read ``env.score`` / ``env.trace``).
+    """
+    was_training = policy.model.training
+    policy.model.eval()
+    played: list = []
+    for start in range(0, len(examples), max(batch_size, 1)):
+        def fresh():
+            env = make_env()
+            played.append(env)
+            return env
+
+        rollout_episodes(policy, task, fresh, examples[start:start + batch_size], 1, torch.Generator().manual_seed(0),
+                         max_new_tokens, temperature=0.0)
+    if was_training:
+        policy.model.train()
+    return played

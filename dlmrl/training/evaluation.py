@@ -37,8 +37,8 @@ def held_out_examples(task, num: int) -> list:
 
 
 def _summary(task, examples: list, texts: list[str], nfe: int, protocol: str = "strict",
-             canvas_text: list[str] | None = None, **extra) -> dict:
-    metrics = task_metrics(task, examples, texts)
+             canvas_text: list[str] | None = None, metrics: dict | None = None, **extra) -> dict:
+    metrics = task_metrics(task, examples, texts) if metrics is None else metrics
     if protocol != "strict":  # (the protocol's figures lead; the strict ones come alongside)
         metrics = {**protocol_metrics(task, examples, canvas_text or [], protocol), "strict": metrics}
     name = primary_metric(task)
@@ -131,6 +131,30 @@ def evaluate_ar(policy, task, num_puzzles: int = 256, batch_size: int = 256, tem
     return _summary(task, examples, texts, nfe, protocol, raw, max_new_tokens=task.gen_length + 1)
 
 
+def evaluate_task_episodes(policy, task, num_puzzles: int = 0, batch_size: int = 256) -> dict:
+    """Held-out evaluation by episodes, for a task whose answers need its environment (``task.evaluates_episodes``,
+    the ``multihop`` task: test questions are about entities only its simulated tools know): one greedy episode per
+    held-out example in the task's default environment, at most ``task.options.max_turns`` turns of
+    ``task.options.turn_length`` new tokens (:func:`dlmrl.training.episodes.evaluate_episodes`), scored by
+    ``task.episode_metrics(examples, envs)``. AR policies only.
+
+    Raises:
+        ValueError: a policy without ``generate`` (a diffusion policy: set the task's ``eval_mode: sequence``).
+    """
+    from dlmrl.envs import default_env, make_env
+    from dlmrl.training.episodes import evaluate_episodes
+
+    if not hasattr(policy, "generate"):
+        raise ValueError(f"task {task.name!r} evaluates by playing episodes, which needs an AR policy; for a "
+                         "diffusion policy set task.options.eval_mode: sequence")
+    o = task.options
+    examples = held_out_examples(task, num_puzzles)
+    envs = evaluate_episodes(policy, task, lambda: make_env(default_env(task.name), task, o.max_turns), examples,
+                             o.turn_length, batch_size)
+    return _summary(task, examples, [], 0, "strict", None, metrics=task.episode_metrics(examples, envs),
+                    mode="episodes", max_turns=o.max_turns, max_new_tokens=o.turn_length)
+
+
 def evaluate_with_config(cfg, policy, task, gen_length: int | None = None, trained_steps: int | None = None) -> dict:
     """Held-out evaluation with config ``cfg``'s settings (:func:`~dlmrl.training.eval_presets.eval_settings`: its
     ``eval.preset``'s, else the ``eval`` section's) at ``gen_length`` (default ``sampling.gen_length``; a text task
@@ -145,7 +169,9 @@ def evaluate_with_config(cfg, policy, task, gen_length: int | None = None, train
     if gen_length is not None:
         task.gen_length = gen_length
     s = settings
-    if cfg.model.kind == "ar":
+    if getattr(task, "evaluates_episodes", False):  # (a task whose answers need its environment: multihop)
+        result = evaluate_task_episodes(policy, task, num_puzzles=s.num_puzzles, batch_size=s.batch_size)
+    elif cfg.model.kind == "ar":
         result = evaluate_ar(policy, task, num_puzzles=s.num_puzzles, batch_size=s.batch_size,
                              temperature=s.temperature, seed=s.seed, protocol=s.protocol)
     else:

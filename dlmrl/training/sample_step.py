@@ -15,7 +15,7 @@ from dlmrl.objectives.shaping import soft_overlong_punishment
 from dlmrl.rewards.functions import ScoresEachReward
 from dlmrl.training.distributed import Processes, gather_rollout
 from dlmrl.training.dynamic_sampling import SamplingStats, example_key, fill_informative_groups, fresh_prompts
-from dlmrl.training.episodes import rollout_episodes, trajectory_rewards
+from dlmrl.training.episodes import rollout_episodes, trajectory_reward_parts, trajectory_rewards
 from dlmrl.training.rollout import Rollout, rollout_ar, rollout_diffusion
 
 
@@ -91,7 +91,8 @@ def sample_step(policy, task, cfg: Config, preset, step: int, generator: torch.G
     ro = sample(examples)
     if not preset.dynamic_sampling:
         return ro, SamplingStats(1, len(ro), 0, ro.nfe, ro.sampling_passes(),
-                                 trajectory_rewards(ro) if env else ro.rewards, None if env else ro.reward_parts)
+                                 trajectory_rewards(ro) if env else ro.rewards,
+                                 trajectory_reward_parts(ro) if env else ro.reward_parts)
     seen = {example_key(e) for e in examples}
     return fill_informative_groups(
         ro, lambda r: sample(fresh_prompts(task, tr.prompts_per_step, tr.seed, step, r, seen)),

@@ -43,7 +43,7 @@ def test_solving_ends_the_episode_and_retry_repeats_the_puzzle():
 
 
 def test_registry_and_defaults():
-    assert ENVS.names() == ["multihop_memory", "multihop_react", "sudoku_feedback", "sudoku_retry"]
+    assert ENVS.names() == ["multihop", "multihop_memory", "multihop_react", "sudoku_feedback", "sudoku_retry"]
     assert default_env("sudoku") == "sudoku_feedback" and default_env("countdown") is None
     assert ENVS.get("sudoku_retry").tasks == ("sudoku",)
     with pytest.raises(KeyError, match="Did you mean 'sudoku_retry'"):

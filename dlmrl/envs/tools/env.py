@@ -28,7 +28,7 @@ from dlmrl.envs.tools.react import Step, Trace, format_prompt, parse_trace, sect
 from dlmrl.envs.tools.simulator import ERROR_PREFIX, ToolSimulator
 from dlmrl.envs.tools.trace_reward import MTRTraceReward, TraceScore
 
-__all__ = ["MODES", "NO_ACTION", "MultiHopMemoryEnv", "MultiHopReactEnv", "ToolEnv", "cut_turn"]
+__all__ = ["MODES", "NO_ACTION", "MultiHopEnv", "MultiHopMemoryEnv", "MultiHopReactEnv", "ToolEnv", "cut_turn"]
 
 MODES = ("react", "memory")
 NO_ACTION = f"{ERROR_PREFIX} no action; write Action: tool[{{json arguments}}] or Final Answer: <answer>"
@@ -76,6 +76,12 @@ class ToolEnv:
         self.reward = reward if reward is not None else MTRTraceReward(simulator.tools)
         self.example, self.done, self.transcript = None, False, ""
         self.score: TraceScore | None = None
+
+    @property
+    def reward_parts(self) -> tuple[float, ...] | None:
+        """The final score's components (:data:`~dlmrl.envs.tools.trace_reward.COMPONENTS` order) once the
+        episode ended, else ``None``; the episode rollout logs them per step."""
+        return None if self.score is None else self.score.parts()
 
     @property
     def trace(self) -> Trace:
@@ -164,3 +170,16 @@ class MultiHopMemoryEnv(ToolEnv):
 
     def __init__(self, task, max_turns: int = 4):
         super().__init__(task.simulator, max_turns, "memory", getattr(task, "trace_reward", None))
+
+
+@ENVS.register("multihop")
+class MultiHopEnv(ToolEnv):
+    """Tool-use episodes in the task's own context mode (``task.context``: ``"react"`` or ``"memory"``; the
+    ``multihop`` task's ``task.options.context``), the default environment of that task.
+
+    Built as ``cls(task, max_turns)``, from ``task.simulator``, ``task.context`` and optionally ``task.trace_reward``.
+    """
+
+    def __init__(self, task, max_turns: int = 4):
+        super().__init__(task.simulator, max_turns, getattr(task, "context", "react"),
+                         getattr(task, "trace_reward", None))

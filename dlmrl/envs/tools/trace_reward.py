@@ -36,7 +36,10 @@ from dlmrl.envs.tools.simulator import ToolSimulator, is_error
 from dlmrl.envs.tools.toolset import ToolSet
 from dlmrl.rewards.extract import completion_text
 
-__all__ = ["MTRTraceReward", "TraceScore"]
+__all__ = ["COMPONENTS", "MTRTraceReward", "TraceScore"]
+
+#: the logged components of a :class:`TraceScore`, in the order of :meth:`TraceScore.parts`
+COMPONENTS = ("answer", "consistency", "valid", "observed", "grounded")
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,10 @@ class TraceScore:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def parts(self) -> tuple[float, ...]:
+        """The components named by :data:`COMPONENTS` (answer, consistency, valid, observed, grounded)."""
+        return tuple(float(getattr(self, name)) for name in COMPONENTS)
 
 
 class MTRTraceReward:

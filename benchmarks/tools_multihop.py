@@ -1,0 +1,138 @@
+"""Multi-hop QA with simulated tools on the tiny AR model: the SFT base, then GRPO with the answer-only reward vs
+MTR's composite trace reward (arXiv 2510.06825), and Flow-GRPO with AgentFlow-memory episodes (arXiv 2510.05592).
+
+For each seed and variant this trains the shipped configs from the SFT base (``--base``, default
+``dlmrl/assets/tiny_multihop_ar``) and evaluates the final model on every held-out question by greedy episodes
+against the simulator, in both context modes (EM, F1, tool-call validity, answered, reward components):
+
+- ``grpo_answer``: ``configs/mtr_multihop_tiny_ar.yaml`` with ``task.options.w_cons: 0`` (reward = EM);
+- ``grpo_mtr``: the same config as shipped (reward = EM + 0.2 · consistency);
+- ``flow_grpo_memory_answer``: ``configs/flow_grpo_multihop_tiny_ar.yaml`` with ``w_cons: 0`` (the answer-only
+  reward in the episode form, where the observations are the simulator's);
+- ``flow_grpo_memory``: ``configs/flow_grpo_multihop_tiny_ar.yaml`` (memory episodes, final MTR reward per turn).
+
+The base is evaluated once (greedy decoding is deterministic). Writes ``benchmarks/results/tools_multihop.json``
+and ``tools_multihop.png`` (held-out EM and tool-call validity per variant, mean and per-seed points)::
+
+    OMP_NUM_THREADS=1 python benchmarks/tools_multihop.py --seeds 0,1,2 --steps 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from dlmrl.config import Config, apply_overrides, load_yaml, validate
+from dlmrl.data.multihop_task import MultiHopTask
+from dlmrl.models.ar import load_ar_policy
+from dlmrl.training.evaluation import evaluate_task_episodes
+from dlmrl.training.trainer import train
+
+ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = {
+    "grpo_answer": ("configs/mtr_multihop_tiny_ar.yaml", ["task.options.w_cons=0.0"]),
+    "grpo_mtr": ("configs/mtr_multihop_tiny_ar.yaml", []),
+    "flow_grpo_memory_answer": ("configs/flow_grpo_multihop_tiny_ar.yaml", ["task.options.w_cons=0.0"]),
+    "flow_grpo_memory": ("configs/flow_grpo_multihop_tiny_ar.yaml", []),
+}
+KEYS = ("em", "f1", "tool_call_validity", "answered", "consistency", "grounded", "mean_reward")
+
+
+def held_out(model_path: str) -> dict:
+    """Greedy held-out episodes of a saved model in both context modes (the configs' world: the task's default
+    options): ``{mode: {metric: value}}``."""
+    policy = load_ar_policy(model_path)
+    task = MultiHopTask(policy.tokenizer, None)
+    return {mode: {k: round(v, 4) for k, v in evaluate_task_episodes(policy, task.in_context(mode)).items()
+                   if k in KEYS} for mode in ("react", "memory")}
+
+
+def run_variant(name: str, seed: int, steps: int, base: str, out: Path) -> dict:
+    path, extra = VARIANTS[name]
+    cfg = Config()
+    load_yaml(cfg, ROOT / path)
+    apply_overrides(cfg, [f"model.name_or_path={base}", f"output_dir={out}", f"train.seed={seed}",
+                          f"train.max_steps={steps}", f"train.save_steps={steps}", "eval.before=false",
+                          "eval.after=false", *extra])
+    validate(cfg)
+    t0 = time.time()
+    train(cfg, progress=False)
+    seconds = time.time() - t0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    curve = {k: [r.get(k) for r in rows] for k in ("reward_mean", "rewards/answer/mean", "rewards/consistency/mean")}
+    return {"seed": seed, "train_seconds": round(seconds, 1), "held_out": held_out(str(out / "final_model")),
+            "curve": curve}
+
+
+def summarise(runs: list[dict]) -> dict:
+    out = {}
+    for mode in ("react", "memory"):
+        for k in KEYS:
+            vals = [r["held_out"][mode][k] for r in runs]
+            out[f"{mode}/{k}"] = {"mean": round(statistics.fmean(vals), 4),
+                                  "std": round(statistics.stdev(vals), 4) if len(vals) > 1 else 0.0}
+    return out
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = ["sft_base", *VARIANTS]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    for ax, key in zip(axes, ("em", "tool_call_validity")):
+        for j, mode in enumerate(("react", "memory")):
+            xs = [i + (j - 0.5) * 0.35 for i in range(len(names))]
+            means = [result["sft_base"][mode][key]] + [result["variants"][n]["summary"][f"{mode}/{key}"]["mean"]
+                                                        for n in VARIANTS]
+            ax.bar(xs, means, width=0.35, label=f"{mode} episodes")
+            for i, n in enumerate(VARIANTS, start=1):
+                pts = [r["held_out"][mode][key] for r in result["variants"][n]["runs"]]
+                ax.scatter([xs[i]] * len(pts), pts, color="black", s=10, zorder=3)
+        ax.set_xticks(range(len(names)), names, rotation=15)
+        ax.set_title(f"held-out {key}")
+        ax.set_ylim(0, 1)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--base", default=str(ROOT / "dlmrl/assets/tiny_multihop_ar"))
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/tools_multihop.json"))
+    args = ap.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    t0 = time.time()
+    result = {"base": args.base, "steps": args.steps, "seeds": seeds, "torch_num_threads": torch.get_num_threads(),
+              "sft_base": held_out(args.base), "variants": {}}
+    print("sft_base", json.dumps(result["sft_base"]), flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.variants.split(","):
+            runs = []
+            for seed in seeds:
+                runs.append(run_variant(name, seed, args.steps, args.base, Path(tmp) / f"{name}-{seed}"))
+                print(name, seed, json.dumps(runs[-1]["held_out"]), f"{runs[-1]['train_seconds']}s", flush=True)
+            result["variants"][name] = {"config": VARIANTS[name][0], "overrides": VARIANTS[name][1], "runs": runs,
+                                        "summary": summarise(runs)}
+    result["total_seconds"] = round(time.time() - t0, 1)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    plot(result, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')} in {result['total_seconds']} s")
+
+
+if __name__ == "__main__":
+    main()
