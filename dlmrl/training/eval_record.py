@@ -61,7 +61,7 @@ def eval_record(cfg, policy, settings: dict, trained_steps: int | None = None) -
 
     model, param = _model(cfg, policy)
     if trained_steps is not None:  # (inside a training run: the weights are the run's after that many steps)
-        model["trained_steps"], model["run"] = trained_steps, str(cfg.output_dir)
+        model["trained_steps"] = trained_steps
     sampling = {k: v for k, v in settings.items() if k != "protocol"}
     record = {"protocol": settings["protocol"], "sampling": sampling, "task": _task(cfg), "model": model,
               "dlmrl_version": __version__, "torch_version": torch.__version__,

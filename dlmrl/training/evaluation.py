@@ -160,8 +160,8 @@ def evaluate_with_config(cfg, policy, task, gen_length: int | None = None, train
     ``eval.preset``'s, else the ``eval`` section's) at ``gen_length`` (default ``sampling.gen_length``; a text task
     is decoded at that length), with the result's ``record`` (:func:`~dlmrl.training.eval_record.eval_record`).
     AR policies decode left to right (steps and block length unused). ``trained_steps``: inside a training run,
-    the steps the policy has been trained so far (the record's ``model.trained_steps``, with the run's folder, so
-    that a figure before training and one after it do not share a hash)."""
+    the steps the policy has been trained so far (the record's ``model.trained_steps``, so that a figure before
+    training and one after it do not share a hash)."""
     from dlmrl.training.eval_presets import eval_settings
     from dlmrl.training.eval_record import eval_record
 
