@@ -46,10 +46,15 @@ TINY_AR_DEFAULT = "tiny-sudoku-ar"
 TemperatureFn = Callable[[torch.Tensor, torch.Tensor], "torch.Tensor | float"]
 
 
+#: shipped AR checkpoints by name: the Sudoku default, and the multi-hop tool-use base (SFT on scripted traces)
+SHIPPED_AR = {TINY_AR_DEFAULT: "tiny_sudoku_ar", "tiny-multihop-ar": "tiny_multihop_ar"}
+
+
 def resolve_ar_model_path(name_or_path: str) -> str:
-    """``tiny-sudoku-ar`` → the shipped checkpoint folder; anything else is returned unchanged."""
-    if name_or_path == TINY_AR_DEFAULT:
-        return str(resources.files("dlmrl") / "assets" / "tiny_sudoku_ar")
+    """A shipped name (``tiny-sudoku-ar``, ``tiny-multihop-ar``) → its checkpoint folder in ``dlmrl/assets``; anything
+    else is returned unchanged."""
+    if name_or_path in SHIPPED_AR:
+        return str(resources.files("dlmrl") / "assets" / SHIPPED_AR[name_or_path])
     return name_or_path
 
 
