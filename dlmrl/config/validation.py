@@ -100,10 +100,12 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
 
     _check(m.family == "auto" or m.family in FAMILIES, "model.family",
            f"unknown family {m.family!r}; known: auto, {', '.join(FAMILIES.names())}")
-    shipped = {"diffusion": "tiny-sudoku", "ar": "tiny-sudoku-ar"}
-    _check(m.name_or_path != shipped["ar" if m.kind == "diffusion" else "diffusion"], "model.name_or_path",
-           f"{m.name_or_path!r} is the shipped {'AR' if m.kind == 'diffusion' else 'diffusion'} model; "
-           f"model.kind is {m.kind!r} (use {shipped[m.kind]!r} or set model.kind)")
+    from dlmrl.models.ar import SHIPPED_AR
+
+    shipped = {"diffusion": ("tiny-sudoku",), "ar": tuple(SHIPPED_AR)}  # (the shipped names of each kind)
+    _check(m.name_or_path not in shipped["ar" if m.kind == "diffusion" else "diffusion"], "model.name_or_path",
+           f"{m.name_or_path!r} is a shipped {'AR' if m.kind == 'diffusion' else 'diffusion'} model; "
+           f"model.kind is {m.kind!r} (use {' or '.join(map(repr, shipped[m.kind]))} or set model.kind)")
     sudoku_grid = t.name == "sudoku" and t.answer_mode != "text"  # (the tiny model's 16-cell canvas)
     _check(m.kind != "ar" or not sudoku_grid or t.answer_mode == "full", "task.answer_mode",
            "model.kind 'ar' generates the whole grid left to right: use answer_mode full (or text)")

@@ -50,6 +50,7 @@ from dlmrl.envs.tools.qa_metrics import exact_match, f1_score
 from dlmrl.envs.tools.react import format_prompt
 from dlmrl.envs.tools.simulator import ToolSimulator
 from dlmrl.envs.tools.trace_reward import COMPONENTS, MTRTraceReward, TraceScore
+from dlmrl.errors import OptionError
 from dlmrl.rewards.functions import RewardFunctions
 
 __all__ = ["EVAL_MODES", "MultiHopOptions", "MultiHopTask", "TraceComponent", "multihop_tokenizer", "trace_metrics"]
@@ -107,20 +108,22 @@ _BASE_SIZES = {"person": 48, "city": 24, "country": 8, "film": 32, "book": 16, "
 
 
 def _check(ok: bool, key: str, problem: str) -> None:
-    if not ok:
-        raise ValueError(f"task.options.{key}: {problem}")
+    if not ok:  # (the field: the config names the key that set it, task.options.<field> or task.<field>)
+        raise OptionError(key, f"{key}: {problem}")
 
 
 def check_multihop_options(o: MultiHopOptions) -> None:
-    """Raises ``ValueError`` ``"task.options.<field>: <problem>"`` for a bad setting."""
+    """Raises :class:`~dlmrl.errors.OptionError` naming the field of a bad setting."""
     _check(o.kb_scale > 0, "kb_scale", f"must be > 0, got {o.kb_scale}")
     _check(0 < o.test_fraction < 1, "test_fraction", f"must be in (0, 1), got {o.test_fraction}")
     _check(bool(o.hops) and all(isinstance(h, int) and 1 <= h <= 3 for h in o.hops), "hops",
            f"a list of hop counts in 1..3, got {o.hops!r}")
-    _check(o.n_train >= 0 and o.n_test >= 0, "n_train", "n_train and n_test must be >= 0 (0: all)")
+    _check(o.n_train >= 0, "n_train", f"must be >= 0 (0: all), got {o.n_train}")
+    _check(o.n_test >= 0, "n_test", f"must be >= 0 (0: all), got {o.n_test}")
     _check(o.context in MODES, "context", f"must be one of {MODES}, got {o.context!r}")
-    _check(o.w_ans >= 0 and o.w_cons >= 0 and o.w_ans + o.w_cons > 0, "w_ans",
-           f"w_ans and w_cons must be >= 0 and not both 0, got {o.w_ans}, {o.w_cons}")
+    _check(o.w_ans >= 0, "w_ans", f"must be >= 0, got {o.w_ans}")
+    _check(o.w_cons >= 0, "w_cons", f"must be >= 0, got {o.w_cons}")
+    _check(o.w_ans + o.w_cons > 0, "w_ans", "w_ans and w_cons must not both be 0")
     _check(o.metric in ("em", "f1"), "metric", f"must be 'em' or 'f1', got {o.metric!r}")
     _check(o.eval_mode in EVAL_MODES, "eval_mode", f"must be one of {EVAL_MODES}, got {o.eval_mode!r}")
     _check(o.max_turns >= 1, "max_turns", f"must be >= 1, got {o.max_turns}")

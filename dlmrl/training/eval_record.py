@@ -47,7 +47,8 @@ def _task(cfg) -> dict:
     return {"name": t.name, "answer_mode": t.answer_mode if t.name == "sudoku" else None,
             "test_file": t.test_file, "test_dataset": t.test_dataset, "test_split": t.test_split,
             "dataset": t.dataset, "subset": t.subset,
-            "test_prompt_template": t.test_prompt_template or t.prompt_template, "chat_template": t.chat_template}
+            "test_prompt_template": t.test_prompt_template or t.prompt_template, "chat_template": t.chat_template,
+            **({"options": dict(t.options)} if t.options else {})}  # (a task's own settings: its held-out data)
 
 
 def eval_record(cfg, policy, settings: dict, trained_steps: int | None = None) -> dict:

@@ -19,12 +19,13 @@ from dlmrl.config import Config, RunSpec, resolve_run
 
 
 def _model_section(cfg: Config) -> dict:
+    from dlmrl.models.ar import resolve_ar_model_path
     from dlmrl.models.loading import resolve_model_path
 
     m = cfg.model
     out: dict = {"name_or_path": m.name_or_path, "kind": m.kind, "dtype": m.dtype,
                  "trust_remote_code": m.trust_remote_code}
-    path = Path(resolve_model_path(m.name_or_path))
+    path = Path((resolve_ar_model_path if m.kind == "ar" else resolve_model_path)(m.name_or_path))
     family = m.family
     if path.is_dir():
         out["source"] = f"local folder {path}"

@@ -58,7 +58,8 @@ def test_valid_calls_are_answered_from_the_knowledge_base():
     assert SIM("lookup", '{"entity": "ada moro", "relation": "born_in"}') == "Kavo"  # a JSON string, any case
     assert SIM("search", {"query": "av"}) == "Kavo (city)"
     assert SIM("search", {"query": "a"}) == "Ada Moro (person); Kavo (city)"
-    assert SIM("search", {"query": "zz"}) == "no entity matches 'zz'"  # an empty result is not an error
+    # a miss is an error observation: its text echoes the query, which must not ground an answer searched for first
+    assert SIM.respond("search", {"query": "zz"}) == ("Error: no entity matches 'zz'", "no_match")
 
 
 @pytest.mark.parametrize("name, arguments, kind, text", [

@@ -97,3 +97,16 @@ def test_trl_shape():
     completions = ["Final Answer: Tesu", [{"role": "assistant", "content": FILMED + "Observation: Kavo\n"}]]
     assert R([None, None], completions, answer=["Tesu", "Kavo"], extra=[1, 2]) == pytest.approx([1.0, 0.2 * 2 / 3])
     assert [s.valid for s in R.score_batch(completions, ["Tesu", "Kavo"])] == [0.0, 1.0]
+
+
+def test_a_search_never_grounds_the_answer():
+    # a miss echoes the query (an error observation now), and a hit lists names matching it: searching for an
+    # answer first would otherwise ground any answer (the reward hack a review found)
+    miss = ('Thought: x\nAction: search[{"query": "Bogus"}]\nObservation: Error: no entity matches \'Bogus\'\n'
+            'Final Answer: Bogus\n')
+    s = CHECKED.score(miss, "Gold")
+    assert (s.valid, s.observed, s.grounded) == (1.0, 1.0, 0.0)
+    hit = 'Thought: x\nAction: search[{"query": "a"}]\nObservation: Ada Moro (person); Kavo (city)\nFinal Answer: Kavo\n'
+    s = CHECKED.score(hit, "Gold")
+    assert (s.valid, s.observed, s.grounded) == (1.0, 1.0, 0.0)
+    assert MTRTraceReward(kb_tools(), simulator=SIM, ground_exclude=()).score(hit, "Gold").grounded == 1.0

@@ -20,7 +20,7 @@ __all__ = ["ERROR_KINDS", "ERROR_PREFIX", "Observation", "ToolSimulator", "is_er
 
 ERROR_PREFIX = "Error:"
 #: every kind of error observation, in the order the checks run
-ERROR_KINDS = ("malformed_action", "unknown_tool", "bad_json", "schema", "unknown_entity", "no_fact")
+ERROR_KINDS = ("malformed_action", "unknown_tool", "bad_json", "schema", "unknown_entity", "no_fact", "no_match")
 _KB_TOOLS = ("lookup", "search")
 
 AnswerFn = Callable[[str, dict], str]
@@ -80,6 +80,8 @@ class ToolSimulator:
         Raises:
             TypeError: ``answer_fn`` returned something other than a string. Whatever ``answer_fn`` raises.
         """
+        if not isinstance(name, str):  # (a parsed action's name is always text; a caller's may not be)
+            return _error("unknown_tool", f"a tool name is text, got {type(name).__name__}")
         check = self.tools.check(name, arguments)
         if not check.ok:
             return _error(check.kind, check.message)
@@ -96,7 +98,8 @@ class ToolSimulator:
         if name == "search":
             hits = self.kb.search(args["query"])
             if not hits:
-                return Observation(f"no entity matches {args['query']!r}")
+                # (an error: a miss that echoed the query would otherwise "ground" any answer searched for first)
+                return _error("no_match", f"no entity matches {args['query']!r}")
             return Observation("; ".join(f"{e.name} ({e.type})" for e in hits))
         entity = self.kb.entity(args["entity"])
         if entity is None:

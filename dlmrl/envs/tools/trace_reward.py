@@ -16,8 +16,10 @@ over a ReAct trace (:func:`~dlmrl.envs.tools.react.parse_trace`), with ``w_ans =
   action, so a completion that writes its own observations gets no credit for made-up ones.
 - ``grounded``: 1 when the normalised final answer is a contiguous run of the normalised tokens of an
   observation that follows an action (one equal to the simulator's answer, when a simulator is given),
-  not an error observation; with ``ground_in_thoughts=True`` thoughts count too (a weaker check: a
-  policy can write any answer into a thought).
+  not an error observation, of a tool other than those in ``ground_exclude`` (default ``search``: its result
+  lists names matching the query, so a search for the answer, or for a common letter, would ground any name;
+  dlmrl interpretation); with ``ground_in_thoughts=True`` thoughts count too (a weaker check: a policy can write
+  any answer into a thought).
 
 Edge cases: a trace **without actions** has ``valid = observed = 0`` and nothing to be grounded in, so
 its consistency is 0; a trace **without a final answer** (or with an empty one) has ``answer = 0`` and
@@ -80,12 +82,14 @@ class MTRTraceReward:
             observations come from the environment itself, or when the simulator is not deterministic
             (an LLM): then an observation only has to be there.
         ground_in_thoughts: let a thought ground the answer as well as an observation.
+        ground_exclude: tools whose observations never ground the answer (default ``("search",)``).
     Raises:
         ValueError: an unknown metric, or a negative weight.
     """
 
     def __init__(self, tools: ToolSet | Sequence[Mapping], w_ans: float = 1.0, w_cons: float = 0.2,
-                 metric: str = "em", simulator: ToolSimulator | None = None, ground_in_thoughts: bool = False):
+                 metric: str = "em", simulator: ToolSimulator | None = None, ground_in_thoughts: bool = False,
+                 ground_exclude: tuple[str, ...] = ("search",)):
         if metric not in ("em", "f1"):
             raise ValueError(f"metric must be 'em' or 'f1', got {metric!r}")
         if w_ans < 0 or w_cons < 0:
@@ -93,6 +97,7 @@ class MTRTraceReward:
         self.tools = tools if isinstance(tools, ToolSet) else ToolSet(tools)
         self.w_ans, self.w_cons, self.metric = float(w_ans), float(w_cons), metric
         self.simulator, self.ground_in_thoughts = simulator, ground_in_thoughts
+        self.ground_exclude = tuple(ground_exclude)
 
     def _observed(self, step: Step) -> bool:
         if step.observation is None:
@@ -119,7 +124,8 @@ class MTRTraceReward:
         n = len(acting)
         valid = sum(a.ok and self.tools.check(a.name, a.arguments).ok for a in (s.action for s in acting))
         observed = [s for s in acting if self._observed(s)]
-        sources = [s.observation for s in observed if not is_error(s.observation)]
+        sources = [s.observation for s in observed
+                   if not is_error(s.observation) and s.action.name not in self.ground_exclude]
         if self.ground_in_thoughts:
             sources += [s.thought for s in trace.steps if s.thought]
         final = trace.final_answer
