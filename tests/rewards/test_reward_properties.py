@@ -83,12 +83,17 @@ def check_all(text: str, verifier: MathVerifier) -> None:
         "int_format": lambda: int_format_reward(None, [text]),
         "boxed_in_answer": lambda: boxed_in_answer_reward(None, [text]),
     }
-    for name, call in calls.items():
+    def timed(call):
         t0, c0 = time.perf_counter(), time.process_time()
         with no_code_evaluation():
             out = call()
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        assert cpu < BUDGET_S, f"{name} took {cpu * 1000:.0f} ms of CPU on {text[:60]!r}"
+        return out, time.perf_counter() - t0, time.process_time() - c0
+
+    for name, call in calls.items():
+        out, wall, cpu = timed(call)
+        if cpu >= BUDGET_S:  # (a pathological input is slow every time; a one-off pause, GC or a pool thread, is not)
+            cpu = min(cpu, timed(call)[2])
+        assert cpu < BUDGET_S, f"{name} took {cpu * 1000:.0f} ms of CPU on {text[:60]!r} (twice)"
         assert wall < HANG_S, f"{name} took {wall:.1f} s on {text[:60]!r}"
         assert len(out) == 1 and type(out[0]) is float, (name, out)
 
