@@ -338,11 +338,7 @@ def _check_algorithm(cfg: Config):
     _check(tr.epsilon is None or 0 < tr.epsilon < 1, "train.epsilon", "must be in (0, 1)")
     _check(tr.epsilon_high is None or tr.epsilon_high > 0, "train.epsilon_high", "must be > 0")
     _check(tr.beta is None or tr.beta >= 0, "train.beta", "must be >= 0")
-    from dlmrl.objectives.aggregation import LOSS_TYPES
-    from dlmrl.objectives.clip_rules import CLIP_RULES
-    from dlmrl.objectives.weighting import WEIGHTINGS
-
-    registries = {"clip_rule": CLIP_RULES, "loss_type": LOSS_TYPES, "weighting": WEIGHTINGS}
+    from dlmrl.objectives.objective import PART_REGISTRIES as registries
     for part, own in tr.part_options.items():
         _check(part in registries, f"train.part_options.{part}",
                f"part_options may only name {', '.join(registries)} (a mapping of that part's settings each)")

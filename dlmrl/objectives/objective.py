@@ -27,6 +27,10 @@ from dlmrl.objectives.weighting import WEIGHTINGS, Weighting
 KL_REFERENCES = ("reference", "old")
 
 
+#: the objective's part kinds (the GroupObjective field, and train.* key, that names each) and their registries
+PART_REGISTRIES = {"clip_rule": CLIP_RULES, "loss_type": LOSS_TYPES, "weighting": WEIGHTINGS}
+
+
 @dataclass(frozen=True)
 class ObjectiveParts:
     """The part objects a :class:`GroupObjective` names, built from its fields (:mod:`dlmrl.objectives.parts`).
@@ -165,7 +169,7 @@ class GroupObjective:
         check_choice("kl_level", self.kl_level, KL_LEVELS)
         check_choice("kl_reference", self.kl_reference, KL_REFERENCES)
         options = {name: getattr(self, name) for name in self.field_names() if name != "part_options"}
-        registries = {"clip_rule": CLIP_RULES, "loss_type": LOSS_TYPES, "weighting": WEIGHTINGS}
+        registries = PART_REGISTRIES
         check_values(self, [("part_options", set(self.part_options) <= set(registries),
                              f"may only name {', '.join(registries)}")])
 

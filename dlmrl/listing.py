@@ -1,0 +1,57 @@
+"""``dlmrl list <registry>``: every registered name with the first line of its docstring."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+_REGISTRIES = {
+    "algorithms": ("dlmrl.objectives.presets", "ALGORITHMS"),
+    "estimators": ("dlmrl.estimators", "ESTIMATORS"),
+    "rewards": ("dlmrl.rewards", "REWARDS"),
+    "tasks": ("dlmrl.data", "TASKS"),
+    "advantages": ("dlmrl.objectives.advantage_registry", "ADVANTAGES"),
+    "clip_rules": ("dlmrl.objectives.clip_rules", "CLIP_RULES"),
+    "loss_types": ("dlmrl.objectives.aggregation", "LOSS_TYPES"),
+    "weightings": ("dlmrl.objectives.weighting", "WEIGHTINGS"),
+    "families": ("dlmrl.models.families", "FAMILIES"),
+    "envs": ("dlmrl.envs", "ENVS"),
+}
+
+
+def plain_text(rst: str) -> str:
+    """A docstring line without reStructuredText markup: ``x`` as x, :func:`a.b.c` as c."""
+    return re.sub(r":\w+:`~?(?:[\w.]*\.)?([^`]+)`", r"\1", rst).replace("``", "")
+
+
+def _run_list(name: str) -> int:
+    """Print each registered name with the first line of its docstring."""
+    import importlib
+    import shutil
+    import textwrap
+    import warnings
+
+    module, attr = _REGISTRIES[name]
+    registry = getattr(importlib.import_module(module), attr)
+    width = max(map(len, registry.names()), default=0)
+    columns = max(shutil.get_terminal_size((100, 24)).columns, width + 40)
+    lines = []
+    for key in registry.names():
+        text = plain_text(registry.doc(key))
+        if name == "families":  # (a Family is an instance: say what it offers instead of its class's docstring)
+            family = registry.get(key)
+            text = ("sampling.cache prefix | dual" if family.cached_logits is not None
+                    else f"no block cache ({family.no_cache_reason or 'not implemented'})")
+        if name == "algorithms":  # which policy kinds the preset runs on
+            with warnings.catch_warnings():  # (some presets warn about their own documented choices)
+                warnings.simplefilter("ignore")
+                text += f" [{', '.join(registry.get(key)().policies)}]"
+        lines += textwrap.wrap(text, columns - 1, initial_indent=f"{key:<{width}}  ",
+                               subsequent_indent=" " * (width + 2), break_on_hyphens=False) or [key]
+    try:
+        print("\n".join(lines))
+        sys.stdout.flush()
+    except BrokenPipeError:  # e.g. `dlmrl list algorithms | head`: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
