@@ -400,13 +400,14 @@ def main(argv: list[str] | None = None) -> int:
 
         cpu_processes = requested_cpu_processes()
         if cpu_processes:  # `accelerate launch --cpu --num_processes N` without mpirun started this process alone
+            from dlmrl.training.checkpoint import CheckpointError
             from dlmrl.training.run_folder import check_run_folder
 
             try:  # (what the processes would refuse, refused here once: no error printed N times over a traceback)
                 check_process_split(cfg, cpu_processes, spec.preset)
                 check_sharding_backend()
                 check_run_folder(cfg, args.resume)
-            except (ConfigError, FileNotFoundError) as e:
+            except (ConfigError, FileNotFoundError, CheckpointError) as e:
                 print(f"dlmrl train: {e}", file=sys.stderr)
                 return 2
             import subprocess
@@ -415,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{cpu_processes} CPU processes with torch.distributed.run", file=sys.stderr, flush=True)
             return subprocess.call(cpu_relaunch_command(argv if argv is not None else sys.argv[1:], cpu_processes))
         from dlmrl.rewards.functions import RewardFunctionError
+        from dlmrl.training.checkpoint import CheckpointError
         from dlmrl.training.trainer import train
 
         try:
@@ -425,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
             summary = train(cfg, resume=args.resume, progress=not args.no_progress)
         except KeyboardInterrupt:
             return 130
-        except (FileNotFoundError, ConfigError, RewardFunctionError) as e:
+        except (FileNotFoundError, ConfigError, RewardFunctionError, CheckpointError) as e:
             print(f"dlmrl train: {e}", file=sys.stderr)
             return 2
         if os.environ.get("RANK", "0") != "0":  # (several processes: the main one reports)

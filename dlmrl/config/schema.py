@@ -42,8 +42,9 @@ class ModelConfig:
     family: str = doc("auto", "Family adapter (diffusion): auto | llada | dream | masked_lm | tiny; auto reads "
                               "config.json (model_type / architectures / auto_map), a name overrides it.")
     trust_remote_code: bool = doc(False, "Allow the checkpoint's own modeling code (only if you trust it).")
-    dtype: str = doc("float32", "Weights dtype: float32 | bfloat16 | float16. Log-probs are computed in float32 "
-                                "whatever the weights; a LoRA adapter stays float32 on a bfloat16 base.")
+    dtype: str = doc("float32", "Weights dtype: float32 | bfloat16 | float16 | float64. Log-probs are computed in "
+                                "float32 whatever the weights (float64 weights: in float64, for checks where "
+                                "equality is the claim); a LoRA adapter stays float32 on a bfloat16 base.")
     use_peft: bool = doc(False, "Train a LoRA adapter (peft) instead of the whole model; the KL reference is the "
                                 "base with the adapter disabled (no second copy), final_model/ holds the adapter.")
     lora_r: int = doc(16, "LoRA rank r (trainable parameters: r * (in + out) per targeted linear layer).")

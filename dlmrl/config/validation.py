@@ -109,7 +109,7 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
     sudoku_grid = t.name == "sudoku" and t.answer_mode != "text"  # (the tiny model's 16-cell canvas)
     _check(m.kind != "ar" or not sudoku_grid or t.answer_mode == "full", "task.answer_mode",
            "model.kind 'ar' generates the whole grid left to right: use answer_mode full (or text)")
-    _check(m.dtype in ("float32", "bfloat16", "float16"), "model.dtype", f"unknown dtype {m.dtype!r}")
+    _check(m.dtype in ("float32", "bfloat16", "float16", "float64"), "model.dtype", f"unknown dtype {m.dtype!r}")
     _check_lora(m)
     _check(t.name in TASKS, "task.name", f"unknown task {t.name!r}; known: {TASKS.names()}")
     check_task_keys(t)

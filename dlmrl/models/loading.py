@@ -19,7 +19,7 @@ from dlmrl.models.policy import MaskedDiffusionPolicy
 
 #: Name that resolves to the tiny Sudoku denoiser shipped in ``dlmrl/assets``.
 TINY_DEFAULT = "tiny-sudoku"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
 def resolve_model_path(name_or_path: str) -> str:

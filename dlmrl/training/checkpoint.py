@@ -1,10 +1,15 @@
-"""Atomic writes: a folder is written under a temporary name and renamed, so a crash never leaves half a checkpoint."""
+"""Atomic writes: a folder is written under a temporary name and renamed, so a crash never leaves half a checkpoint;
+and the integrity check a resume runs first, for a checkpoint damaged after it was written (a disk that filled up,
+a copy cut short)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import struct
+import warnings
+import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -55,3 +60,103 @@ def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
     root = Path(output_dir) / "checkpoints"
     steps = [(int(p.name.split("-")[1]), p) for p in root.glob("step-*") if p.name.split("-")[1].isdigit()]
     return max(steps)[1] if steps else None
+
+
+class CheckpointError(OSError):
+    """No intact checkpoint to resume from; the message names the damaged file and what is wrong with it."""
+
+
+#: files ``torch.save`` writes (accelerate's optimizer, scheduler, RNG states and registered objects): zip archives
+TORCH_SAVE_SUFFIXES = (".bin", ".pkl", ".pt", ".pth")
+
+
+def damaged_file(folder: str | os.PathLike) -> str | None:
+    """What is wrong with a checkpoint folder, or ``None`` when every weights and state file in it is whole.
+
+    A cheap check that reads headers, not tensors (an 8B checkpoint is not loaded twice): a ``.safetensors`` file
+    must be as long as its header says (8-byte little-endian header size, JSON header, then the byte ranges its
+    ``data_offsets`` name; see the safetensors format, huggingface/safetensors ``README.md``); a ``torch.save``
+    file (:data:`TORCH_SAVE_SUFFIXES`) must be a zip archive whose central directory, written last, is there and
+    whose members fit in the file. A truncated file fails either check.
+
+    Returns:
+        ``"<file>: <problem>"`` for the first damaged file, ``"<folder>: ..."`` for a folder with no
+        ``.safetensors`` weights at all; ``None`` when intact.
+    """
+    folder = Path(folder)
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    if not any(p.suffix == ".safetensors" for p in files):
+        return f"{folder}: no .safetensors weights in the checkpoint"
+    for path in files:
+        problem = None
+        if path.suffix == ".safetensors":
+            problem = _safetensors_problem(path)
+        elif path.suffix in TORCH_SAVE_SUFFIXES:
+            problem = _torch_save_problem(path)
+        if problem:
+            return f"{path}: {problem}"
+    return None
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"truncated safetensors file ({size} bytes, shorter than its 8-byte header size)"
+        (n,) = struct.unpack("<Q", head)
+        if 8 + n > size:
+            return f"truncated safetensors file ({size} bytes; its header alone needs {8 + n})"
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return "not a safetensors file (its header is not JSON)"
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)
+            and "data_offsets" in v]
+    need = 8 + n + max(ends, default=0)
+    if size < need:
+        return f"truncated safetensors file ({size} bytes; its header names tensors up to byte {need})"
+    return None
+
+
+def _torch_save_problem(path: Path) -> str | None:
+    try:
+        with zipfile.ZipFile(path) as z:
+            size = path.stat().st_size
+            for info in z.infolist():
+                if info.header_offset + info.compress_size > size:
+                    return f"truncated torch.save archive (member {info.filename} runs past the end)"
+    except zipfile.BadZipFile as e:
+        return f"truncated or damaged torch.save archive ({e})"
+    return None
+
+
+def resumable_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    """The newest intact ``checkpoints/step-N`` folder (:func:`damaged_file`), or ``None`` when there are none.
+
+    A damaged newer checkpoint is passed over with a warning naming it, its damaged file and the checkpoint used
+    instead (the run then redoes the steps after that one; the same seeds give the same steps).
+
+    Raises:
+        CheckpointError: every checkpoint is damaged; naming the newest one's damaged file.
+    Warns:
+        UserWarning: for each damaged checkpoint passed over.
+    """
+    root = Path(output_dir) / "checkpoints"
+    steps = sorted(((int(p.name.split("-")[1]), p) for p in root.glob("step-*") if p.name.split("-")[1].isdigit()),
+                   reverse=True)
+    damaged = []
+    for _, path in steps:
+        problem = damaged_file(path)
+        if problem is None:
+            for old, why in damaged:
+                warnings.warn(f"--resume: checkpoint {old} is damaged ({why}); resuming from the previous intact "
+                              f"checkpoint {path} instead", UserWarning, stacklevel=2)
+            return path
+        damaged.append((path, problem))
+    if damaged:
+        raise CheckpointError(f"--resume: no intact checkpoint under {root}: the newest, {damaged[0][0]}, is damaged "
+                              f"({damaged[0][1]})" + (f", and so {'is' if len(damaged) == 2 else 'are'} the "
+                                                      f"{len(damaged) - 1} older" if len(damaged) > 1 else "")
+                              + "; restore the file or start a new run in another --output-dir")
+    return None

@@ -19,7 +19,7 @@ from accelerate import Accelerator
 
 from dlmrl.config import Config, ConfigError, flatten, load_yaml, to_dict
 from dlmrl.models.lora import save_final_model
-from dlmrl.training.checkpoint import atomic_dir, latest_checkpoint, staging_dir, write_json_atomic
+from dlmrl.training.checkpoint import atomic_dir, latest_checkpoint, resumable_checkpoint, staging_dir, write_json_atomic
 from dlmrl.training.logging import plot_curves, read_metrics
 
 
@@ -65,16 +65,19 @@ def check_same_config(cfg: Config, saved_path: Path) -> None:
 
 
 def check_run_folder(cfg: Config, resume: bool) -> Path | None:
-    """The output folder's state against ``--resume``: the checkpoint to resume from (``None`` for a new run).
+    """The output folder's state against ``--resume``: the checkpoint to resume from (``None`` for a new run), the
+    newest intact one (:func:`~dlmrl.training.checkpoint.resumable_checkpoint`: a damaged newer one is passed over
+    with a warning naming both).
 
     Raises:
+        CheckpointError: ``resume`` where every checkpoint is damaged (naming the newest one's damaged file).
         FileNotFoundError: ``resume`` with no checkpoint and no run in ``output_dir``, or with checkpoints but
             no ``config.yaml``. A run stopped before its first checkpoint resumes from step 0 (``None``).
         ConfigError: a new run into a folder that holds one, or a resume with other settings
             (:func:`check_same_config`).
     """
     out = Path(cfg.output_dir)
-    ckpt = latest_checkpoint(out) if resume else None
+    ckpt = resumable_checkpoint(out) if resume else None
     if resume and ckpt is None:
         if not (out / "config.yaml").exists():
             raise FileNotFoundError(f"--resume: no checkpoint under {out / 'checkpoints'}")
