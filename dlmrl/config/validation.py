@@ -409,6 +409,12 @@ def _check_data_files(t: TaskConfig) -> int | float:
         key, sep, msg = str(e).partition(": ")
         if sep and key.startswith("task.") and " " not in key:
             raise ConfigError(f"config key {task_key(t, key)!r}: {msg}") from None
+        # a data file's own problem (a bad record, not UTF-8) names the file first: blame the key that names it,
+        # not the config file the run was started from
+        for name in ("train_file", "test_file", "dataset", "test_dataset"):
+            source = getattr(t, name)
+            if source and str(e).startswith(str(source)):
+                raise ConfigError(f"config key 'task.{name}': {e}") from None
         raise ConfigError(str(e)) from None
     return math.inf if size is None else size
 

@@ -16,11 +16,14 @@ for JSON lines and CSV files (the line the record starts on, 1-based, header and
 from __future__ import annotations
 
 import csv
+import io
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from dlmrl.data.text_files import NotUTF8Error, read_utf8
 
 __all__ = ["BUILDERS", "DataError", "Records", "field_error", "is_local_file", "load_records"]
 
@@ -77,8 +80,7 @@ def _jsonl_lines(path: Path) -> list[int] | None:
     Raises:
         DataError: naming the first line that is not valid JSON.
     """
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    text = _utf8(path)
     if text.startswith("\ufeff"):
         raise DataError(f"{path} line 1: the file starts with a UTF-8 byte-order mark, which the JSON reader "
                         "refuses; save it as UTF-8 without BOM")
@@ -104,10 +106,19 @@ def _jsonl_lines(path: Path) -> list[int] | None:
     return lines
 
 
+def _utf8(path: Path, strip_bom: bool = False) -> str:
+    """The file's text (:func:`~dlmrl.data.text_files.read_utf8`); a file that is not UTF-8 is a :class:`DataError`
+    naming it, the byte offset and line, and the encoding expected."""
+    try:
+        return read_utf8(path, strip_bom=strip_bom)
+    except NotUTF8Error as e:
+        raise DataError(str(e)) from None
+
+
 def _csv_lines(path: Path) -> tuple[list[str], list[int]]:
     """The header and the line each record starts on (blank lines skipped, quoted newlines followed). A UTF-8
     byte-order mark (spreadsheet exports write one) is read past, as the CSV builder is told to."""
-    with open(path, newline="", encoding="utf-8-sig") as f:
+    with io.StringIO(_utf8(path, strip_bom=True), newline="") as f:
         reader = csv.reader(f)
         try:
             header = next(reader)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import functools
 import importlib.resources
+import io
 import json
 import os
 import random
@@ -27,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlmrl.data.text_files import read_utf8
 from dlmrl.rewards.sudoku_rules import (
     _SOLUTION_ALPHABET,
     _UNITS,
@@ -277,7 +279,7 @@ def _find_column(names: Iterable[str], wanted: str, where: str) -> str | None:
 
 
 def _load_csv(path: Path, name: str) -> list[SudokuExample]:
-    with open(path, newline="", encoding="utf-8-sig") as f:
+    with io.StringIO(read_utf8(path, name, strip_bom=True), newline="") as f:
         reader = csv.reader(f)
         header = next(reader, None)
         while header is not None and not any(h.strip() for h in header):
@@ -316,7 +318,7 @@ def _load_csv(path: Path, name: str) -> list[SudokuExample]:
 
 def _load_jsonl(path: Path, name: str) -> list[SudokuExample]:
     out = []
-    with open(path, encoding="utf-8-sig") as f:
+    with io.StringIO(read_utf8(path, name, strip_bom=True), newline=None) as f:  # (universal newlines, as open)
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
                 continue

@@ -191,3 +191,37 @@ def test_records_the_fuzzer_broke_are_refused_with_a_data_error(tmp_path, cache)
     d1_style = write_jsonl(tmp_path / "countdown_cd3_test.jsonl", [{"input": "1," + "9" * 5000, "output": "3"}])
     with pytest.raises(DataError, match="field 'input': an integer of 5000 digits"):
         countdown_examples(load_records(d1_style, cache_dir=cache), "test")
+
+
+def test_a_file_that_is_not_utf8_names_the_file_the_byte_offset_and_the_encoding(tmp_path, cache):
+    """A Latin-1 export (é = 0xE9): the loader names the data file and where the byte is, not the config."""
+    jsonl = tmp_path / "latin1.jsonl"
+    jsonl.write_bytes(b'{"question": "ok", "answer": "1"}\n{"question": "caf\xe9", "answer": "2"}\n')
+    offset = jsonl.read_bytes().index(b"\xe9")
+    with pytest.raises(DataError, match=rf"^{re.escape(str(jsonl))}: not UTF-8 text: byte 0xE9 at byte offset "
+                                        rf"{offset} \(line 2, column 18\).*read as UTF-8"):
+        load_records(str(jsonl), cache_dir=cache)
+    csv_file = tmp_path / "latin1.csv"
+    csv_file.write_bytes("question,answer\n".encode() + b"caf\xe9,1\n")
+    with pytest.raises(DataError, match=rf"{re.escape(str(csv_file))}: not UTF-8 text: byte 0xE9 at byte offset 19 "
+                                        r"\(line 2, column 4\)"):
+        load_records(str(csv_file), cache_dir=cache)
+
+
+@pytest.mark.parametrize("task", ["gsm8k", "dataset", "sudoku"])
+def test_the_cli_blames_a_non_utf8_data_file_on_the_key_that_names_it(task, tmp_path, capsys):
+    from dlmrl.cli import main
+
+    if task == "sudoku":
+        path = tmp_path / "puzzles.csv"
+        path.write_bytes(b"Puzzle,Solution\n12\xe9,1\n")
+    else:
+        path = tmp_path / "data.jsonl"
+        path.write_bytes(b'{"question": "caf\xe9", "prompt": "caf\xe9", "answer": "1"}\n')
+    extra = ["train.reward_funcs=[dlmrl.rewards.math_reward]"] if task == "dataset" else []
+    code = main(["train", f"task.name={task}", f"task.train_file={path}", f"output_dir={tmp_path / 'run'}",
+                 "--dry-run", *extra])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"command-line override 'task.train_file={path}': config key 'task.train_file': {path}: not UTF-8" in err
+    assert "recipes" not in err  # (not blamed on the packaged recipe the run starts from)

@@ -1,0 +1,93 @@
+"""A damaged checkpoint on --resume: the newest intact one is used with a warning naming both, or the run stops
+with a message naming the damaged file (never a bare safetensors or zip error)."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from dlmrl.config import Config, apply_overrides
+from dlmrl.training.checkpoint import CheckpointError, damaged_file, resumable_checkpoint
+from dlmrl.training.trainer import train
+from tests.helpers import crash_then_resume, save_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("base"))
+
+
+def small_config(base, out, **extra) -> Config:
+    cfg = Config()
+    overrides = {"model.name_or_path": str(base), "output_dir": str(out), "max_steps": 3, "prompts_per_step": 2,
+                 "num_generations": 3, "sampling.steps": 4, "save_steps": 1, "learning_rate": 1e-3,
+                 "warmup_steps": 0, "eval.before": False, "eval.after": False, **extra}
+    apply_overrides(cfg, [f"{k}={v}" for k, v in overrides.items()])
+    return cfg
+
+
+def truncate(path, keep: float = 0.5) -> None:
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.truncate(int(size * keep))
+
+
+def test_damaged_file_reads_headers_of_safetensors_and_torch_save_files(tmp_path):
+    folder = tmp_path / "step-1"
+    folder.mkdir()
+    assert "no .safetensors weights" in damaged_file(folder)
+    save_file({"w": torch.arange(64, dtype=torch.float32)}, str(folder / "model.safetensors"))
+    torch.save({"state": torch.ones(256)}, folder / "optimizer.bin")
+    assert damaged_file(folder) is None
+    truncate(folder / "optimizer.bin", 0.9)
+    assert "optimizer.bin: truncated or damaged torch.save archive" in damaged_file(folder)
+    torch.save({"state": torch.ones(256)}, folder / "optimizer.bin")
+    with open(folder / "model.safetensors", "r+b") as f:  # one byte short of the last tensor
+        f.truncate(os.path.getsize(folder / "model.safetensors") - 1)
+    assert "model.safetensors: truncated safetensors file" in damaged_file(folder)
+    truncate(folder / "model.safetensors", 0.0)
+    assert "shorter than its 8-byte header size" in damaged_file(folder)
+
+
+def test_resume_passes_over_a_truncated_checkpoint_and_matches_the_uninterrupted_run(base, tmp_path, monkeypatch):
+    full = tmp_path / "full"
+    train(small_config(base, full), progress=False)
+
+    crashed = tmp_path / "crashed"
+    newest = crashed / "checkpoints" / "step-2"
+    with pytest.warns(UserWarning, match=r"checkpoint .*step-2 is damaged \(.*model\.safetensors: truncated "
+                                         r"safetensors file.*\); resuming from the previous intact checkpoint "
+                                         r".*step-1"):
+        crash_then_resume(monkeypatch, lambda resume: train(small_config(base, crashed), resume=resume,
+                                                            progress=False),
+                          2, after_crash=lambda: truncate(newest / "model.safetensors"))
+    a, b = load_file(str(full / "final_model" / "model.safetensors")), load_file(
+        str(crashed / "final_model" / "model.safetensors"))
+    for k in a:  # (steps 2 and 3 redone from step 1's state: the same operations in the same order)
+        assert torch.equal(a[k], b[k]), k
+    steps = [json.loads(x)["step"] for x in (crashed / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
+
+
+def test_resume_with_every_checkpoint_damaged_names_the_file(base, tmp_path, monkeypatch):
+    from dlmrl.cli import main
+
+    out = tmp_path / "run"
+
+    def damage_all():
+        for step in ("step-1", "step-2"):
+            truncate(out / "checkpoints" / step / "optimizer.bin")
+
+    with pytest.raises(CheckpointError, match=r"no intact checkpoint .*step-2, is damaged \(.*step-2.optimizer\.bin"
+                                              r": truncated or damaged torch.save archive"):
+        crash_then_resume(monkeypatch, lambda resume: train(small_config(base, out), resume=resume, progress=False),
+                          2, after_crash=damage_all)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["train", "--resume", "--output-dir", str(out), "--no-progress"]) == 2
+    assert resumable_checkpoint(tmp_path / "empty") is None  # (no checkpoints at all: not an error here)
