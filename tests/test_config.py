@@ -293,3 +293,19 @@ def test_list_keys_take_comma_lists_yaml_lists_and_top_level_names(tmp_path):
     cfg = Config()
     load_yaml(cfg, p)
     assert cfg.train.reward_funcs == ["a:b", "gsm8k"]
+
+
+AR_JOB = ["model.kind=ar", "model.name_or_path=tiny-sudoku-ar", "task.answer_mode=full", "algorithm=grpo"]
+
+
+@pytest.mark.parametrize("key", ["estimator.merge=4", "estimator.name=sdmc", "estimator.micro_batch=8",
+                                 "estimator.options={merge: 2}"])
+def test_the_ar_kind_refuses_estimator_keys_it_would_ignore(key):
+    """An AR policy scores exact token log-probs: an estimator setting would be silently unused."""
+    from dlmrl.config import default_job_config
+
+    name = key.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"config key '{name}': model.kind 'ar' scores exact token log-probs"):
+        validate(default_job_config([*AR_JOB, key]))
+    validate(default_job_config(AR_JOB))  # (the default recipe's own estimator section is not the user's)
+    validate(default_job_config([key]))  # (the same key on the default diffusion job is used, not refused)

@@ -111,6 +111,8 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
            "model.kind 'ar' generates the whole grid left to right: use answer_mode full (or text)")
     _check(m.dtype in ("float32", "bfloat16", "float16", "float64"), "model.dtype", f"unknown dtype {m.dtype!r}")
     _check_lora(m)
+    if m.kind == "ar":
+        _refuse_ar_estimator_keys(cfg)
     _check(t.name in TASKS, "task.name", f"unknown task {t.name!r}; known: {TASKS.names()}")
     check_task_keys(t)
     _check(t.answer_mode in ("infill", "full", "text"), "task.answer_mode", "must be 'infill', 'full' or 'text'")
@@ -280,6 +282,19 @@ def _check_rollout_is_cap(cfg: Config, estimator) -> None:
            f"likelihood of the sampler's own steps (got {estimator.name!r}, merge {settings.get('merge')}, order "
            f"{settings.get('order')!r}): other estimators' per-token scores are not log-probs of the distribution "
            "the rollout drew from")
+
+
+def _refuse_ar_estimator_keys(cfg: Config) -> None:
+    """An AR policy scores its completions by their exact token log-probs: no estimator runs, so an ``estimator.*``
+    key set away from its default (or the default recipe's value) would be ignored silently; refused, naming it."""
+    e = cfg.estimator
+    defaults = (EstimatorConfig(), _default_recipe().estimator)
+    for f in dataclasses.fields(e):
+        value = getattr(e, f.name)
+        if all(value != getattr(d, f.name) for d in defaults):
+            raise ConfigError(f"config key 'estimator.{f.name}': model.kind 'ar' scores exact token log-probs (no "
+                              f"likelihood estimator runs, so estimator settings do not apply); remove "
+                              f"estimator.{f.name} (got {value!r}), or train a diffusion policy (model.kind diffusion)")
 
 
 def _warn_estimator_fields(cfg: Config, name: str, estimator, e: EstimatorConfig) -> None:
