@@ -171,6 +171,22 @@ def _dataset_task_section(cfg: Config, cls, options) -> dict:
     return out
 
 
+def written_tokens(cfg: Config) -> tuple[int, int, float] | None:
+    """``(fewest, most, mean)`` tokens a completion writes when the task infills a canvas (Sudoku's
+    ``answer_mode: infill``: only the blank cells are masked, the givens are already there), ``None`` when the
+    whole canvas is written. From the training file's puzzles when one is set, else the generator's blank range
+    (uniform, so the mean is its midpoint)."""
+    t = cfg.task
+    if cfg.model.kind != "diffusion" or t.name != "sudoku" or t.answer_mode != "infill":
+        return None
+    if t.train_file:
+        from dlmrl.data.sudoku import load_sudoku_file
+
+        counts = [len(e.blanks) for e in load_sudoku_file(t.train_file)]
+        return min(counts), max(counts), sum(counts) / len(counts)
+    return t.min_blanks, t.max_blanks, (t.min_blanks + t.max_blanks) / 2
+
+
 def _sampler_section(cfg: Config) -> dict:
     s, ev = cfg.sampling, cfg.eval
     length = s.gen_length  # (validate holds Sudoku's grid modes to 16)
@@ -184,6 +200,12 @@ def _sampler_section(cfg: Config) -> dict:
            "temperature": s.temperature, "remasking": s.remasking, "cfg_scale": s.cfg_scale,
            "threshold": s.threshold, "threshold_factor": s.threshold_factor, "cache": s.cache,
            "nfe_per_completion": s.steps * cfg_factor}
+    written = written_tokens(cfg)
+    if written is not None:  # (infill: a step reveals its share of the blank cells, not of the whole canvas)
+        lo, hi, mean = written
+        out["tokens_per_step"] = round(mean / s.steps, 3)
+        out["tokens_note"] = (f"infill: only the blank cells are written ({lo}-{hi} of the {length} canvas cells, "
+                              f"mean {mean:g}), revealed over the denoising steps")
     if s.cache != "none":
         out["cache_note"] = (f"{s.cache} cache (Fast-dLLM): a block's first pass runs over the whole sequence, its "
                              "later passes reuse the keys/values " + ("before the block" if s.cache == "prefix"
@@ -237,7 +259,11 @@ def _sizes_section(cfg: Config, nfe_scoring: int, processes: int) -> dict:
                                           else f"{tr.prompts_per_step} prompts do not split over {processes} "
                                                "processes")
     length = cfg.sampling.gen_length  # (validate holds Sudoku's grid modes to 16)
-    out["completion_tokens_per_step"] = rows * length
+    written = written_tokens(cfg)
+    out["completion_tokens_per_step"] = rows * length if written is None else round(rows * written[2], 1)
+    if written is not None:
+        out["completion_tokens_note"] = (f"mean over the data: {rows} completions x {written[2]:g} blank cells "
+                                         f"(infill; the canvas is {length} tokens, {rows * length} in all)")
     if cfg.model.kind == "diffusion":
         canvases = rows * nfe_scoring
         out["scoring_canvases_per_update"] = canvases  # (at most, for data-dependent NFE)
