@@ -65,9 +65,10 @@ def task_options(t: TaskConfig):
 
 def task_key(t: TaskConfig, field: str) -> str:
     """The config key that set the task setting ``field``: ``task.options.<field>`` when ``task.options`` gives it,
-    else the flat ``task.<field>``."""
+    else the flat ``task.<field>`` (a field with no flat key: ``task.options.<field>``)."""
     field = field.removeprefix("task.options.").removeprefix("task.")
-    return f"task.options.{field}" if field in t.options else f"task.{field}"
+    flat = {f.name for f in dataclasses.fields(TaskConfig)}  # (a task's own setting has no flat key)
+    return f"task.options.{field}" if field in t.options or field not in flat else f"task.{field}"
 
 
 def check_task_keys(t: TaskConfig) -> None:

@@ -26,7 +26,7 @@ from dlmrl.config.schema import (
     TaskConfig,
     default_config_path,
 )
-from dlmrl.config.task_options import check_task, check_task_keys, task_class, task_key
+from dlmrl.config.task_options import check_task, check_task_keys, task_class, task_key, task_options
 from dlmrl.errors import ConfigError, OptionError
 
 
@@ -115,6 +115,11 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
         _refuse_ar_estimator_keys(cfg)
     _check(t.name in TASKS, "task.name", f"unknown task {t.name!r}; known: {TASKS.names()}")
     check_task_keys(t)
+    evaluates = not for_training or ev.before or ev.after or ev.eval_steps > 0
+    try:
+        task_class(t).check_policy(task_options(t), m.kind, evaluates)
+    except OptionError as e:  # (e.g. a task that evaluates by episodes, which needs an AR policy)
+        raise ConfigError(f"config key {task_key(t, e.field)!r}: {e}") from None
     _check(t.answer_mode in ("infill", "full", "text"), "task.answer_mode", "must be 'infill', 'full' or 'text'")
     _check(1 <= t.min_blanks <= t.max_blanks <= 12, "task.min_blanks", "need 1 <= min_blanks <= max_blanks <= 12")
     if data:

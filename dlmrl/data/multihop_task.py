@@ -241,6 +241,15 @@ class MultiHopTask(Task):
         other.options, other.context = replace(self.options, context=mode), mode
         return other
 
+    @classmethod
+    def check_policy(cls, options: MultiHopOptions, kind: str, evaluates: bool) -> None:
+        """Episode evaluation plays the held-out questions with the policy's ``generate`` (an AR policy): a diffusion
+        policy that evaluates needs ``eval_mode: sequence``."""
+        _check(not (evaluates and kind != "ar" and options.eval_mode == "episodes"), "eval_mode",
+               f"'episodes' plays the held-out questions turn by turn with an AR policy; model.kind {kind!r} decodes "
+               "one sequence per question: set task.options.eval_mode: sequence (or turn held-out evaluation off: "
+               "eval.before: false, eval.after: false, eval.eval_steps: 0)")
+
     @property
     def evaluates_episodes(self) -> bool:
         """Whether held-out evaluation plays episodes (``eval_mode: episodes``) rather than decoding one sequence."""

@@ -119,6 +119,16 @@ class Task(ABC):
         return None
 
     @classmethod
+    def check_policy(cls, options, kind: str, evaluates: bool) -> None:
+        """Refuse, before any model loads, a policy kind the task cannot serve with these options.
+
+        Args:
+            kind: ``model.kind`` (``diffusion`` or ``ar``). evaluates: whether the run evaluates on held-out data.
+        Raises:
+            OptionError: naming the setting (default: accepts every kind).
+        """
+
+    @classmethod
     @abstractmethod
     def from_options(cls, options, tokenizer, mask_token_id: int | None, gen_length: int | None = None,
                      **resources) -> Task:

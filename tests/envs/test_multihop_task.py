@@ -194,3 +194,27 @@ def test_piece_tokenizer_round_trips_any_text_and_shortens_traces(tmp_path):
     name = q.topic
     pieces = TOK.tokenize(name)
     assert all(TOK.tokenize(s)[: len(pieces)] == pieces for s in (name + " was", name + '", "'))
+
+
+def test_episode_evaluation_with_a_diffusion_policy_is_refused_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    """``eval_mode: episodes`` needs an AR policy's ``generate``: refused by the config check (the dry-run shows it),
+    not at the first evaluation after the model has loaded."""
+    from pathlib import Path
+
+    import dlmrl.training.run_setup as run_setup
+    from dlmrl.cli import main
+    from dlmrl.config import Config, ConfigError, apply_overrides, load_yaml
+    from dlmrl.training.trainer import train
+
+    config = str(Path(__file__).parents[2] / "configs" / "mtr_multihop_tiny_ar.yaml")
+    diffusion = ["model.kind=diffusion", "model.name_or_path=tiny-sudoku", f"output_dir={tmp_path / 'run'}"]
+    assert main(["train", "--config", config, *diffusion, "--dry-run"]) == 2
+    assert "config key 'task.options.eval_mode': eval_mode: 'episodes'" in capsys.readouterr().err
+    monkeypatch.setattr(run_setup, "load_policy", lambda *a, **k: pytest.fail("the model was loaded"))
+    cfg = Config()
+    load_yaml(cfg, config)
+    apply_overrides(cfg, diffusion)
+    with pytest.raises(ConfigError, match="task.options.eval_mode"):
+        train(cfg, progress=False)
+    for fix in (["task.options.eval_mode=sequence"], ["eval.before=false", "eval.after=false"]):
+        assert main(["train", "--config", config, *diffusion, *fix, "--dry-run"]) == 0, capsys.readouterr().err
