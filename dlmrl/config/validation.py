@@ -460,10 +460,13 @@ def _check_reward_funcs(cfg: Config) -> None:
            f"task {t.name!r} has no reward of its own: name at least one reward function, a registry name (dlmrl list "
            "rewards) or an import string module:function")
     try:
-        RewardFunctions(tr.reward_funcs, tr.reward_weights, what="")
+        funcs = RewardFunctions(tr.reward_funcs, tr.reward_weights, what="")
     except (ValueError, TypeError, ImportError) as e:
         key = "train.reward_weights" if str(e).startswith("reward_weights") else "train.reward_funcs"
         raise ConfigError(f"config key {key!r}: {e}") from None
+    check_rows = getattr(task_class(t), "check_reward_rows", None)
+    if check_rows is not None:  # (the rows of local data the functions cannot score: a warning naming them)
+        check_rows(task_options(t), funcs)
 
 
 def validate_pretrain(cfg: PretrainConfig) -> None:

@@ -227,7 +227,11 @@ class DatasetTask(TextTask):
                              "plain-text prompts or a tokenizer with a chat_template")
 
     def check_examples(self, examples: list) -> list:
+        """As loaded: the prompts checked (:meth:`check_prompts`) and the rows the reward functions say they cannot
+        score reported (:meth:`~dlmrl.rewards.functions.RewardFunctions.check_rows`: a warning naming them)."""
         self.check_prompts(examples)
+        if examples and getattr(self, "reward_functions", None) is not None:
+            self.reward_functions.check_rows(self.columns_of(examples), [e.where for e in examples])
         return examples
 
     # -- encoding ---------------------------------------------------------------------------------------
@@ -255,9 +259,22 @@ class DatasetTask(TextTask):
         """``(prompts, completions, columns)`` as the reward functions take them (module docstring)."""
         prompts = [e.prompt for e in examples]
         completions = [[{"role": "assistant", "content": t}] if e.is_chat else t for e, t in zip(examples, texts)]
+        return prompts, completions, self.columns_of(examples)
+
+    @staticmethod
+    def columns_of(examples: Sequence[DatasetExample]) -> dict[str, list]:
+        """The columns other than the prompt, one value per example (``None`` where a row lacks one)."""
         names = list(dict.fromkeys(k for e in examples for k in e.columns))
-        columns = {k: [e.columns.get(k) for e in examples] for k in names}
-        return prompts, completions, columns
+        return {k: [e.columns.get(k) for e in examples] for k in names}
+
+    @classmethod
+    def check_reward_rows(cls, options: DatasetOptions, reward_functions: RewardFunctions) -> None:
+        """The rows of the *local* data files that ``reward_functions`` cannot score, reported up front (a warning per
+        function, naming the rows: :meth:`~dlmrl.rewards.functions.RewardFunctions.check_rows`)."""
+        for which, (source, _, _, _) in cls.sources(options).items():
+            if is_local_file(source):
+                examples = cls.load_split(options, which)
+                reward_functions.check_rows(cls.columns_of(examples), [e.where for e in examples])
 
     def reward_table(self, examples: Sequence[DatasetExample], texts: Sequence[str]) -> torch.Tensor:
         """``(B, F)`` float32 values of each reward function, NaN where it returned ``None``.
@@ -266,7 +283,7 @@ class DatasetTask(TextTask):
             dlmrl.rewards.functions.RewardFunctionError: a function returned the wrong number of values or a
                 value that is not a number or ``None``.
         """
-        return self.reward_functions.table(*self.reward_inputs(examples, texts))
+        return self.reward_functions.table(*self.reward_inputs(examples, texts), [e.where for e in examples])
 
     def rewards(self, examples: Sequence[DatasetExample], texts: Sequence[str]) -> list[float]:
         """The weighted ``nansum`` of the reward functions, one float per completion."""
@@ -280,7 +297,7 @@ class DatasetTask(TextTask):
             ValueError: an ``eval_metric`` that returns something other than a finite real number.
         """
         prompts, completions, columns = self.reward_inputs(examples, texts)
-        table = self.reward_functions.table(prompts, completions, columns)
+        table = self.reward_functions.table(prompts, completions, columns, [e.where for e in examples])
         totals = self.reward_functions.combine(table)
         out = {"mean_reward": float(totals.double().mean()) if len(totals) else 0.0,
                **{k: v for k, v in self.reward_functions.metrics(table).items() if k.endswith("/mean")},

@@ -175,8 +175,9 @@ def math_examples(records: Records, split: str = "train") -> list[MathExample]:
         problem = _text(where, "problem", r["problem"])
         solution = "" if r["solution"] is None else str(r["solution"])
         if r["answer"] is not None:
+            text = _text(where, "answer", r["answer"])  # (its own DataError names the row)
             try:
-                gold = math_gold(_text(where, "answer", r["answer"]))
+                gold = math_gold(text)
             except ValueError as e:  # e.g. "\\boxed{ }": text, but no answer inside
                 raise field_error(where, "answer", str(e)) from None
         else:

@@ -13,7 +13,7 @@ KL_KINDS = ("k1", "k2", "k3")
 K3_LOG_RATIO_BOUND = 20.0
 
 
-def kl_estimate(logp_new: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3") -> torch.Tensor:
+def kl_estimate(logp_new: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3", clamp: bool = True) -> torch.Tensor:
     """Per-element estimate of ``KL(π_new ‖ π_ref)`` from log-probabilities of samples of ``π_new``.
 
     With ``Δ = logp_ref − logp_new``: ``k1 = −Δ``, ``k2 = Δ²/2``, ``k3 = e^Δ − Δ − 1`` (≥ 0,
@@ -23,14 +23,17 @@ def kl_estimate(logp_new: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3"
 
     Finite for any finite input: ``k3`` takes ``Δ`` clamped to ``±20`` nats (:data:`K3_LOG_RATIO_BOUND`, as
     verl's ``core_algos.kl_penalty`` does; beyond it the value stays at the bound's and the gradient is 0), so
-    it never overflows; ``k1`` and ``k2`` are polynomials in ``Δ``.
+    it never overflows; ``k1`` and ``k2`` are polynomials in ``Δ``. ``clamp=False`` gives the estimate itself
+    (for logging: the loss's clamped value understates it once ``|Δ| > 20``, e.g. 19 where it is 49), ``k3``
+    computed in float64 (finite up to ``Δ ≈ 709`` nats, ``inf`` beyond).
 
     Args:
         logp_new: any shape, nats (differentiable).
         logp_ref: same shape, nats (treated as given; detach it upstream).
         kind: ``k1``, ``k2`` or ``k3``.
+        clamp: evaluate ``k3`` at ``Δ`` clamped to ``±20`` (the loss's form); ``False``: unclamped, float64.
     Returns:
-        Tensor of the input shape.
+        Tensor of the input shape (float64 for ``k3`` with ``clamp=False``).
 
     Reference: J. Schulman, "Approximating KL divergence" (2020); GRPO arXiv 2402.03300 Eq. 4.
     """
@@ -40,7 +43,7 @@ def kl_estimate(logp_new: torch.Tensor, logp_ref: torch.Tensor, kind: str = "k3"
     if kind == "k2":
         return 0.5 * delta**2
     if kind == "k3":
-        delta = delta.clamp(-K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND)
+        delta = delta.clamp(-K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND) if clamp else delta.double()
         return torch.expm1(delta) - delta
     raise ValueError(f"kind must be one of {', '.join(repr(k) for k in KL_KINDS)}; got {kind!r}")
 
@@ -54,6 +57,7 @@ def kl_term(
     mask: torch.Tensor,
     kind: str = "k3",
     level: str = "token",
+    clamp: bool = True,
 ) -> torch.Tensor:
     """The KL penalty per token, to be added as ``β · kl_term`` to the per-token loss.
 
@@ -74,6 +78,7 @@ def kl_term(
         mask: ``(B, L)`` bool.
         kind: ``k1``, ``k2`` or ``k3``.
         level: one of :data:`KL_LEVELS`.
+        clamp: :func:`kl_estimate`'s (``False`` for the logged estimate).
     Returns:
         ``(B, L)`` KL estimate per token (nats).
     Raises:
@@ -87,14 +92,14 @@ def kl_term(
     new = torch.where(mask, logp_new, zero)
     ref = torch.where(mask, logp_ref.detach(), zero)
     if level == "token":
-        return torch.where(mask, kl_estimate(new, ref, kind), zero)
+        return torch.where(mask, kl_estimate(new, ref, kind, clamp), zero)
     if level in ("sequence", "sequence_sum", "sequence_sum_by_length"):
         new_sum = new.sum(-1)  # (B,)
         ref_sum = ref.sum(-1)
         n = mask.sum(-1).clamp(min=1).to(logp_new.dtype)
         if level == "sequence":
             new_sum, ref_sum = new_sum / n, ref_sum / n
-        kl = kl_estimate(new_sum, ref_sum, kind)  # (B,)
+        kl = kl_estimate(new_sum, ref_sum, kind, clamp)  # (B,)
         if level == "sequence_sum_by_length":
             kl = kl / n
         return torch.where(mask, kl[:, None].expand_as(logp_new), zero)

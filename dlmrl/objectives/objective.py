@@ -386,10 +386,14 @@ class GroupObjective:
             kl_loss = aggregation.aggregate(kl_tok, mask, **agg)
             loss = policy_loss + self.beta * kl_loss
             per_token = policy_tok + self.beta * kl_tok
-            kl_value = float(kl_loss.detach())
+            kl_loss_value = float(kl_loss.detach())
+            with torch.no_grad():  # (the logged estimate is unclamped: the loss's k3 stops growing at |Δ| = 20 nats)
+                kl_raw = kl_term(logp_new.detach(), target, mask, self.kl_kind, self.kl_level, clamp=False)
+                kl_value = float(aggregation.aggregate(kl_raw, mask, **agg))
 
         metrics = {"loss": float(loss.detach()), "policy_loss": float(policy_loss.detach()),
-                   **self._ratio_metrics(ratio.detach(), clip, mask), "kl": kl_value}
+                   **self._ratio_metrics(ratio.detach(), clip, mask), "kl": kl_value,
+                   "kl_loss": kl_loss_value if self.beta > 0 else 0.0}
         return ObjectiveOutput(
             loss=loss, metrics=metrics, per_token_loss=per_token, ratio=ratio.detach(), advantages=adv_tok,
             eps_low=torch.as_tensor(eps_low, dtype=dtype, device=mask.device).expand(B, L),

@@ -126,23 +126,53 @@ class RewardFunctions:
     def __len__(self) -> int:
         return len(self.funcs)
 
-    def table(self, prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, Sequence]) -> torch.Tensor:
+    def check_rows(self, columns: dict[str, Sequence], locations: Sequence[str]) -> None:
+        """Report, when the data loads, the rows a function says it cannot score: a function may carry
+        ``check_columns(columns) -> [(row, problem), ...]`` (dlmrl's ``math`` and ``gsm8k`` rewards do: an empty or
+        non-numeric gold answer); it scores those rows ``None``, so the run goes on without them.
+
+        Args:
+            columns: column name → one value per row. locations: one label per row (``"<file> line 7"``).
+        Warns:
+            UserWarning: per function, naming how many rows and the first few with their problem.
+        """
+        for name, fn in zip(self.names, self.funcs):
+            check = getattr(fn, "check_columns", None)
+            problems = check(columns) if callable(check) else []
+            if problems:
+                shown = "; ".join(f"{locations[i] if i < len(locations) else f'row {i}'}: {why}"
+                                  for i, why in problems[:5])
+                warnings.warn(f"reward function {name!r} cannot score {len(problems)} of {len(locations)} rows (it "
+                              f"gives them None: not applicable): {shown}{' ...' if len(problems) > 5 else ''}",
+                              UserWarning, stacklevel=2)
+
+    def table(self, prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, Sequence],
+              locations: Sequence[str] | None = None) -> torch.Tensor:
         """Every function on one batch: ``(B, F)`` float32, NaN where a function returned ``None`` (or NaN).
+
+        A function that raises on the batch is called again row by row, so one bad row cannot stop a run: the rows
+        that raise again get NaN (as ``None``) and a warning names them and the error; when every row raises the
+        fault is the function's, and it propagates.
 
         Args:
             prompts, completions: ``B`` entries each (TRL's forms, module docstring).
             columns: column name → ``B`` values, passed as keyword arguments.
+            locations: ``B`` labels naming each row's source (``"<file> line 7"``) for the warnings.
         Raises:
             RewardFunctionError: a function returned no sequence, a sequence of another length than ``B``, or
                 an entry that is neither a real number nor ``None``; naming the function, the length got and
                 expected, or the row and the value.
+            Exception: what a function raised on every row of the batch.
         """
         B = len(completions)
         out = torch.empty(B, len(self.funcs), dtype=torch.float32)
         if B == 0:  # (a process whose share of the batch is empty: no call, which a user function may not expect)
             return out
         for j, (name, fn) in enumerate(zip(self.names, self.funcs)):
-            values = fn(list(prompts), list(completions), **columns)
+            try:
+                values = fn(list(prompts), list(completions), **columns)
+            except Exception as e:  # noqa: BLE001 (isolate the rows that make it fail; re-raised if all do)
+                values = self._row_by_row(name, fn, prompts, completions, columns, locations, e)
             if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__"):
                 raise RewardFunctionError(f"reward function {name!r} returned {type(values).__name__} "
                                           f"{_short(values)}; it must return a list of {B} values (one float or None "
@@ -166,6 +196,30 @@ class RewardFunctions:
                           f"reward is 0), e.g. completion {i}: {_short(completions[i])}; make at least one function "
                           "return a number for each completion", UserWarning, stacklevel=2)
         return out
+
+    @staticmethod
+    def _row_by_row(name: str, fn: Callable, prompts, completions, columns, locations, error: Exception) -> list:
+        """``fn`` called on each row alone after it raised ``error`` on the batch: ``None`` for the rows that raise."""
+        B = len(completions)
+        values: list = []
+        failed: list[tuple[int, Exception]] = []
+        for i in range(B):
+            try:
+                row = fn([prompts[i]], [completions[i]], **{k: [v[i]] for k, v in columns.items()})
+            except Exception as e:  # noqa: BLE001
+                failed.append((i, e))
+                values.append(None)
+                continue
+            if isinstance(row, (str, bytes, dict)) or not hasattr(row, "__len__") or len(row) != 1:
+                raise error  # (the function does not score rows alone: its batch error is the one to report)
+            values.append(row[0])
+        if len(failed) == B:
+            raise error
+        where = lambda i: locations[i] if locations is not None else f"completion {i}"  # noqa: E731
+        shown = "; ".join(f"{where(i)}: {type(e).__name__}: {e}" for i, e in failed[:3])
+        warnings.warn(f"reward function {name!r} raised on {len(failed)} of {B} rows, which get None (not applicable; "
+                      f"the others are scored): {shown}{' ...' if len(failed) > 3 else ''}", UserWarning, stacklevel=3)
+        return values
 
     def combine(self, table: torch.Tensor) -> torch.Tensor:
         """``(B, F) -> (B,)`` float32: ``Σ_j w_j · r_ij`` over the functions that returned a value (TRL's

@@ -24,7 +24,7 @@ from typing import Any
 
 from dlmrl.rewards.extract import completion_text, d1_answer, last_boxed
 
-__all__ = ["CORRECT", "gsm8k_correctness", "gsm8k_gold", "gsm8k_reward", "parse_number"]
+__all__ = ["CORRECT", "gsm8k_correctness", "gsm8k_gold", "gsm8k_gold_problems", "gsm8k_reward", "parse_number"]
 
 CORRECT = 2.0
 _MAX_NUMBER_CHARS = 64
@@ -81,12 +81,40 @@ def gsm8k_reward(prompts: Sequence[Any] | None, completions: Sequence[Any], *, a
         **kwargs: other columns, ignored.
 
     Returns:
-        2.0 or 0.0 per completion; never raises on completion strings.
+        2.0 or 0.0 per completion; never raises on completion strings. ``None`` (TRL's "not applicable") for a
+        row whose gold answer is missing or not a number, which :func:`gsm8k_gold_problems` reports when the data
+        loads.
 
     Raises:
-        ValueError: if ``answer`` does not align with ``completions`` or a gold answer is not a number.
+        ValueError: if ``answer`` does not align with ``completions``.
     """
     if len(answer) != len(completions):
         raise ValueError(f"answer ({len(answer)}) must align with completions ({len(completions)})")
-    golds = [gsm8k_gold(str(a)) for a in answer]
-    return [gsm8k_correctness(completion_text(c), g) for c, g in zip(completions, golds)]
+    out: list[float | None] = []
+    for c, a in zip(completions, answer):
+        try:
+            gold = gsm8k_gold(str(a)) if a is not None else None
+        except ValueError:  # (this row cannot be scored; the others can)
+            gold = None
+        out.append(None if gold is None else gsm8k_correctness(completion_text(c), gold))
+    return out
+
+
+def gsm8k_gold_problems(columns: dict[str, Sequence]) -> list[tuple[int, str]]:
+    """``(row, problem)`` for each row whose ``answer`` gives :func:`gsm8k_reward` no numeric gold answer (the rows
+    it scores ``None``), reported when the data loads."""
+    if "answer" not in columns:
+        return [(0, "no 'answer' column (gsm8k_reward reads the gold answer there)")]
+    out = []
+    for i, a in enumerate(columns["answer"]):
+        if a is None:
+            out.append((i, "field 'answer': missing or null"))
+            continue
+        try:
+            gsm8k_gold(str(a))
+        except ValueError as e:
+            out.append((i, f"field 'answer': {e}"))
+    return out
+
+
+gsm8k_reward.check_columns = gsm8k_gold_problems

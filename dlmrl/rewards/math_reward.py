@@ -25,7 +25,7 @@ from typing import Any
 from dlmrl.rewards.extract import completion_text, last_answer_pair, last_boxed
 from dlmrl.rewards.math_verifier import MathVerifier, default_verifier
 
-__all__ = ["CORRECT", "math_answer", "math_correctness", "math_gold", "math_reward"]
+__all__ = ["CORRECT", "math_answer", "math_correctness", "math_gold", "math_gold_problems", "math_reward"]
 
 CORRECT = 2.0
 
@@ -77,11 +77,40 @@ def math_reward(prompts: Sequence[Any] | None, completions: Sequence[Any], *, an
         verifier: the :class:`MathVerifier` to use (default: the shared one, timeout 1 s, 2 workers).
         **kwargs: other columns, ignored.
 
+    Returns:
+        2.0 or 0.0 per completion; ``None`` (TRL's "not applicable") for a row whose gold answer is empty or
+        missing, which :func:`math_gold_problems` reports when the data loads.
     Raises:
-        ValueError: if ``answer`` does not align with ``completions`` or a gold answer is empty.
+        ValueError: if ``answer`` does not align with ``completions``.
         MathVerifierError: if math-verify's worker cannot start (e.g. math-verify is not installed).
     """
     if len(answer) != len(completions):
         raise ValueError(f"answer ({len(answer)}) must align with completions ({len(completions)})")
-    golds = [math_gold(str(a)) for a in answer]
-    return [math_correctness(completion_text(c), g, verifier) for c, g in zip(completions, golds)]
+    out: list[float | None] = []
+    for c, a in zip(completions, answer):
+        try:
+            gold = math_gold(str(a)) if a is not None else None
+        except ValueError:  # (an empty gold: this row cannot be scored; the others can)
+            gold = None
+        out.append(None if gold is None else math_correctness(completion_text(c), gold, verifier))
+    return out
+
+
+def math_gold_problems(columns: dict[str, Sequence]) -> list[tuple[int, str]]:
+    """``(row, problem)`` for each row whose ``answer`` gives :func:`math_reward` no gold answer (the rows it scores
+    ``None``); :class:`~dlmrl.rewards.functions.RewardFunctions` reports them when the data loads."""
+    if "answer" not in columns:
+        return [(0, "no 'answer' column (math_reward reads the gold answer there)")]
+    out = []
+    for i, a in enumerate(columns["answer"]):
+        if a is None:
+            out.append((i, "field 'answer': missing or null"))
+            continue
+        try:
+            math_gold(str(a))
+        except ValueError as e:
+            out.append((i, f"field 'answer': {e}"))
+    return out
+
+
+math_reward.check_columns = math_gold_problems

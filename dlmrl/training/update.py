@@ -24,8 +24,9 @@ from dlmrl.training.distributed import Processes, group_share, loss_share
 from dlmrl.training.rollout import Rollout
 from dlmrl.training.scorers import RolloutMismatch
 
-#: the objective's metrics averaged over a step's μ updates (and combined over processes)
-UPDATE_METRICS = ("loss", "ratio_mean", "ratio_min", "ratio_max", "clip_frac_low", "clip_frac_high", "kl")
+#: the objective's metrics averaged over a step's μ updates (and combined over processes); ``kl`` is the KL estimate,
+#: ``kl_loss`` the KL term the loss used (k3 evaluated at |Δ| ≤ 20 nats: below ``kl`` once a ratio passes that)
+UPDATE_METRICS = ("loss", "ratio_mean", "ratio_min", "ratio_max", "clip_frac_low", "clip_frac_high", "kl", "kl_loss")
 
 
 def group_loss_fn(objective: GroupObjective, old: torch.Tensor | None, advantages: torch.Tensor,

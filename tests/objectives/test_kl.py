@@ -74,3 +74,28 @@ def test_k3_is_unchanged_inside_the_bound():
     d = torch.tensor([-5.0, -0.1, 0.0, 0.3, 19.9], dtype=torch.float64)
     expected = torch.tensor([math.expm1(x) - x for x in d.tolist()], dtype=torch.float64)
     torch.testing.assert_close(kl_estimate(torch.zeros_like(d), d, "k3"), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_the_logged_kl_is_the_unclamped_estimate_and_kl_loss_the_clamped_term():
+    """Δ = logp_ref − logp_new = −50 nats on one token: k3 = e^−50 + 50 − 1 ≈ 49 is the estimate; the loss evaluates
+    k3 at the 20-nat bound (19 + e^−20) with zero gradient beyond it. Both by hand."""
+    from dlmrl.objectives import get_algorithm
+    from dlmrl.objectives.gdpo import gdpo_loss
+
+    new = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    ref = torch.tensor([[-51.0, -2.0]])  # (Δ = −50 on token 0, 0 on token 1)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    objective = get_algorithm("grpo").objective  # (β 0.04, token-level k3, grpo aggregation: the row's token mean)
+    out = objective.compute(new, new.detach(), torch.ones(1), mask, logp_ref=ref)
+    assert out.metrics["kl"] == pytest.approx((math.exp(-50) + 49) / 2, rel=1e-12)
+    # (rel 1e-6: the loss term is float32, eps 1.2e-7, over a few operations; the estimate is float64)
+    assert out.metrics["kl_loss"] == pytest.approx((math.exp(-20) + 19) / 2, rel=1e-6)
+    # GDPO's sequence-level k3 on ELBO sums (length-normalised over L = 2): Δ/L = −50 → the same pair of values
+    elbo_new = torch.tensor([-2.0], requires_grad=True)
+    _, metrics = gdpo_loss(elbo_new, elbo_new.detach(), torch.ones(1), torch.tensor([2]), 0.2, beta=0.1,
+                           elbo_ref=torch.tensor([-102.0]))
+    assert metrics["kl"] == pytest.approx(math.exp(-50) + 49, rel=1e-12)
+    assert metrics["kl_loss"] == pytest.approx(math.exp(-20) + 19, rel=1e-6)
+    # past float32's e^Δ range the estimate is still finite (float64), where float32 would give inf
+    assert kl_estimate(torch.tensor([0.0]), torch.tensor([100.0]), clamp=False).item() == pytest.approx(
+        math.expm1(100.0) - 100.0, rel=1e-12)
