@@ -359,7 +359,10 @@ def _format_warning(message, category, filename, lineno, line=None) -> str:
 def main(argv: list[str] | None = None) -> int:
     import warnings
 
+    from dlmrl.warning_policy import install as install_warning_policy
+
     warnings.formatwarning = _format_warning
+    install_warning_policy()  # (library deprecations silenced, every other warning shown once)
     parser = _parser()
     # key=value overrides may come after flags too (argparse's subparsers stop at the first flag).
     args, extra = parser.parse_known_args(argv)

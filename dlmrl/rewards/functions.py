@@ -122,6 +122,7 @@ class RewardFunctions:
             if not (isinstance(w, numbers.Real) and not isinstance(w, bool) and math.isfinite(w)):
                 raise ValueError(f"reward_weights entry {i}: expected a finite number, got {w!r}")
         self.weights = torch.tensor([float(w) for w in weights], dtype=torch.float32)  # (F,)
+        self._warned_all_none = False
 
     def __len__(self) -> int:
         return len(self.funcs)
@@ -190,11 +191,13 @@ class RewardFunctions:
                     raise RewardFunctionError(f"reward function {name!r} returned {type(v).__name__} {_short(v)} "
                                               f"for completion {i}; expected a float or None")
         missing = torch.isnan(out).all(dim=1)
-        if bool(missing.any()):
+        if bool(missing.any()) and not self._warned_all_none:  # (once per run: it would repeat at every step)
+            self._warned_all_none = True
             i = int(missing.nonzero()[0])
             warnings.warn(f"{int(missing.sum())} of {B} completions got None from every reward function (their "
                           f"reward is 0), e.g. completion {i}: {_short(completions[i])}; make at least one function "
-                          "return a number for each completion", UserWarning, stacklevel=2)
+                          "return a number for each completion (shown once; the run goes on)", UserWarning,
+                          stacklevel=2)
         return out
 
     @staticmethod
