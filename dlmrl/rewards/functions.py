@@ -218,7 +218,7 @@ class RewardFunctions:
             values.append(row[0])
         if len(failed) == B:
             raise error
-        where = lambda i: locations[i] if locations is not None else f"completion {i}"  # noqa: E731
+        where = lambda i: locations[i] if locations is not None else f"completion {i}"
         shown = "; ".join(f"{where(i)}: {type(e).__name__}: {e}" for i, e in failed[:3])
         warnings.warn(f"reward function {name!r} raised on {len(failed)} of {B} rows, which get None (not applicable; "
                       f"the others are scored): {shown}{' ...' if len(failed) > 3 else ''}", UserWarning, stacklevel=3)

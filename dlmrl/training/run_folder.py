@@ -19,7 +19,13 @@ from accelerate import Accelerator
 
 from dlmrl.config import Config, ConfigError, flatten, load_yaml, to_dict
 from dlmrl.models.lora import save_final_model
-from dlmrl.training.checkpoint import atomic_dir, latest_checkpoint, resumable_checkpoint, staging_dir, write_json_atomic
+from dlmrl.training.checkpoint import (
+    atomic_dir,
+    latest_checkpoint,
+    resumable_checkpoint,
+    staging_dir,
+    write_json_atomic,
+)
 from dlmrl.training.logging import plot_curves, read_metrics
 
 

@@ -202,7 +202,7 @@ def test_a_file_that_is_not_utf8_names_the_file_the_byte_offset_and_the_encoding
                                         rf"{offset} \(line 2, column 18\).*read as UTF-8"):
         load_records(str(jsonl), cache_dir=cache)
     csv_file = tmp_path / "latin1.csv"
-    csv_file.write_bytes("question,answer\n".encode() + b"caf\xe9,1\n")
+    csv_file.write_bytes(b"question,answer\n" + b"caf\xe9,1\n")
     with pytest.raises(DataError, match=rf"{re.escape(str(csv_file))}: not UTF-8 text: byte 0xE9 at byte offset 19 "
                                         r"\(line 2, column 4\)"):
         load_records(str(csv_file), cache_dir=cache)

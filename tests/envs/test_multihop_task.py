@@ -201,9 +201,9 @@ def test_episode_evaluation_with_a_diffusion_policy_is_refused_before_the_model_
     not at the first evaluation after the model has loaded."""
     from pathlib import Path
 
-    import dlmrl.training.run_setup as run_setup
     from dlmrl.cli import main
     from dlmrl.config import Config, ConfigError, apply_overrides, load_yaml
+    from dlmrl.training import run_setup
     from dlmrl.training.trainer import train
 
     config = str(Path(__file__).parents[2] / "configs" / "mtr_multihop_tiny_ar.yaml")
