@@ -27,7 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["RewardFunctionError", "RewardFunctions", "ScoresEachReward", "resolve_reward_func"]
+__all__ = ["RewardFunctionError", "RewardFunctions", "ScoresEachReward", "gold_column_problems", "resolve_reward_func"]
 
 
 class RewardFunctionError(ValueError):
@@ -240,6 +240,25 @@ class RewardFunctions:
             out[f"rewards/{name}/mean"] = float(col.mean()) if len(col) else None
             out[f"rewards/{name}/std"] = float(col.std()) if len(col) > 1 else None
         return out
+
+
+def gold_column_problems(columns: dict[str, Sequence], parse: Callable[[str], Any], reward: str,
+                         column: str = "answer") -> list[tuple[int, str]]:
+    """``(row, problem)`` for each row whose gold ``column`` a reward function cannot read (``parse`` raises
+    ``ValueError``, or the value is missing): the ``check_columns`` of dlmrl's ``math`` and ``gsm8k`` rewards, for
+    :meth:`RewardFunctions.check_rows`."""
+    if column not in columns:
+        return [(0, f"no {column!r} column ({reward} reads the gold answer there)")]
+    out = []
+    for i, value in enumerate(columns[column]):
+        if value is None:
+            out.append((i, f"field {column!r}: missing or null"))
+            continue
+        try:
+            parse(str(value))
+        except ValueError as e:
+            out.append((i, f"field {column!r}: {e}"))
+    return out
 
 
 @runtime_checkable

@@ -23,6 +23,7 @@ from fractions import Fraction
 from typing import Any
 
 from dlmrl.rewards.extract import completion_text, d1_answer, last_boxed
+from dlmrl.rewards.functions import gold_column_problems
 
 __all__ = ["CORRECT", "gsm8k_correctness", "gsm8k_gold", "gsm8k_gold_problems", "gsm8k_reward", "parse_number"]
 
@@ -101,20 +102,9 @@ def gsm8k_reward(prompts: Sequence[Any] | None, completions: Sequence[Any], *, a
 
 
 def gsm8k_gold_problems(columns: dict[str, Sequence]) -> list[tuple[int, str]]:
-    """``(row, problem)`` for each row whose ``answer`` gives :func:`gsm8k_reward` no numeric gold answer (the rows
-    it scores ``None``), reported when the data loads."""
-    if "answer" not in columns:
-        return [(0, "no 'answer' column (gsm8k_reward reads the gold answer there)")]
-    out = []
-    for i, a in enumerate(columns["answer"]):
-        if a is None:
-            out.append((i, "field 'answer': missing or null"))
-            continue
-        try:
-            gsm8k_gold(str(a))
-        except ValueError as e:
-            out.append((i, f"field 'answer': {e}"))
-    return out
+    """``(row, problem)`` for each row whose ``answer`` gives :func:`gsm8k_reward` no gold answer (the rows it
+    scores ``None``), reported when the data loads."""
+    return gold_column_problems(columns, gsm8k_gold, "gsm8k_reward")
 
 
 gsm8k_reward.check_columns = gsm8k_gold_problems

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from dlmrl.rewards.extract import completion_text, last_answer_pair, last_boxed
+from dlmrl.rewards.functions import gold_column_problems
 from dlmrl.rewards.math_verifier import MathVerifier, default_verifier
 
 __all__ = ["CORRECT", "math_answer", "math_correctness", "math_gold", "math_gold_problems", "math_reward"]
@@ -97,20 +98,9 @@ def math_reward(prompts: Sequence[Any] | None, completions: Sequence[Any], *, an
 
 
 def math_gold_problems(columns: dict[str, Sequence]) -> list[tuple[int, str]]:
-    """``(row, problem)`` for each row whose ``answer`` gives :func:`math_reward` no gold answer (the rows it scores
-    ``None``); :class:`~dlmrl.rewards.functions.RewardFunctions` reports them when the data loads."""
-    if "answer" not in columns:
-        return [(0, "no 'answer' column (math_reward reads the gold answer there)")]
-    out = []
-    for i, a in enumerate(columns["answer"]):
-        if a is None:
-            out.append((i, "field 'answer': missing or null"))
-            continue
-        try:
-            math_gold(str(a))
-        except ValueError as e:
-            out.append((i, f"field 'answer': {e}"))
-    return out
+    """``(row, problem)`` for each row whose ``answer`` gives :func:`math_reward` no gold answer (the rows it
+    scores ``None``), reported when the data loads."""
+    return gold_column_problems(columns, math_gold, "math_reward")
 
 
 math_reward.check_columns = math_gold_problems

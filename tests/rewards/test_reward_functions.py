@@ -121,3 +121,33 @@ def test_bad_names_say_what_is_wrong(tmp_path, monkeypatch):
     with pytest.raises(TypeError, match="'user_rewards_b:LIMIT' is a int, not a function"):
         resolve_reward_func("user_rewards_b:LIMIT")
     sys.modules.pop("user_rewards_b", None)
+
+
+def test_a_row_that_makes_a_function_raise_gets_none_and_the_others_are_scored():
+    """One bad row never stops a run: the batch call raises, each row is tried alone, the raising row gets None
+    (NaN) with a warning naming its location; a function that fails on every row still raises."""
+    def picky(prompts, completions, gold, **_):
+        return [float(len(c)) / int(g) for c, g in zip(completions, gold)]  # (int("") raises)
+
+    funcs = RewardFunctions([picky])
+    with pytest.warns(UserWarning, match=r"raised on 1 of 3 rows.*data.jsonl line 2: ValueError"), \
+            pytest.warns(UserWarning, match="1 of 3 completions got None from every reward function"):
+        table = funcs.table(["p"] * 3, ["ab", "abc", "abcd"], {"gold": ["1", "", "2"]},
+                            ["data.jsonl line 1", "data.jsonl line 2", "data.jsonl line 3"])
+    assert table[:, 0].tolist()[0] == 2.0 and math.isnan(table[1, 0]) and table[2, 0] == 2.0
+    with pytest.raises(ValueError):
+        funcs.table(["p"] * 2, ["a", "b"], {"gold": ["", ""]})
+
+
+def test_math_and_gsm8k_rewards_give_none_for_an_unusable_gold_and_report_it_when_the_data_loads():
+    from dlmrl.rewards import gsm8k_reward, math_reward
+
+    assert gsm8k_reward(None, ["<answer>4</answer>", "<answer>4</answer>"], answer=["#### 4", "#### "]) == [2.0, None]
+    assert math_reward(None, ["\\boxed{4}", "\\boxed{4}"], answer=["4", "  "]) == [2.0, None]
+    funcs = RewardFunctions(["math", "gsm8k"])
+    with pytest.warns(UserWarning) as seen:
+        funcs.check_rows({"answer": ["4", "", None]}, ["f line 1", "f line 2", "f line 3"])
+    text = [str(w.message) for w in seen]
+    assert any("'math' cannot score 2 of 3 rows" in t and "f line 2: field 'answer': empty gold answer" in t
+               and "f line 3: field 'answer': missing or null" in t for t in text), text
+    assert any("'gsm8k' cannot score 2 of 3 rows" in t for t in text), text
