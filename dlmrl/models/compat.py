@@ -3,14 +3,16 @@
 LLaDA (``GSAI-ML/LLaDA-8B-*``, ``GSAI-ML/LLaDA-1.5``) and Dream (``Dream-org/Dream-v0-*-7B``, Dream-Coder,
 DiffuCoder) ship their own ``modeling_*.py`` and ``configuration_*.py``, written for ``transformers`` 4.38–4.46
 (LLaDA's README: "install transformers==4.38.2"; Dream's ``config.json``: ``"transformers_version": "4.46.2"``).
-dlmrl requires ``transformers >= 5``, which changed six things that code relies on. :func:`load_checkpoint_model`
+dlmrl requires ``transformers >= 5``, which changed seven things that code relies on (measured with 5.24.0 on
+NVlabs/Fast-dLLM@24cc59e's copies of both, ``llada/model/`` and ``dream/model/``, by
+``benchmarks/remote_code_check.py``). :func:`load_checkpoint_model`
 loads such a checkpoint with one patch per change, each applied only where the thing is missing, so code
 that already works under ``transformers`` 5 runs untouched:
 
 1. **post_init** (:func:`patch_model_class`): ``transformers`` 5's ``from_pretrained`` reads
    ``model.all_tied_weights_keys`` (``_move_missing_keys_from_meta_to_device``), which
-   ``PreTrainedModel.post_init()`` sets. LLaDA's ``LLaDAModelLM.__init__`` never calls ``post_init()``
-   (``llada/model/modeling_llada.py`` of NVlabs/Fast-dLLM@24cc59e, the checkpoint's code), so loading dies with
+   ``PreTrainedModel.post_init()`` sets. LLaDA's ``LLaDAModelLM.__init__`` (``modeling_llada.py``) never calls
+   ``post_init()``, so loading dies with
    ``AttributeError: ... no attribute 'all_tied_weights_keys'``. The patched ``__init__`` calls ``post_init()``
    when the original did not.
 2. **tie_weights keywords** (:func:`patch_model_class`): ``transformers`` 5 calls
@@ -37,6 +39,15 @@ that already works under ``transformers`` 5 runs untouched:
    Dream's ``DreamGenerationConfig.validate(self, is_init=False)`` (``generation_utils.py``) takes no such keyword
    (``TypeError``). A generation-config class the model's module holds gets a ``validate`` that accepts and ignores
    the new keywords and runs the old one.
+7. **Rotary buffers after loading** (:func:`restore_rotary_buffers`): ``transformers`` 5's ``from_pretrained`` builds
+   the model on the meta device, recreates non-persistent buffers with ``torch.empty_like``
+   (``_move_missing_keys_from_meta_to_device``) and refills them only through ``_init_weights``. Dream's
+   ``DreamPreTrainedModel._init_weights`` (4.x style: ``nn.Linear`` and ``nn.Embedding`` only) replaces the base rule
+   that refills ``RotaryEmbedding.inv_freq``, so ``DreamRotaryEmbedding.inv_freq`` is left as uninitialised memory:
+   the model loads and runs with garbage rotary frequencies, no error (``benchmarks/remote_code_check.py``
+   measured it: logits differed from the same weights loaded by hand). After loading, every module with a
+   ``rope_init_fn`` and an ``inv_freq`` buffer (4.x's rotary embeddings) gets its frequencies recomputed by its own
+   ``rope_init_fn``, as its ``__init__`` computed them in 4.x.
 
 What no patch can fix raises :class:`CheckpointCodeError` saying what is missing.
 """
@@ -187,55 +198,97 @@ def _tied_to_input_embeddings(model: nn.Module, keys: tuple[str, ...]) -> dict[s
     return {k: names[0] for k in keys if names and k != names[0]}
 
 
-def _model_class(config, path: str, auto_class: str, trust_remote_code: bool) -> tuple[type, bool]:
-    """``(class, from checkpoint code)`` for ``auto_class`` of ``config``: the ``auto_map`` entry's class when
-    the code is trusted and mapped, else ``transformers``' own class for the config type."""
-    auto_map = getattr(config, "auto_map", None) or {}
-    if trust_remote_code and auto_class in auto_map:
-        from transformers.dynamic_module_utils import get_class_from_dynamic_module
+def _dynamic_class(reference: str, path: str) -> type:
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
-        return get_class_from_dynamic_module(auto_map[auto_class], path), True
+    return get_class_from_dynamic_module(reference, path)
+
+
+def load_checkpoint_config(path: str, trust_remote_code: bool):
+    """The checkpoint's config, :func:`patch_config`-ed: its own ``auto_map["AutoConfig"]`` class when the code is
+    trusted (not a class another checkpoint registered under the same ``model_type`` in this process: LLaDA's
+    ``configuration_llada.py`` calls ``AutoConfig.register("llada", ...)`` on import), else ``AutoConfig``'s."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    raw, _ = PretrainedConfig.get_config_dict(path)
+    reference = (raw.get("auto_map") or {}).get("AutoConfig")
+    if trust_remote_code and isinstance(reference, str):
+        config = _dynamic_class(reference, path).from_pretrained(path)
+    else:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    return patch_config(config, raw)
+
+
+def checkpoint_model_class(config, path: str, auto_class: str = "AutoModel",
+                           trust_remote_code: bool = True) -> type:
+    """The class ``auto_class`` builds for ``config``: ``auto_map[auto_class]`` of the checkpoint when its code is
+    trusted, else ``transformers``' mapping; a class from checkpoint code (``transformers_modules``, also one its
+    code registered in the mapping) comes :func:`patch_model_class`-ed."""
     import transformers
 
-    return getattr(transformers, auto_class)._model_mapping[type(config)], False
+    reference = (getattr(config, "auto_map", None) or {}).get(auto_class)
+    if trust_remote_code and isinstance(reference, str):
+        cls = _dynamic_class(reference, path)
+    else:
+        cls = getattr(transformers, auto_class)._model_mapping[type(config)]
+    return patch_model_class(cls) if cls.__module__.startswith("transformers_modules") else cls
 
 
 def load_checkpoint_model(path: str, trust_remote_code: bool, dtype: torch.dtype,
                           auto_class: str = "AutoModel") -> nn.Module:
     """``auto_class.from_pretrained(path)`` with the patches of this module for checkpoint-shipped code.
 
-    The config is built first (``AutoConfig``, code trusted only as asked) and :func:`patch_config`-ed; the class
-    is ``config.json``'s ``auto_map[auto_class]`` (checkpoint code, :func:`patch_model_class`-ed) or
-    ``transformers``' own; :func:`ensure_default_rope` runs before it is built. Only safetensors weights load.
+    The config is :func:`load_checkpoint_config`'s, the class :func:`checkpoint_model_class`'s, and
+    :func:`ensure_default_rope` runs before the model is built. Only safetensors weights load; the checkpoint's
+    code is used only when ``trust_remote_code`` is set.
 
     Raises:
         CheckpointCodeError: the checkpoint's code fails in a way none of the patches covers (the message
             names the class, the installed ``transformers`` and the original error).
     """
     import transformers
-    from transformers import AutoConfig, PretrainedConfig
 
-    raw, _ = PretrainedConfig.get_config_dict(path)
     ensure_default_rope()
-    config = patch_config(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code), raw)
-    cls, remote = _model_class(config, path, auto_class, trust_remote_code)
-    if not remote:
-        return cls.from_pretrained(path, config=config, dtype=dtype, use_safetensors=True)
-    patch_model_class(cls)
+    config = load_checkpoint_config(path, trust_remote_code)
+    cls = checkpoint_model_class(config, path, auto_class, trust_remote_code)
+    remote = cls.__module__.startswith("transformers_modules")
     try:
-        return cls.from_pretrained(path, config=config, dtype=dtype, use_safetensors=True)
+        model = cls.from_pretrained(path, config=config, dtype=dtype, use_safetensors=True)
     except (AttributeError, KeyError, TypeError) as e:
+        if not remote:
+            raise
         raise CheckpointCodeError(
             f"{path}: the checkpoint's own model code ({cls.__module__}.{cls.__name__}) does not load under "
             f"transformers {transformers.__version__}, and dlmrl's compatibility patches (dlmrl.models.compat) do not "
             f"cover this failure: {type(e).__name__}: {e}") from e
+    return restore_rotary_buffers(model) if remote else model
+
+
+def restore_rotary_buffers(model: nn.Module) -> nn.Module:
+    """Patch 7: recompute the ``inv_freq`` buffer (and ``attention_scaling``, ``original_inv_freq``) of every
+    4.x-style rotary embedding (a module with ``rope_init_fn`` and an ``inv_freq`` tensor) with its own
+    ``rope_init_fn(config, device, **rope_kwargs)``, as its ``__init__`` does; in place, returns ``model``."""
+    with torch.no_grad():
+        for module in model.modules():
+            inv_freq = getattr(module, "inv_freq", None)
+            if callable(getattr(module, "rope_init_fn", None)) and isinstance(inv_freq, torch.Tensor):
+                fresh, scaling = module.rope_init_fn(module.config, inv_freq.device,
+                                                     **(getattr(module, "rope_kwargs", None) or {}))
+                inv_freq.copy_(fresh.to(inv_freq.dtype))
+                module.attention_scaling = scaling
+                if hasattr(module, "original_inv_freq"):
+                    module.original_inv_freq = inv_freq
+    return model
 
 
 __all__ = [
     "CheckpointCodeError",
+    "checkpoint_model_class",
     "default_rope_parameters",
     "ensure_default_rope",
+    "load_checkpoint_config",
     "load_checkpoint_model",
     "patch_config",
     "patch_model_class",
+    "restore_rotary_buffers",
 ]

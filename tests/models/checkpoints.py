@@ -104,14 +104,11 @@ def save_modernbert(path: Path) -> Path:
 def build_remote_model(path: Path):
     """The random model of the checkpoint code in ``path`` (its ``config.json``'s ``auto_map["AutoModel"]``), built
     as ``dlmrl.models.compat`` loads such code under ``transformers`` 5 (the stand-ins are written for 4.x)."""
-    from transformers import AutoConfig
-    from transformers.dynamic_module_utils import get_class_from_dynamic_module
-
-    from dlmrl.models.compat import ensure_default_rope, patch_config, patch_model_class
+    from dlmrl.models.compat import checkpoint_model_class, ensure_default_rope, load_checkpoint_config
 
     ensure_default_rope()
-    config = patch_config(AutoConfig.from_pretrained(path, trust_remote_code=True))
-    return patch_model_class(get_class_from_dynamic_module(config.auto_map["AutoModel"], str(path)))(config)
+    config = load_checkpoint_config(str(path), trust_remote_code=True)
+    return checkpoint_model_class(config, str(path))(config)
 
 
 def _save_remote(path: Path, code: str, config: dict, tok, extra: dict | None = None) -> Path:

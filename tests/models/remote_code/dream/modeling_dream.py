@@ -1,9 +1,10 @@
 """A tiny Dream-like denoiser (see ../README.md): the output at position i is used for token i+1.
 
 Written for ``transformers`` 4 as Dream's ``modeling_dream.py`` is: the rotary embedding looks up
-``ROPE_INIT_FUNCTIONS["default"]`` (gone in ``transformers`` 5), ``_tied_weights_keys`` is a list, and
-``from_pretrained`` reloads the generation config as a ``DreamGenerationConfig`` (whose ``validate`` takes 4.x
-arguments). RoPE at ``position_ids``; ``attention_mask`` is ``"full"``, ``None`` or a ``(B, 1, T, T)`` bool mask.
+``ROPE_INIT_FUNCTIONS["default"]`` (gone in ``transformers`` 5) and keeps its frequencies in a non-persistent
+``inv_freq`` buffer that ``_init_weights`` (``nn.Linear`` and ``nn.Embedding`` only) never refills,
+``_tied_weights_keys`` is a list, and ``from_pretrained`` reloads the generation config as a
+``DreamGenerationConfig`` (whose ``validate`` takes 4.x arguments). RoPE at ``position_ids``; ``attention_mask`` is ``"full"``, ``None`` or a ``(B, 1, T, T)`` bool mask.
 """
 
 import torch
@@ -21,6 +22,21 @@ def _rotate(x, cos, sin):
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
+class DreamRotaryEmbedding(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config, self.rope_kwargs = config, {}
+        self.rope_type = (config.rope_scaling or {}).get("rope_type", "default")
+        self.rope_init_fn = ROPE_INIT_FUNCTIONS[self.rope_type]  # as DreamRotaryEmbedding.__init__
+        inv_freq, self.attention_scaling = self.rope_init_fn(self.config, None, **self.rope_kwargs)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, position_ids):
+        angles = position_ids[..., None].float() * self.inv_freq  # (B, T, Dh/2)
+        return (torch.cat([f(angles)] * 2, dim=-1)[:, None] * self.attention_scaling
+                for f in (torch.cos, torch.sin))  # (B, 1, T, Dh) each
+
+
 class DreamModel(PreTrainedModel):
     config_class = DreamConfig
     base_model_prefix = "model"
@@ -31,9 +47,7 @@ class DreamModel(PreTrainedModel):
         super().__init__(config)
         d = config.hidden_size
         self.heads = config.num_attention_heads
-        rope_type = (config.rope_scaling or {}).get("rope_type", "default")
-        inv_freq, _ = ROPE_INIT_FUNCTIONS[rope_type](config, None)  # as DreamRotaryEmbedding.__init__
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.rotary_emb = DreamRotaryEmbedding(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, d)
         self.q_proj, self.k_proj, self.v_proj = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
         self.o_proj = nn.Linear(d, d)
@@ -63,8 +77,7 @@ class DreamModel(PreTrainedModel):
         b, t = input_ids.shape
         if position_ids is None:
             position_ids = torch.arange(t, device=input_ids.device)[None].expand(b, t)
-        angles = position_ids[..., None].float() * self.inv_freq  # (B, T, D/2/heads)
-        cos, sin = (torch.cat([f(angles)] * 2, dim=-1)[:, None] for f in (torch.cos, torch.sin))  # (B, 1, T, Dh)
+        cos, sin = self.rotary_emb(position_ids)
         x = self.embed_tokens(input_ids)
         d = x.shape[-1]
         q, k, v = (p(x).view(b, t, self.heads, d // self.heads).transpose(1, 2)
