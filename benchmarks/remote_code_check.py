@@ -2,7 +2,7 @@
 
     git clone https://github.com/NVlabs/Fast-dLLM          # llada/model/ and dream/model/: the checkpoints' code
     git clone https://github.com/ML-GSAI/LLaDA             # generate.py: LLaDA's reference sampler
-    python benchmarks/remote_code_check.py Fast-dLLM LLaDA [--work DIR] [--skip-train]
+    python benchmarks/remote_code_check.py Fast-dLLM LLaDA [--work DIR] [--skip-train] [--only llada|dream]
 
 A ``git clone`` of a hub checkpoint without its weights (``GIT_LFS_SKIP_SMUDGE=1 git clone
 https://huggingface.co/GSAI-ML/LLaDA-8B-Instruct``) works as well: its ``config.json`` then gives the fields.
