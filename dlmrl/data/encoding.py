@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["encode_prompts", "left_pad", "pad_token_id"]
+__all__ = ["decode_ids", "encode_prompts", "left_pad", "pad_token_id"]
 
 
 def pad_token_id(tokenizer) -> int:
@@ -22,6 +22,19 @@ def pad_token_id(tokenizer) -> int:
         if value is not None:
             return int(value)
     return 0
+
+
+def decode_ids(tokenizer, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    """``tokenizer.decode`` of the ids the tokenizer has a token for; the others are dropped.
+
+    A model's output head can be larger than its tokenizer (Dream-v0's 152064 rows over a vocabulary of about
+    151.7k tokens, LLaDA's 126464 over about 126.4k), so a sampler can write ids no token stands for. Fast
+    tokenizers decode such an id as nothing; Dream's own ``DreamTokenizer`` (``tokenization_dream.py``, a Python
+    tokenizer) fails on it (``TypeError`` in ``convert_tokens_to_string``: its ``_convert_id_to_token`` gives
+    ``None``). Dropping them is what the fast tokenizers do.
+    """
+    known = [i for i in ids if tokenizer.convert_ids_to_tokens(i) is not None]
+    return tokenizer.decode(known, skip_special_tokens=skip_special_tokens)
 
 
 def left_pad(sequences: Sequence[Sequence[int]], pad_id: int,

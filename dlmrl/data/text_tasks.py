@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from dlmrl.data.encoding import left_pad, pad_token_id
+from dlmrl.data.encoding import decode_ids, left_pad, pad_token_id
 from dlmrl.data.loading import DataError, is_local_file, load_records
 from dlmrl.data.prompts import PromptTemplate, check_template, get_template, render_prompt, uses_chat_template
 from dlmrl.data.task import Task, TaskBatch
@@ -335,9 +335,9 @@ class TextTask(Task):
             row, parts, start = row[:cut], [], 0
             for i, t in enumerate(row):
                 if t == self.mask_token_id:
-                    parts.append(self.tokenizer.decode(row[start:i], skip_special_tokens=True))
+                    parts.append(decode_ids(self.tokenizer, row[start:i]))
                     start = i + 1
-            parts.append(self.tokenizer.decode(row[start:], skip_special_tokens=True))
+            parts.append(decode_ids(self.tokenizer, row[start:]))
             out.append(UNFILLED.join(parts))
         return out
 

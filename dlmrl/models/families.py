@@ -20,6 +20,7 @@ Every adapter returns ``(B, T, V)`` logits in which position ``i`` predicts toke
 from __future__ import annotations
 
 import inspect
+import sys
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ import torch
 from torch import nn
 
 from dlmrl.models.block_cache import CachedLogitsFn, hf_cached_logits
+from dlmrl.models.compat import load_checkpoint_model
 from dlmrl.registry import Registry
 
 #: LLaDA's mask token ``<|mdm_mask|>``. Source: LLaDA's ``generate.py`` (``mask_id=126336``, "The token id
@@ -56,6 +58,9 @@ class Family:
             keys and values), or ``None`` when the family cannot serve the sampler's block cache
             (``sampling.cache``).
         no_cache_reason: why not, for the error :func:`cached_logits_of` raises (``cached_logits`` ``None``).
+        activation_checkpointing: ``(model) -> None`` turning on the checkpoint code's own activation
+            checkpointing, for classes that do not support ``transformers``' ``gradient_checkpointing_enable``
+            (``None``: use that).
     """
 
     load: Callable[[str, bool, torch.dtype], nn.Module]
@@ -64,6 +69,7 @@ class Family:
     default_mask_token_id: int | None = None
     cached_logits: CachedLogitsFn | None = None
     no_cache_reason: str = ""
+    activation_checkpointing: Callable[[nn.Module], None] | None = None
 
 
 FAMILIES: Registry[Family] = Registry("model family")
@@ -112,8 +118,28 @@ def _load_masked_lm(path: str, trust_remote_code: bool, dtype: torch.dtype) -> n
 
 def _load_auto_model(path: str, trust_remote_code: bool, dtype: torch.dtype) -> nn.Module:
     # LLaDA and Dream register their LM classes under AutoModel (their model cards load them with
-    # AutoModel.from_pretrained(..., trust_remote_code=True)).
-    return _from_pretrained("AutoModel", path, trust_remote_code, dtype)
+    # AutoModel.from_pretrained(..., trust_remote_code=True)); their code is written for transformers 4, so it
+    # loads with dlmrl.models.compat's patches.
+    return load_checkpoint_model(path, trust_remote_code, dtype, "AutoModel")
+
+
+def llada_activation_checkpointing(model: nn.Module) -> None:
+    """Turn on LLaDA's own activation checkpointing: ``model.model.set_activation_checkpointing("whole_layer")``.
+
+    LLaDA's ``LLaDAModelLM`` (OLMo's code) does not set ``supports_gradient_checkpointing``, so ``transformers``'
+    ``gradient_checkpointing_enable`` refuses it; its ``LLaDAModel`` recomputes every block in the backward pass
+    (``torch.utils.checkpoint``, non-reentrant) once the strategy is ``whole_layer``
+    (``ActivationCheckpointingStrategy`` in ``configuration_llada.py``; ``LLaDAModel.forward``).
+
+    Raises:
+        ValueError: the model has no ``model.set_activation_checkpointing``.
+    """
+    inner = getattr(model, "model", None)
+    if not hasattr(inner, "set_activation_checkpointing"):
+        raise ValueError(f"{type(model).__name__} has neither transformers' gradient checkpointing nor LLaDA's "
+                         "model.set_activation_checkpointing")
+    strategies = getattr(sys.modules.get(type(inner).__module__), "ActivationCheckpointingStrategy", None)
+    inner.set_activation_checkpointing(getattr(strategies, "whole_layer", "whole_layer"))
 
 
 # ---------------------------------------------------------------------------------------------- logits
@@ -155,21 +181,42 @@ def _masked_lm_logits(model, input_ids, attention_mask, position_ids):
     return model(input_ids=input_ids, attention_mask=attention_mask.long(), **kwargs).logits
 
 
+def left_padding(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``(B,)`` long: the number of padding positions before each row's first real token.
+
+    Raises:
+        ValueError: if a row's padding is not all on the left (a real token before a padded one).
+    """
+    pads = (~attention_mask).sum(-1)  # (B,)
+    left = torch.arange(attention_mask.shape[1], device=attention_mask.device)[None] >= pads[:, None]  # (B, T)
+    if not torch.equal(left, attention_mask):
+        raise ValueError("expected left padding: every row's padding before its first real token")
+    return pads
+
+
 def llada_logits(model, input_ids, attention_mask, position_ids):
     """LLaDA logits: ``model(input_ids).logits`` (``(B, T, V)``, no shift), as LLaDA's ``generate.py`` calls it.
 
-    LLaDA's modeling code (``modeling_llada.py``, ``LLaDAModelLM.forward``) takes ``input_ids`` and an
-    optional 0/1 ``attention_mask (B, T)`` and no ``position_ids``: rotary positions run 0..T-1 over
-    the whole row. The mask is passed only for a left-padded batch (LLaDA's batched ``generate.py``
-    passes it the same way); RoPE depends on relative positions only, so a padded row's real tokens
-    see the same scores as unpadded ones **provided the checkpoint's code applies the mask**: its
-    ``LLaDAModel.forward`` turns it into an additive bias, but older copies of the file called
-    ``scaled_dot_product_attention(attn_mask=None)`` and ignore padding. Unpadded batches are exact
-    whatever the version.
+    LLaDA's ``LLaDAModelLM.forward`` takes no ``position_ids``: rotary positions run 0..T-1 over the row. It takes
+    an ``attention_mask``, but the released code never applies it: ``LLaDAModel.forward`` turns it into an
+    attention bias that ``LLaDABlock.attention`` does not pass on (``_scaled_dot_product_attention(...,
+    attn_mask=None)``; ``llada/model/modeling_llada.py`` of NVlabs/Fast-dLLM@24cc59e, the checkpoint's code), so
+    left padding is attended to. A left-padded batch therefore runs as one forward per padding length, each row
+    without its padding: RoPE scores depend on relative positions only, so a row's logits are those of the row
+    alone, whatever its batch (measured by ``benchmarks/remote_code_check.py``). Padding positions get logits 0.
+    Unpadded batches take one forward.
     """
-    padded = not bool(attention_mask.all())
-    kwargs = {"attention_mask": attention_mask.long()} if padded else {}
-    return model(input_ids=input_ids, **kwargs).logits
+    if bool(attention_mask.all()):
+        return model(input_ids=input_ids).logits
+    pads = left_padding(attention_mask)  # (B,)
+    out = None
+    for pad in pads.unique().tolist():
+        rows = (pads == pad).nonzero()[:, 0]
+        logits = model(input_ids=input_ids[rows, pad:]).logits  # (b, T - pad, V)
+        if out is None:
+            out = logits.new_zeros(*input_ids.shape, logits.shape[-1])  # (B, T, V)
+        out[rows, pad:] = logits
+    return out
 
 
 def shift_logits_right(logits: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -258,6 +305,7 @@ FAMILIES.register("masked_lm")(
 )
 FAMILIES.register("llada")(
     Family(load=_load_auto_model, logits=llada_logits, detect=_is_llada, default_mask_token_id=LLADA_MASK_TOKEN_ID,
+           activation_checkpointing=llada_activation_checkpointing,
            no_cache_reason="dlmrl has no cache adapter for LLaDA's checkpoint code: its released modeling_llada.py "
                            "takes past_key_values but cannot replace a block's keys inside the cache (dual), and its "
                            "prefix path cannot be tested here without that code (Fast-dLLM ships a modified copy of "
@@ -318,6 +366,8 @@ __all__ = [
     "config_value",
     "detect_family",
     "dream_logits",
+    "left_padding",
+    "llada_activation_checkpointing",
     "llada_logits",
     "shift_logits_right",
 ]

@@ -52,10 +52,15 @@ def read_checkpoint_config(path: str) -> dict:
 
 def needs_remote_code(config: dict) -> bool:
     """True when the checkpoint's model code ships with it: an ``auto_map`` and a ``model_type``
-    that ``transformers`` does not know (LLaDA's ``llada``, Dream's ``Dream``)."""
+    that ``transformers`` does not know (LLaDA's ``llada``, Dream's ``Dream``), or knows only because checkpoint
+    code run earlier in this process registered it (LLaDA's ``configuration_llada.py`` calls
+    ``AutoConfig.register("llada", ...)`` when imported)."""
     from transformers import CONFIG_MAPPING
 
-    return bool(config.get("auto_map")) and config.get("model_type") not in CONFIG_MAPPING
+    model_type = config.get("model_type")
+    if not config.get("auto_map"):
+        return False
+    return model_type not in CONFIG_MAPPING or CONFIG_MAPPING[model_type].__module__.startswith("transformers_modules")
 
 
 def resolve_mask_token_id(

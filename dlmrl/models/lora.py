@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,19 +143,26 @@ def lora_parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def enable_gradient_checkpointing(model: nn.Module) -> None:
+def enable_gradient_checkpointing(model: nn.Module, fallback: Callable[[nn.Module], None] | None = None) -> None:
     """Recompute each layer's activations in the backward pass (non-reentrant ``torch.utils.checkpoint``).
 
     Active only in train mode (transformers' rule); gradients equal those without it up to float rounding.
     Works under a LoRA adapter without ``enable_input_require_grads`` (non-reentrant checkpointing needs no
     input that requires grad).
 
+    Args:
+        model: the policy's model (``PeftModel`` and DDP wrappers are looked through).
+        fallback: ``(transformers model) -> None`` for a class without ``transformers``' support: the family's
+            :attr:`dlmrl.models.families.Family.activation_checkpointing` (LLaDA's own checkpointing).
     Raises:
-        ValueError: the model class does not support gradient checkpointing.
+        ValueError: the model class does not support gradient checkpointing and there is no fallback.
     """
     base = base_transformers_model(model)
     if not getattr(base, "supports_gradient_checkpointing", False):
-        raise ValueError(f"{type(base).__name__} does not support gradient checkpointing")
+        if fallback is None:
+            raise ValueError(f"{type(base).__name__} does not support gradient checkpointing")
+        fallback(base)
+        return
     kwargs = {"use_reentrant": False}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
@@ -206,13 +214,22 @@ def prepare_for_training(policy, model_cfg) -> Any:
         policy.model.requires_grad_(True)
     if getattr(m, "gradient_checkpointing", False):
         try:
-            enable_gradient_checkpointing(policy.model)
+            enable_gradient_checkpointing(policy.model, _family_checkpointing(policy))
         except ValueError as e:
             raise ConfigError(f"config key 'model.gradient_checkpointing': {e}") from e
     if not getattr(m, "use_peft", False) and next(policy.model.parameters()).dtype in (torch.bfloat16, torch.float16):
         logger.warning("model.dtype=%s without LoRA: AdamW updates smaller than the weights' precision are lost; "
                        "use model.use_peft=true (float32 adapter) or float32 weights", m.dtype)
     return policy
+
+
+def _family_checkpointing(policy) -> Callable[[nn.Module], None] | None:
+    """The family's own activation checkpointing of a diffusion policy (``None`` for an AR policy or a family
+    without one)."""
+    from dlmrl.models.families import FAMILIES
+
+    family = getattr(policy, "family", None)
+    return FAMILIES.get(family).activation_checkpointing if family in FAMILIES else None
 
 
 # -- the reference view -----------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from dlmrl.data.encoding import decode_ids
 from dlmrl.rewards import d1_protocol as d1
 
 __all__ = ["D1_TASKS", "PROTOCOLS", "canvas_texts", "protocol_metrics", "protocol_problem"]
@@ -41,8 +42,9 @@ def protocol_problem(protocol: str, task_name: str, answer_mode: str = "text") -
 
 
 def canvas_texts(tokenizer, canvas) -> list[str]:
-    """The canvas rows as d1's ``eval/eval.py`` decodes them: every token, special tokens included."""
-    return tokenizer.batch_decode(canvas, skip_special_tokens=False)
+    """The canvas rows as d1's ``eval/eval.py`` decodes them: every token, special tokens included (ids no token
+    stands for dropped, :func:`dlmrl.data.encoding.decode_ids`)."""
+    return [decode_ids(tokenizer, row, skip_special_tokens=False) for row in canvas.tolist()]
 
 
 def _item(task_name: str, example, text: str, fixed: bool) -> d1.D1Item:

@@ -101,18 +101,27 @@ def save_modernbert(path: Path) -> Path:
     return _save_masked_lm(path, tok, config)
 
 
-def _save_remote(path: Path, code: str, config: dict, tok) -> Path:
-    """Write the stand-in's code, ``config.json`` and tokenizer, then random weights built from that code."""
-    from transformers import AutoConfig, AutoModel
+def build_remote_model(path: Path):
+    """The random model of the checkpoint code in ``path`` (its ``config.json``'s ``auto_map["AutoModel"]``), built
+    as ``dlmrl.models.compat`` loads such code under ``transformers`` 5 (the stand-ins are written for 4.x)."""
+    from dlmrl.models.compat import checkpoint_model_class, ensure_default_rope, load_checkpoint_config
 
+    ensure_default_rope()
+    config = load_checkpoint_config(str(path), trust_remote_code=True)
+    return checkpoint_model_class(config, str(path))(config)
+
+
+def _save_remote(path: Path, code: str, config: dict, tok, extra: dict | None = None) -> Path:
+    """Write the stand-in's code, ``config.json``, the ``extra`` JSON files and the tokenizer, then random weights
+    built from that code."""
     path.mkdir(parents=True, exist_ok=True)
     for source in (REMOTE_CODE / code).glob("*.py"):
         shutil.copy(source, path / source.name)
-    (path / "config.json").write_text(json.dumps(config, indent=2))
+    for name, content in {"config.json": config, **(extra or {})}.items():
+        (path / name).write_text(json.dumps(content, indent=2))
     tok.save_pretrained(path)
     torch.manual_seed(0)
-    model = AutoModel.from_config(AutoConfig.from_pretrained(path, trust_remote_code=True), trust_remote_code=True)
-    model.save_pretrained(path, safe_serialization=True)
+    build_remote_model(path).save_pretrained(path, safe_serialization=True)
     (path / "config.json").write_text(json.dumps(config, indent=2))  # exactly the fields a release has
     return path
 
@@ -135,6 +144,7 @@ def save_llada_like(path: Path) -> Path:
         "mask_token_id": LLADA_MASK,
         "eos_token_id": 1,
         "pad_token_id": 1,
+        "use_cache": False,
     }
     return _save_remote(path, "llada", config, tok)
 
@@ -153,8 +163,10 @@ def save_dream_like(path: Path) -> Path:
         "mask_token_id": 2,  # the tokenizer's <|mask|>, as Dream's config repeats its tokenizer's 151666
         "pad_token_id": 0,
         "eos_token_id": 1,
+        "use_cache": False,
     }
-    return _save_remote(path, "dream", config, tok)
+    generation = {"mask_token_id": 2, "pad_token_id": 0, "eos_token_id": 1, "steps": 8}  # Dream ships one
+    return _save_remote(path, "dream", config, tok, {"generation_config.json": generation})
 
 
 BUILDERS = {

@@ -1,4 +1,8 @@
-"""Configuration of the LLaDA stand-in (see ../README.md)."""
+"""Configuration of the LLaDA stand-in (see ../README.md).
+
+As LLaDA's ``LLaDAConfig(use_cache=False, **kwargs)`` it hands ``use_cache`` to ``PretrainedConfig``, which
+``transformers`` 5 pops, so the built config has no ``use_cache`` unless dlmrl's compatibility patch sets it.
+"""
 
 from transformers import PretrainedConfig
 
@@ -6,10 +10,12 @@ from transformers import PretrainedConfig
 class LLaDAConfig(PretrainedConfig):
     model_type = "llada"
 
-    def __init__(self, vocab_size=126464, d_model=16, n_heads=2, n_layers=1, mask_token_id=126336, **kwargs):
+    def __init__(self, vocab_size=126464, d_model=16, n_heads=2, n_layers=1, mask_token_id=126336,
+                 weight_tying=False, use_cache=False, **kwargs):
         self.vocab_size = vocab_size
         self.d_model = d_model
         self.n_heads = n_heads
         self.n_layers = n_layers
         self.mask_token_id = mask_token_id
-        super().__init__(**kwargs)
+        self.weight_tying = weight_tying
+        super().__init__(use_cache=use_cache, **kwargs)

@@ -1,0 +1,221 @@
+"""Tiny random LLaDA and Dream checkpoints built from the model code of a local clone (for ``remote_code_check.py``).
+
+The clone's own ``configuration_*.py`` / ``modeling_*.py`` (and Dream's ``generation_utils.py`` and
+``tokenization_dream.py``) are copied next to a ``config.json`` with the published checkpoint's fields, the sizes
+shrunk (:data:`SHRINK`), the real vocabulary and mask id kept. Nothing of the clone is stored in dlmrl: the files are
+read from the clone when the checkpoint is built. The weights are random (:func:`init_weights`), the tokenizer is
+character-level with the real special tokens at their real ids.
+
+Published fields: ``config.json`` of ``GSAI-ML/LLaDA-8B-Instruct`` (:data:`LLADA_CONFIG`) and of
+``Dream-org/Dream-v0-Instruct-7B`` (:data:`DREAM_CONFIG`); a clone that holds a ``config.json`` next to the code
+(a ``git clone`` of the hub repository) gives its own instead.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+#: The code files of each family (the first two are required).
+CODE_FILES = {
+    "llada": ("configuration_llada.py", "modeling_llada.py"),
+    "dream": ("configuration_dream.py", "modeling_dream.py", "generation_utils.py", "tokenization_dream.py"),
+}
+#: GSAI-ML/LLaDA-8B-Instruct's config.json, before :data:`SHRINK`.
+LLADA_CONFIG = {
+    "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0, "architectures": ["LLaDAModelLM"],
+    "attention_dropout": 0.0, "attention_layer_norm": False, "attention_layer_norm_with_affine": True,
+    "auto_map": {"AutoConfig": "configuration_llada.LLaDAConfig", "AutoModel": "modeling_llada.LLaDAModelLM",
+                 "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM"},
+    "bias_for_layer_norm": False, "block_group_size": 1, "block_type": "llama", "d_model": 4096,
+    "embedding_dropout": 0.0, "embedding_size": 126464, "eos_token_id": 126081, "flash_attention": False,
+    "include_bias": False, "include_qkv_bias": False, "init_cutoff_factor": None, "init_device": "meta",
+    "init_fn": "mitchell", "init_std": 0.02, "input_emb_norm": False, "layer_norm_type": "rms",
+    "layer_norm_with_affine": True, "mask_token_id": 126336, "max_sequence_length": 4096, "mlp_hidden_size": 12288,
+    "mlp_ratio": 4, "model_type": "llada", "multi_query_attention": None, "n_heads": 32, "n_kv_heads": 32,
+    "n_layers": 32, "pad_token_id": 126081, "precision": "amp_bf16", "residual_dropout": 0.0, "rms_norm_eps": 1e-05,
+    "rope": True, "rope_full_precision": True, "rope_theta": 500000.0, "scale_logits": False,
+    "transformers_version": "4.46.3", "use_cache": False, "vocab_size": 126464, "weight_tying": False,
+}
+#: Dream-org/Dream-v0-Instruct-7B's config.json, before :data:`SHRINK`.
+DREAM_CONFIG = {
+    "architectures": ["DreamModel"], "attention_dropout": 0.0,
+    "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
+    "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 3584,
+    "initializer_range": 0.02, "intermediate_size": 18944, "mask_token_id": 151666, "max_position_embeddings": 131072,
+    "max_window_layers": 28, "model_type": "Dream", "num_attention_heads": 28, "num_hidden_layers": 28,
+    "num_key_value_heads": 4, "pad_token_id": 151643, "rms_norm_eps": 1e-06, "rope_scaling": None,
+    "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "transformers_version": "4.46.2", "use_cache": False, "use_sliding_window": False, "vocab_size": 152064,
+}
+#: The size fields replaced (width 64, 4 heads, 2 layers); vocabulary, mask id and every other field stay.
+SHRINK = {
+    "llada": {"d_model": 64, "n_heads": 4, "n_kv_heads": 4, "n_layers": 2, "mlp_hidden_size": 128},
+    "dream": {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "num_hidden_layers": 2, "max_window_layers": 2},
+}
+#: Special tokens at their ids in the real tokenizers (LLaDA-8B-Instruct's; Dream's Qwen2 vocabulary).
+SPECIALS = {
+    "llada": {"<|startoftext|>": 126080, "<|endoftext|>": 126081, "<|mdm_mask|>": 126336,
+              "<|start_header_id|>": 126346, "<|end_header_id|>": 126347, "<|eot_id|>": 126348},
+    "dream": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|beginoftext|>": 151665,
+              "<|mask|>": 151666},
+}
+CHAT_TEMPLATES = {  # the shape of each release's chat template (dlmrl's text tasks render prompts with it)
+    "llada": "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+             "{{ m['content'] }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+             "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}",
+    "dream": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+}
+MASK_IDS = {"llada": 126336, "dream": 151666}
+
+
+@dataclass(frozen=True)
+class CodeSource:
+    """Where a family's model code was found: the folder, and the clone's commit."""
+
+    family: str
+    folder: Path
+    clone: Path
+    commit: str
+
+
+def clone_commit(clone: Path) -> str:
+    """``git rev-parse HEAD`` of the clone (``"unknown"`` outside a git work tree)."""
+    out = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True,
+                         check=False)
+    return out.stdout.strip() if out.returncode == 0 else "unknown"
+
+
+def find_code(clones: list[Path]) -> dict[str, CodeSource]:
+    """The folder of each family's model code in the clones (the first found; LLaDA and Dream)."""
+    found: dict[str, CodeSource] = {}
+    for clone in clones:
+        for family, files in CODE_FILES.items():
+            for config_file in sorted(clone.rglob(files[0])):
+                folder = config_file.parent
+                if family not in found and (folder / files[1]).exists():
+                    found[family] = CodeSource(family, folder, clone, clone_commit(clone))
+    return found
+
+
+def find_function(clones: list[Path], file: str, name: str, param: str) -> tuple[Path, str] | None:
+    """``(path, commit)`` of the first ``file`` in the clones whose text defines ``def name(`` with ``param``."""
+    for clone in clones:
+        for path in sorted(clone.rglob(file)):
+            text = path.read_text(errors="replace")
+            head = text.split(f"def {name}(", 1)
+            if len(head) == 2 and param in head[1].split(")", 1)[0]:
+                return path, clone_commit(clone)
+    return None
+
+
+def checkpoint_config(source: CodeSource) -> dict:
+    """The published ``config.json`` (the clone's own, when it has one) with :data:`SHRINK` applied."""
+    own = source.folder / "config.json"
+    base = json.loads(own.read_text()) if own.exists() else {"llada": LLADA_CONFIG, "dream": DREAM_CONFIG}[
+        source.family]
+    return {**base, **SHRINK[source.family]}
+
+
+def init_weights(model: torch.nn.Module, text_ids: int, seed: int = 0) -> None:
+    """Random weights with confident, position-dependent predictions (ties in the samplers' confidence ranking
+    would make greedy parity a matter of float rounding): every matrix ``N(0, 1/fan_in)·4`` (embeddings ``N(0, 1)``),
+    norms 1, biases 0; the output rows of the tokenizer's first ``text_ids`` ids (its characters or bytes) 1.5 times
+    larger, so that sampled completions decode to text a reward can score."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 2:
+                std = 1.0 if "wte" in name or "embed" in name else 4.0 / p.shape[1] ** 0.5
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+            else:
+                p.fill_(1.0 if "norm" in name or "ln_f" in name else 0.0)
+        model.get_output_embeddings().weight[:text_ids] *= 1.5
+
+
+def _char_vocab() -> list[str]:
+    return [chr(c) for c in range(32, 127)] + ["\n"]
+
+
+def save_fast_tokenizer(path: Path, family: str) -> None:
+    """A character-level ``PreTrainedTokenizerFast`` with the family's special tokens at their real ids."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = _char_vocab()
+    vocab = {c: i for i, c in enumerate(chars)} | {"<|unk|>": len(chars)} | SPECIALS[family]
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    names = list(SPECIALS[family])
+    roles = ({"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}
+             if family == "llada" else
+             {"bos_token": "<|beginoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+              "mask_token": "<|mask|>"})
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<|unk|>", padding_side="left",
+                                  additional_special_tokens=[n for n in names if n not in roles.values()], **roles)
+    tok.chat_template = CHAT_TEMPLATES[family]
+    tok.save_pretrained(path)
+
+
+def save_dream_tokenizer(path: Path) -> None:
+    """Files for the clone's ``tokenization_dream.DreamTokenizer`` (byte-level BPE): the 256 byte symbols as the
+    vocabulary (GPT-2's byte-to-unicode table, the tokenizer's own ``bytes_to_unicode``), no merges, and the
+    special tokens at their Qwen2 ids, loaded through ``auto_map`` as Dream's ``tokenizer_config.json`` does."""
+    byte_symbols = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
+        range(ord("®"), ord("ÿ") + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in byte_symbols:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    (path / "vocab.json").write_text(json.dumps({table[b]: b for b in range(256)}))
+    (path / "merges.txt").write_text("#version: 0.2\n")
+    added = {str(i): {"content": t, "lstrip": False, "rstrip": False, "normalized": False, "single_word": False,
+                      "special": True} for t, i in SPECIALS["dream"].items()}
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "auto_map": {"AutoTokenizer": ["tokenization_dream.DreamTokenizer", None]},
+        "tokenizer_class": "DreamTokenizer", "added_tokens_decoder": added, "bos_token": "<|beginoftext|>",
+        "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "mask_token": "<|mask|>", "unk_token": None,
+        "clean_up_tokenization_spaces": False, "errors": "replace", "split_special_tokens": False,
+        "model_max_length": 131072, "padding_side": "left", "chat_template": CHAT_TEMPLATES["dream"],
+    }, indent=1))
+
+
+def build_checkpoint(source: CodeSource, out: Path) -> Path:
+    """Write the tiny random checkpoint of ``source`` into ``out`` (code, config, tokenizer, safetensors)."""
+    from dlmrl.models.compat import checkpoint_model_class, ensure_default_rope, load_checkpoint_config
+
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for name in CODE_FILES[source.family]:
+        if (source.folder / name).exists():
+            shutil.copy(source.folder / name, out / name)
+    config = checkpoint_config(source)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    if source.family == "dream" and (out / "tokenization_dream.py").exists():
+        save_dream_tokenizer(out)
+        text_ids = 256  # the byte symbols
+    else:
+        save_fast_tokenizer(out, source.family)
+        text_ids = len(_char_vocab())
+    ensure_default_rope()
+    built = load_checkpoint_config(str(out), trust_remote_code=True)
+    model = checkpoint_model_class(built, str(out))(built)
+    init_weights(model, text_ids)
+    model.save_pretrained(out, safe_serialization=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2))  # the release's fields, as written
+    if source.family == "dream":  # (Dream's from_pretrained reads it as a DreamGenerationConfig)
+        ids = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id", "mask_token_id")}
+        (out / "generation_config.json").write_text(json.dumps(ids, indent=2))
+    return out
