@@ -155,6 +155,12 @@ def test_dry_run_with_resume_describes_the_run_it_continues(tmp_path, capsys, of
 
     save_yaml(cfg, out / "config.yaml")
     (out / "checkpoints" / "step-2").mkdir(parents=True)
+    assert cli.main(["train", "--dry-run", "--resume", "--output-dir", str(out)]) == 2  # (an empty folder: damaged)
+    assert "step-2: no .safetensors weights" in capsys.readouterr().err
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(2)}, str(out / "checkpoints" / "step-2" / "model.safetensors"))  # (whole, as saved)
     assert cli.main(["train", "--dry-run", "--resume", "--output-dir", str(out)]) == 0
     text = capsys.readouterr().out
     assert text.startswith(f"# dlmrl train --dry-run: {out / 'config.yaml'} is valid")
@@ -169,8 +175,12 @@ def test_resume_with_another_config_file_is_refused(tmp_path, capsys, offline):
     refused (naming them) instead of ignored; the run's own file is accepted."""
     from dlmrl.config import save_yaml
 
+    import torch
+    from safetensors.torch import save_file
+
     out = tmp_path / "run"
     (out / "checkpoints" / "step-2").mkdir(parents=True)
+    save_file({"w": torch.zeros(2)}, str(out / "checkpoints" / "step-2" / "model.safetensors"))  # (an intact one)
     cfg = Config()
     load_yaml(cfg, CONFIGS / "gdpo_sudoku_tiny.yaml")
     cfg.output_dir = str(out)

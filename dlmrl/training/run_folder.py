@@ -83,6 +83,9 @@ def check_run_folder(cfg: Config, resume: bool) -> Path | None:
             (:func:`check_same_config`).
     """
     out = Path(cfg.output_dir)
+    if resume and latest_checkpoint(out) is not None and not (out / "config.yaml").exists():
+        raise FileNotFoundError(f"--resume: {out} has checkpoints but no config.yaml (the run's settings); "
+                                "restore it, or start a new run in another --output-dir")
     ckpt = resumable_checkpoint(out) if resume else None
     if resume and ckpt is None:
         if not (out / "config.yaml").exists():
@@ -92,9 +95,6 @@ def check_run_folder(cfg: Config, resume: bool) -> Path | None:
         # give the same run)
         check_same_config(cfg, out / "config.yaml")
         return None
-    if resume and not (out / "config.yaml").exists():
-        raise FileNotFoundError(f"--resume: {out} has checkpoints but no config.yaml (the run's settings); "
-                                "restore it, or start a new run in another --output-dir")
     if not resume and (latest_checkpoint(out) is not None or (out / "config.yaml").exists()):
         raise ConfigError(f"output_dir {out} already holds a run; "
                           "continue that run with --resume or choose a new --output-dir")
