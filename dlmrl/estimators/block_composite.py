@@ -4,15 +4,15 @@ A block-diffusion model factorises ``log p(y | q) = Σ_b log p(y^b | y^{<b}, q)`
 clean blocks before it). Scoring block ``b`` on a noised canvas needs ``y^{<b}`` clean and block ``b`` noised, so a
 naive scorer runs one pass per block. The composite input puts a noised copy of *every* block next to the clean
 completion (:func:`~dlmrl.models.block_attention.composite_mask`): the noisy half's logits are every block's
-prediction from its own noised canvas and the clean blocks before it, so one pass scores all ``K`` blocks.
+prediction from its own noised canvas and the clean blocks before it, so one pass scores all ``n_blocks`` blocks.
 
 - **Block ELBO**: a :class:`BlockPlan` whose sample ``s`` noises every block at once, with each block's mask drawn
   independently (:func:`~dlmrl.estimators.block_plans.per_block_plan`: any existing estimator's plan, drawn per
-  block); the sequence estimate is the sum of the per-block estimates, ``S`` composite passes instead of ``S · K``
+  block); the sequence estimate is the sum of the per-block estimates, ``S`` composite passes instead of ``S · n_blocks``
   block passes.
 - **Block trajectory**: a plan whose canvas ``j`` holds, in every block, that block's canvas before its ``j``-th
   (merged) step (:func:`~dlmrl.estimators.block_plans.block_trajectory_plan`), so a rollout of ``S`` steps per block
-  costs ``⌈S / merge⌉`` passes, not ``K · S``; at ``merge = 1`` it reproduces the sampler's ``token_logprobs``.
+  costs ``⌈S / merge⌉`` passes, not ``n_blocks · S``; at ``merge = 1`` it reproduces the sampler's ``token_logprobs``.
 
 NFE is counted in composite passes (each over ``P + 2L`` positions, twice the completion of a block-causal pass).
 

@@ -14,8 +14,10 @@ config docs; in code ``B`` is the batch letter, so the block size is always spel
 Two layouts (``True`` = query may attend key):
 
 - :func:`block_causal_mask` over ``[prompt | y]``: ``β(j) <= β(i)``, bidirectional inside a block. ``block_size = L``
-  is today's full-attention diffusion over the completion; ``block_size = 1`` makes each completion position a
-  block of its own (an autoregressive factorisation in the same model).
+  is today's full-attention diffusion over the completion with one difference: the prompt does not attend the
+  completion (in a bidirectional LLaDA-style model it does, which is why its prompt cache is approximate); without a
+  prompt the two are the same model (tested). ``block_size = 1`` makes each completion position a block of its own
+  (an autoregressive factorisation in the same model).
 - :func:`composite_mask` over ``[prompt | ỹ (noisy, L) | y (clean, L)]``, both halves at the same positions: noisy
   ``i`` attends noisy ``j`` iff ``β(j) = β(i)`` and clean ``j`` iff ``β(j) < β(i)``; clean ``i`` attends clean
   ``j`` iff ``β(j) <= β(i)`` and never a noisy one; every real query attends the real prompt; the prompt attends
@@ -70,7 +72,8 @@ BlockForwardFn = Callable[..., "tuple[torch.Tensor, KeyValues | None]"]
 
 
 def check_block_size(length: int, block_size: int) -> int:
-    """The number of completion blocks ``K = ⌈length / block_size⌉``.
+    """The number of completion blocks, ``n_blocks = ⌈length / block_size⌉`` (``K`` in the papers; in dlmrl ``K`` counts
+    Monte Carlo samples).
 
     Raises:
         ValueError: if ``length < 1`` or ``block_size < 1`` (or either is not an ``int``).
@@ -184,7 +187,7 @@ def model_attention_mask(model: torch.nn.Module, mask4d: torch.Tensor) -> torch.
 
     Args:
         model: a ``transformers`` model (or a peft wrapper of one) with ``config._attn_implementation``.
-        mask4d: ``(B, 1, Q, K)`` bool.
+        mask4d: ``(B, 1, T, S + T)`` bool (queries, then cached and new keys).
     Raises:
         ValueError: for an attention implementation that cannot take an arbitrary dense mask (flash attention,
             flex attention: not supported here).

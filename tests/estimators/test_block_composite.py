@@ -8,7 +8,7 @@ import functools
 import pytest
 import torch
 
-from dlmrl.estimators import DoubleMC, Exact, Trajectory, score
+from dlmrl.estimators import DoubleMC, Exact, MaskPlan, Trajectory, score
 from dlmrl.estimators.block_composite import BlockPlan, composite_logits, score_composite
 from dlmrl.estimators.block_plans import block_step_ranks, block_trajectory_plan, per_block_plan
 from dlmrl.estimators.scoring import sampler_log_softmax
@@ -90,7 +90,7 @@ def test_the_block_elbo_in_one_pass_per_sample_equals_the_per_block_loop(policy,
     mask[1, -1] = False  # (a position that is never scored)
     plan = per_block_plan(DoubleMC(num_samples=3, masking="bernoulli").make_plan, mask, block_size, 11)
     assert plan.nfe == 3 and not (plan.masks & ~mask).any()
-    # blocks are drawn independently: their weights (1/t_b / K) differ along a canvas
+    # blocks are drawn independently: their weights (1/t_b over the 3 samples) differ along a canvas
     assert len(set(plan.weights[0, 0].tolist())) > 1
     fast = Counting(policy.model)
     est = score_composite(fast, *prompts, completion, mask, plan, block_size, policy.mask_token_id)
@@ -150,7 +150,7 @@ def test_threshold_blocks_with_different_step_counts_are_padded(policy, prompts)
     assert len(counts) > 1  # (blocks took different numbers of steps)
     plan = block_trajectory_plan(mask, out.reveal_step, 4, 1, temperature=1.0)
     for s in range(plan.nfe):  # a block past its own steps is clean in the later canvases and scores nothing
-        done = ranks.view(3, 2, 4).amax(-1) < s  # (B, K)
+        done = ranks.view(3, 2, 4).amax(-1) < s  # (B, n_blocks)
         assert not plan.masks[s].view(3, 2, 4)[done].any()
 
 
@@ -211,3 +211,17 @@ def test_bad_plans_and_completions_are_refused(policy, prompts):
     with pytest.raises(ValueError, match="mask token"):
         score_composite(functools.partial(block_logits, policy.model), *prompts, undecoded, mask, plan, 2,
                         policy.mask_token_id)
+
+
+def test_per_block_plans_must_agree_in_size_and_share_no_prompt_masks():
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    with pytest.raises(ValueError, match="number of samples"):  # (exact enumeration: 2^4 - 1 vs 2^2 - 1 canvases)
+        per_block_plan(Exact().make_plan, mask, 4)
+
+    def with_prompt(m, g):
+        plan = DoubleMC(num_samples=1).make_plan(m, g)
+        return MaskPlan(masks=plan.masks, weights=plan.weights, t=plan.t,
+                        prompt_masks=torch.zeros(1, 2, 3, dtype=torch.bool))
+
+    with pytest.raises(ValueError, match="masks the prompt"):
+        per_block_plan(with_prompt, mask, 3)

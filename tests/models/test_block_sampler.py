@@ -123,3 +123,13 @@ def test_bad_arguments_are_refused(policy, prompts):
         block_generate(policy, *prompts, gen_length=8, block_size=0, steps_per_block=2)
     with pytest.raises(ValueError, match="low_confidence"):
         block_generate(policy, *prompts, gen_length=8, block_size=4, threshold=0.5, remasking="random")
+
+
+def test_the_factor_rule_is_generates_too(policy, prompts):
+    ours, rec = run(policy, prompts, True, gen_length=8, block_size=4, threshold_factor=1.0, temperature=1.0, seed=6)
+    full, rec_full = run(policy, prompts, False, gen_length=8, block_size=4, threshold_factor=1.0, temperature=1.0,
+                         seed=6)
+    assert_same_rollout(ours, full, rec, rec_full, prompts[0].shape[1])
+    ref = generate(BlockCausalPolicy(policy, 8, 4), *prompts, gen_length=8, block_length=4, steps=2,
+                   threshold_factor=1.0, temperature=1.0, generator=torch.Generator().manual_seed(6))
+    assert torch.equal(ours.canvas, ref.canvas) and torch.equal(ours.reveal_step, ref.reveal_step)
