@@ -1,0 +1,304 @@
+"""Block-causal attention for block-diffusion policies: block ids, the two attention layouts, and the forward pass.
+
+A completion of length ``L`` is cut into blocks of ``block_size`` tokens (written ``B`` in the papers and the
+config docs; in code ``B`` is the batch letter, so the block size is always spelled ``block_size``). The block index
+``β`` of a position:
+
+- prompt positions are block 0 (always clean, attended by every real query; the real prompt tokens attend each
+  other bidirectionally);
+- completion position ``i`` (0-based) is block ``1 + i // block_size``; the last block is shorter when
+  ``block_size`` does not divide ``L``;
+- left padding of the prompt is attended by nobody; a padding *query* attends only itself, so no attention row is
+  empty (an all-False row makes scaled-dot-product attention return NaN) and its output, never used, stays finite.
+
+Two layouts (``True`` = query may attend key):
+
+- :func:`block_causal_mask` over ``[prompt | y]``: ``β(j) <= β(i)``, bidirectional inside a block. ``block_size = L``
+  is today's full-attention diffusion over the completion with one difference: the prompt does not attend the
+  completion (in a bidirectional LLaDA-style model it does, which is why its prompt cache is approximate); without a
+  prompt the two are the same model (tested). ``block_size = 1`` makes each completion position a block of its own
+  (an autoregressive factorisation in the same model).
+- :func:`composite_mask` over ``[prompt | ỹ (noisy, L) | y (clean, L)]``, both halves at the same positions: noisy
+  ``i`` attends noisy ``j`` iff ``β(j) = β(i)`` and clean ``j`` iff ``β(j) < β(i)``; clean ``i`` attends clean
+  ``j`` iff ``β(j) <= β(i)`` and never a noisy one; every real query attends the real prompt; the prompt attends
+  only the prompt. The noisy half's logits are then every block's denoiser output given the clean blocks before it,
+  in one pass (BD3-LM's vectorised training).
+
+Layouts of the published checkpoints (read for this module; none of their code is used):
+
+- BD3-LM (arXiv 2503.09573; kuleshov-group/bd3lms ``models/dit.py``: ``block_diff_mask``): input ``[x_t | x_0]``
+  (noisy first), the same three sub-masks as :func:`composite_mask` (block diagonal, offset block-causal,
+  block-causal); no prompt (unconditional), blocks aligned to position 0, rotary positions shared by both halves, no
+  logit shift; the sampler attends a key/value cache with no mask at all.
+- SDAR / TraDo (arXiv 2510.06303, 2509.06949; JetAstra/SDAR ``generate.py``; Gen-Verse/dLLM-RL
+  ``train/rl_sdar.py``: ``make_basic_block_attention``, ``process_pad``): the *prompt is chunked into blocks too*.
+  SDAR's sampler aligns blocks to absolute position 0, so the block holding the prompt's tail is completed by the
+  first generated tokens; TraceRL's training mask aligns completion blocks to the completion's start and chunks the
+  prompt block-causally from its end. Its composite input puts the clean half first, ``[prompt | y | ỹ]``; padding
+  keys are dropped and padding queries attend themselves (as here); log-probs at T = 1 over the whole vocabulary;
+  no logit shift.
+- Fast-dLLM v2 (arXiv 2509.26328; the ``Fast_dLLM_QwenForCausalLM`` checkpoint code, read from a public copy,
+  Satgoy152/DualDiffusion ``FastDLLM_inferencing/Fast_dLLM_v2_7B/modeling.py``): BD3-LM's mask over
+  ``[x_t | x_0]`` of the *whole* sequence (prompt included, never noised), blocks aligned to position 0, and a
+  **token shift**: position ``i`` is predicted by the output at ``i − 1`` (an AR model's head kept), so a block's
+  first token comes from the previous block's last clean position.
+
+This module implements the dlmrl layout above (prompt = one clean block 0, completion blocks aligned to the
+completion's start, no shift) for the ``tiny`` family; a checkpoint family with another layout needs its own ids and
+a parity script against its forward (dlmrl interpretation of how the layouts map).
+
+The mask reaches a ``transformers`` model as a 4-D ``attention_mask``: ``masking_utils`` returns a 4-D mask as it is
+(``_preprocess_mask_arguments``: "If the mask is already 4D, simply return as-is"), whatever ``config.is_causal`` says,
+and SDPA then runs with ``is_causal=False``; a boolean mask is right for SDPA, but the eager kernel *adds* the mask to
+the scores, so it gets an additive float mask (:func:`model_attention_mask`).
+
+Reference: BD3-LM arXiv 2503.09573 §3 (block-causal and vectorised training masks); SDAR arXiv 2510.06303.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from dlmrl.models.policy import position_ids_from_mask
+
+#: per layer, ``(keys, values)`` each ``(B, H, S, D)`` (the layout of :mod:`dlmrl.models.block_cache`)
+KeyValues = list[tuple[torch.Tensor, torch.Tensor]]
+
+#: ``(model, input_ids (B, T) long, mask4d (B, 1, T, S + T) bool, position_ids (B, T) long, past KeyValues | None,
+#: use_cache bool) -> (logits (B, T, V), KeyValues of the S + T positions, past first, or None without use_cache)``
+BlockForwardFn = Callable[..., "tuple[torch.Tensor, KeyValues | None]"]
+
+
+def check_block_size(length: int, block_size: int) -> int:
+    """The number of completion blocks, ``n_blocks = ⌈length / block_size⌉`` (``K`` in the papers; in dlmrl ``K`` counts
+    Monte Carlo samples).
+
+    Raises:
+        ValueError: if ``length < 1`` or ``block_size < 1`` (or either is not an ``int``).
+    """
+    for name, value in (("completion length", length), ("block_size", block_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return -(-length // block_size)
+
+
+def block_bounds(length: int, block_size: int) -> list[tuple[int, int]]:
+    """``[(lo, hi), ...]``: the completion positions ``[lo, hi)`` of each block, left to right (the last may be
+    shorter)."""
+    check_block_size(length, block_size)
+    return [(lo, min(lo + block_size, length)) for lo in range(0, length, block_size)]
+
+
+def completion_block_ids(length: int, block_size: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """``(L,)`` long: ``β(i) = 1 + i // block_size`` of each completion position (block 0 is the prompt)."""
+    check_block_size(length, block_size)
+    return 1 + torch.arange(length, device=device) // block_size
+
+
+def block_ids(prompt_mask: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
+    """``(B, P + L)`` long block index of every position of ``[prompt | completion]``: 0 on real prompt tokens,
+    ``1 + i // block_size`` on completion position ``i``, ``-1`` on prompt padding (attended by nobody).
+
+    Args:
+        prompt_mask: ``(B, P)`` bool, True on real prompt tokens (left padding False).
+        length: completion length ``L``. block_size: tokens per block.
+    """
+    pm = prompt_mask.bool()
+    prompt = torch.where(pm, 0, -1)  # (B, P)
+    comp = completion_block_ids(length, block_size, pm.device).expand(pm.shape[0], length)  # (B, L)
+    return torch.cat([prompt, comp], dim=1)
+
+
+def _with_self(allowed: torch.Tensor) -> torch.Tensor:
+    """``allowed (B, T, T)`` with the diagonal set: every query attends at least itself (no empty row)."""
+    eye = torch.eye(allowed.shape[-1], dtype=torch.bool, device=allowed.device)
+    return allowed | eye
+
+
+def block_causal_mask(prompt_mask: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
+    """The block-causal mask of ``[prompt | completion]``: query ``i`` may attend key ``j`` iff ``j`` is real and
+    ``β(j) <= β(i)`` (padding queries attend themselves only).
+
+    Args:
+        prompt_mask: ``(B, P)`` bool. length: ``L``. block_size: tokens per block.
+    Returns:
+        ``(B, 1, P + L, P + L)`` bool, True = may attend.
+    Raises:
+        ValueError: on ``length`` or ``block_size`` below 1.
+    Reference: BD3-LM arXiv 2503.09573 §3.1 (block-causal attention); SDAR arXiv 2510.06303.
+    """
+    beta = block_ids(prompt_mask, length, block_size)  # (B, T)
+    real_key = beta[:, None, :] >= 0  # (B, 1, T)
+    allowed = real_key & (beta[:, None, :] <= beta[:, :, None])  # (B, T, T)
+    return _with_self(allowed)[:, None]
+
+
+def composite_mask(prompt_mask: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
+    """The mask of the composite input ``[prompt (P) | noisy ỹ (L) | clean y (L)]`` (see the module docstring).
+
+    Args:
+        prompt_mask: ``(B, P)`` bool. length: ``L``. block_size: tokens per block.
+    Returns:
+        ``(B, 1, P + 2L, P + 2L)`` bool, True = may attend.
+    Raises:
+        ValueError: on ``length`` or ``block_size`` below 1.
+    Reference: BD3-LM arXiv 2503.09573 §3.2 (vectorised training: block-diagonal, offset block-causal and
+    block-causal masks; kuleshov-group/bd3lms ``models/dit.py``, ``block_diff_mask``), with a prompt block added
+    (dlmrl interpretation).
+    """
+    pm = prompt_mask.bool()
+    batch, p = pm.shape
+    comp = completion_block_ids(length, block_size, pm.device)  # (L,)
+    beta = torch.cat([torch.where(pm, 0, -1), comp.expand(batch, length), comp.expand(batch, length)], dim=1)
+    part = torch.cat([torch.zeros(p, dtype=torch.long), torch.ones(length, dtype=torch.long),
+                      torch.full((length,), 2, dtype=torch.long)]).to(pm.device)  # (T,): 0 prompt, 1 noisy, 2 clean
+    bq, bk = beta[:, :, None], beta[:, None, :]  # (B, T, 1), (B, 1, T)
+    q_part, k_part = part[None, :, None], part[None, None, :]
+    prompt_key = (k_part == 0) & (bk >= 0)  # real prompt keys: every real query attends them
+    noisy_q, clean_q, real_q = q_part == 1, q_part == 2, bq >= 0
+    allowed = (real_q & prompt_key) \
+        | (noisy_q & (k_part == 1) & (bk == bq)) \
+        | (noisy_q & (k_part == 2) & (bk < bq)) \
+        | (clean_q & (k_part == 2) & (bk <= bq))  # (B, T, T)
+    return _with_self(allowed)[:, None]
+
+
+def block_position_ids(prompt_mask: torch.Tensor, length: int) -> torch.Tensor:
+    """``(B, P + L)`` long positions of ``[prompt | completion]``, counted over real tokens (padding clamped to 0), as
+    :class:`~dlmrl.models.policy.MaskedDiffusionPolicy` counts them."""
+    pm = prompt_mask.bool()
+    return position_ids_from_mask(torch.cat([pm, pm.new_ones(pm.shape[0], length)], dim=1))
+
+
+def composite_position_ids(prompt_mask: torch.Tensor, length: int) -> torch.Tensor:
+    """``(B, P + 2L)`` long positions of ``[prompt | noisy | clean]``: both halves carry the completion's positions."""
+    pos = block_position_ids(prompt_mask, length)  # (B, P + L)
+    return torch.cat([pos, pos[:, prompt_mask.shape[1]:]], dim=1)
+
+
+def model_attention_mask(model: torch.nn.Module, mask4d: torch.Tensor) -> torch.Tensor:
+    """The 4-D mask in the form the model's attention kernel honours exactly.
+
+    ``sdpa``: the boolean mask itself (``scaled_dot_product_attention`` reads True = attend). ``eager``: an additive
+    float mask in the model's dtype (0 where allowed, the dtype's most negative finite value elsewhere), because the
+    eager kernel adds ``attention_mask`` to the scores (a boolean would add 0/1).
+
+    Args:
+        model: a ``transformers`` model (or a peft wrapper of one) with ``config._attn_implementation``.
+        mask4d: ``(B, 1, T, S + T)`` bool (queries, then cached and new keys).
+    Raises:
+        ValueError: for an attention implementation that cannot take an arbitrary dense mask (flash attention,
+            flex attention: not supported here).
+    """
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", "sdpa") or "sdpa"
+    if impl == "sdpa":
+        return mask4d
+    if impl == "eager":
+        dtype = next(model.parameters()).dtype
+        return torch.zeros(mask4d.shape, dtype=dtype, device=mask4d.device).masked_fill(
+            ~mask4d, torch.finfo(dtype).min)
+    raise ValueError(f"block attention needs an attention implementation that takes a dense 4-D mask ('sdpa' or "
+                     f"'eager'); the model uses {impl!r}")
+
+
+def hf_block_forward(model, input_ids, mask4d, position_ids, past=None, use_cache=False):
+    """:data:`BlockForwardFn` for ``transformers`` decoder classes (Llama, Qwen2, ...; the ``tiny`` family).
+
+    ``past`` (keys stored after the rotary embedding) goes in as a fresh ``DynamicCache`` built from the tensors,
+    which the pass extends by concatenation, so the caller's ``past`` is never changed (a denoising step leaves the
+    cache as it was; keeping the returned key/values is how a finished block extends it).
+
+    Args:
+        model: the model. input_ids: ``(B, T)`` long. mask4d: ``(B, 1, T, S + T)`` bool over the ``S`` cached then
+            the ``T`` new positions. position_ids: ``(B, T)`` long. past: :data:`KeyValues` of ``S`` positions or
+            ``None``. use_cache: return the key/values of the ``S + T`` positions.
+    Returns:
+        ``(logits (B, T, V), KeyValues | None)``; logits float32 (float64 for a float64 model), position ``i``
+        predicts token ``i``.
+    Raises:
+        TypeError: if ``use_cache`` and the model returns no cache.
+    """
+    from transformers import DynamicCache
+
+    from dlmrl.models.block_cache import _cache_keyword
+
+    kwargs = {}
+    if past is not None:
+        kwargs[_cache_keyword(model)] = DynamicCache(ddp_cache_data=past)
+    out = model(input_ids=input_ids, attention_mask=model_attention_mask(model, mask4d), position_ids=position_ids,
+                use_cache=use_cache or past is not None, **kwargs)
+    logits = out.logits if out.logits.dtype == torch.float64 else out.logits.float()
+    if not use_cache:
+        return logits, None
+    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+    if cache is None or not hasattr(cache, "layers"):
+        raise TypeError(f"{type(model).__name__}.forward returned no key/value cache")
+    return logits, [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def block_logits(model, input_ids: torch.Tensor, mask4d: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """Logits of one pass under an explicit 4-D mask and explicit positions (no cache): ``(B, T, V)`` float32.
+
+    Args:
+        model: a ``transformers`` decoder (the ``tiny`` family). input_ids: ``(B, T)`` long.
+        mask4d: ``(B, 1, T, T)`` bool (:func:`block_causal_mask`, :func:`composite_mask`).
+        position_ids: ``(B, T)`` long (:func:`block_position_ids`, :func:`composite_position_ids`).
+    """
+    return hf_block_forward(model, input_ids, mask4d, position_ids)[0]
+
+
+class BlockCausalPolicy:
+    """A masked-diffusion policy run block-causally: ``(input_ids (B, P + L), attention_mask) -> (B, P + L, V)``.
+
+    The uncached reference of block diffusion as an ordinary policy: the first ``P = T − L`` positions are the
+    prompt (``attention_mask`` marks its padding), the last ``length`` the completion, attended with
+    :func:`block_causal_mask`. Any code that takes a policy (``generate``, ``score``, the ``trajectory`` estimator)
+    then runs block-causally, one full pass per call.
+
+    Args:
+        policy: a :class:`~dlmrl.models.policy.MaskedDiffusionPolicy` of the ``tiny`` family (``model``,
+            ``mask_token_id``).
+        length: completion length ``L``. block_size: tokens per block.
+    Raises:
+        ValueError (on call): when the input is shorter than ``length`` or the completion holds padding.
+    """
+
+    def __init__(self, policy, length: int, block_size: int):
+        check_block_size(length, block_size)
+        self.policy, self.length, self.block_size = policy, length, block_size
+        self.model, self.mask_token_id = policy.model, policy.mask_token_id
+        self.family = "block_causal"  # (no approximate block cache: the sampler refuses cache modes by family)
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        t = input_ids.shape[1]
+        if t < self.length:
+            raise ValueError(f"input of {t} positions is shorter than the completion length {self.length}")
+        mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        if not bool(mask[:, t - self.length:].all()):
+            raise ValueError("the completion part of a block-causal input must hold no padding")
+        prompt_mask = mask[:, : t - self.length]
+        return block_logits(self.model, input_ids, block_causal_mask(prompt_mask, self.length, self.block_size),
+                            block_position_ids(prompt_mask, self.length))
+
+    def parameters(self):
+        return self.policy.parameters()
+
+
+__all__ = [
+    "BlockCausalPolicy",
+    "BlockForwardFn",
+    "KeyValues",
+    "block_bounds",
+    "block_causal_mask",
+    "block_ids",
+    "block_logits",
+    "block_position_ids",
+    "check_block_size",
+    "completion_block_ids",
+    "composite_mask",
+    "composite_position_ids",
+    "hf_block_forward",
+    "model_attention_mask",
+]

@@ -1,0 +1,319 @@
+"""Block-diffusion sampling with an exact key/value cache.
+
+The completion is decoded block by block (:func:`~dlmrl.models.block_attention.block_bounds`). Block ``b`` starts
+fully masked (or as the infill canvas gives it) and is denoised with the rules of
+:func:`dlmrl.models.sampler.generate`: low-confidence (or random, or left-to-right) remasking with LLaDA's
+per-block ``num_transfer_tokens`` schedule over ``steps_per_block`` steps, or threshold decoding (Fast-dLLM's
+``threshold`` / ``factor`` rules, at least the most confident position per step); tokens are drawn by Gumbel-max in
+float64 at ``temperature`` (argmax at 0) with the mask token never drawn, and the confidence is the probability of
+the drawn token under the full softmax. The random draws are those of ``generate`` (same generator calls in the same
+order, same per-step generators of threshold decoding), so this sampler equals ``generate`` run on the block-causal
+policy :class:`~dlmrl.models.block_attention.BlockCausalPolicy` (tested).
+
+**Exact cache** (``cache=True``). One pass over the prompt keeps its keys and values; each denoising step feeds only
+the block's tokens, attending the cached prompt and finished blocks and the block itself; when the block is decoded
+its clean tokens are run once more and their keys and values are appended. Because no position attends a later block,
+the cached keys are exactly those a full block-causal pass would compute, so cached and uncached logits agree to
+float tolerance — unlike the approximate prefix/dual caches of :mod:`dlmrl.models.block_cache` on a bidirectional
+model. ``cache=False`` is the uncached reference: every step is a full pass over ``[prompt | canvas]`` under
+:func:`~dlmrl.models.block_attention.block_causal_mask`.
+
+Reference: SDAR arXiv 2510.06303 (JetAstra/SDAR ``generate.py``, ``block_diffusion_generate``: prefill, denoise the
+block against the cache without storing, store the finished block); BD3-LM arXiv 2503.09573 (kuleshov-group/bd3lms
+``models/dit.py``, sampling with ``kv_cache``); LLaDA arXiv 2502.09992 (``generate``); Fast-dLLM arXiv 2505.22618
+(threshold decoding).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dlmrl.models.block_attention import (
+    BlockForwardFn,
+    KeyValues,
+    block_bounds,
+    block_causal_mask,
+    block_position_ids,
+    hf_block_forward,
+)
+from dlmrl.models.gumbel import _gumbel, _uniform, add_gumbel_noise
+from dlmrl.models.policy import position_ids_from_mask
+from dlmrl.models.reveal import NOT_SAMPLED, _confidence, num_transfer_tokens, threshold_reveal
+from dlmrl.models.sampler import REMASKING, SampleOutput, _revealed_logprobs, _step_generator
+
+
+@dataclass
+class BlockSampleOutput(SampleOutput):
+    """:class:`~dlmrl.models.sampler.SampleOutput` of :func:`block_generate`, plus the cache's passes.
+
+    ``reveal_step`` is numbered as ``generate`` numbers it, globally over the blocks: block ``b``'s step ``s`` is
+    ``b · steps_per_block + s``, or ``b · block_size + s`` with a threshold (so a row may have gaps); the block
+    trajectory estimator ranks the distinct steps inside each block, so only their order within a block matters.
+    ``nfe`` counts denoising passes (each over the block's tokens with a cache, the whole sequence without), as
+    ``generate`` counts them.
+
+    Attributes:
+        cache_passes: passes that only build the cache: 1 for the prompt plus 1 per finished block but the last
+            (its keys are never needed); 0 with ``cache=False``.
+    """
+
+    cache_passes: int = 0
+
+
+class _ExactBlockForward:
+    """The sampler's passes for one block: ``logits(x, rows) -> (n, Lb, V)`` of the current block for rows ``rows``
+    (``(n,)`` increasing, ``None`` = all) of the canvas ``x (B, L)``; with a cache, :meth:`finish_block` appends the
+    decoded block's keys and values."""
+
+    def __init__(self, model, forward: BlockForwardFn, prompt_ids, prompt_mask, length: int, block_size: int,
+                 cache: bool):
+        self.model, self.forward, self.cache = model, forward, cache
+        self.prompt_ids, self.prompt_mask = prompt_ids, prompt_mask
+        self.length, self.block_size = length, block_size
+        self.n_real = prompt_mask.long().sum(-1)  # (B,): real prompt tokens (the completion's first position id)
+        self.lo = self.hi = 0
+        self.cache_passes = 0
+        self.past: KeyValues | None = None
+        self.key_real: torch.Tensor | None = None  # (B, S): which cached keys are real (prompt padding is not)
+        if cache:
+            self.key_real = prompt_mask.clone()
+            if prompt_ids.shape[1] > 0:  # (an empty prompt leaves the cache empty)
+                _, self.past = forward(model, prompt_ids, _prompt_mask4d(prompt_mask),
+                                       position_ids_from_mask(prompt_mask), None, True)
+                self.cache_passes = 1
+
+    def start_block(self, lo: int, hi: int) -> None:
+        self.lo, self.hi = lo, hi
+
+    def _block_inputs(self, tokens: torch.Tensor, rows: torch.Tensor | None):
+        """Ids, 4-D mask and positions of the block's ``tokens (n, Lb)`` against the cache, and the rows' past."""
+        key_real = self.key_real if rows is None else self.key_real[rows]  # (n, S)
+        n, width = tokens.shape
+        mask = torch.cat([key_real[:, None, None, :].expand(n, 1, width, key_real.shape[1]),
+                          key_real.new_ones(n, 1, width, width)], dim=-1)  # (n, 1, Lb, S + Lb)
+        n_real = self.n_real if rows is None else self.n_real[rows]
+        pos = n_real[:, None] + torch.arange(self.lo, self.hi, device=tokens.device)  # (n, Lb)
+        past = self.past if rows is None or self.past is None else [(k[rows], v[rows]) for k, v in self.past]
+        return mask, pos, past
+
+    def logits(self, x: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        canvas = x if rows is None else x[rows]
+        if self.cache:
+            tokens = canvas[:, self.lo : self.hi]
+            mask, pos, past = self._block_inputs(tokens, rows)
+            return self.forward(self.model, tokens, mask, pos, past, False)[0]
+        pids = self.prompt_ids if rows is None else self.prompt_ids[rows]
+        pmask = self.prompt_mask if rows is None else self.prompt_mask[rows]
+        ids = torch.cat([pids, canvas], dim=1)  # (n, P + L)
+        mask = block_causal_mask(pmask, self.length, self.block_size)
+        out = self.forward(self.model, ids, mask, block_position_ids(pmask, self.length), None, False)[0]
+        p = pids.shape[1]
+        return out[:, p + self.lo : p + self.hi]
+
+    def finish_block(self, x: torch.Tensor) -> None:
+        """Append the decoded block's keys and values (every row) to the cache; nothing without a cache."""
+        if not self.cache:
+            return
+        tokens = x[:, self.lo : self.hi]
+        mask, pos, past = self._block_inputs(tokens, None)
+        _, self.past = self.forward(self.model, tokens, mask, pos, past, True)
+        self.key_real = torch.cat([self.key_real, self.key_real.new_ones(tokens.shape)], dim=1)
+        self.cache_passes += 1
+
+
+def _prompt_mask4d(prompt_mask: torch.Tensor) -> torch.Tensor:
+    """``(B, 1, P, P)`` bool: the prompt block of :func:`block_causal_mask` (real tokens attend the real prompt,
+    padding attends itself)."""
+    return block_causal_mask(prompt_mask, 1, 1)[..., :-1, :-1]
+
+
+def _validate(prompt_ids, prompt_mask, canvas, gen_length, block_size, steps_per_block, temperature, remasking,
+              threshold, threshold_factor) -> None:
+    """Check :func:`block_generate`'s arguments (``ValueError`` naming the argument)."""
+    if prompt_ids.dim() != 2 or prompt_mask.shape != prompt_ids.shape:
+        raise ValueError(f"prompt_ids must be (B, P) with a prompt_mask of the same shape, got "
+                         f"{tuple(prompt_ids.shape)} and {tuple(prompt_mask.shape)}")
+    block_bounds(gen_length, block_size)  # (raises on gen_length or block_size < 1)
+    if threshold is not None and threshold_factor is not None:
+        raise ValueError("give threshold or threshold_factor, not both")
+    if threshold is not None and not (isinstance(threshold, (int, float)) and 0 < threshold <= 1):
+        raise ValueError(f"threshold must be in (0, 1], got {threshold!r}")
+    if threshold_factor is not None and not (isinstance(threshold_factor, (int, float)) and threshold_factor > 0):
+        raise ValueError(f"threshold_factor must be > 0, got {threshold_factor!r}")
+    thresholded = threshold is not None or threshold_factor is not None
+    if not thresholded and (isinstance(steps_per_block, bool) or not isinstance(steps_per_block, int)
+                            or steps_per_block < 1):
+        raise ValueError(f"steps_per_block must be an integer >= 1 without a threshold, got {steps_per_block!r}")
+    if remasking not in REMASKING:
+        raise ValueError(f"unknown remasking {remasking!r}; expected one of {REMASKING}")
+    if thresholded and remasking != "low_confidence":
+        raise ValueError(f"threshold decoding needs remasking 'low_confidence', got {remasking!r}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if canvas is not None and tuple(canvas.shape) != (prompt_ids.shape[0], gen_length):
+        raise ValueError(f"canvas shape {tuple(canvas.shape)} != (batch, gen_length) = "
+                         f"({prompt_ids.shape[0]}, {gen_length})")
+
+
+@torch.no_grad()
+def block_generate(
+    policy,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    *,
+    gen_length: int,
+    block_size: int,
+    steps_per_block: int | None = None,
+    temperature: float = 0.0,
+    remasking: str = "low_confidence",
+    threshold: float | None = None,
+    threshold_factor: float | None = None,
+    canvas: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    cache: bool = True,
+    forward: BlockForwardFn = hf_block_forward,
+) -> BlockSampleOutput:
+    """Decode ``gen_length`` tokens after each prompt with a block-causal denoiser, block by block.
+
+    Per step of block ``b`` (see the module docstring for the rules and the cache): one pass gives the block's logits;
+    ``x0`` = argmax of the (Gumbel-noised) logits with the mask token at ``-inf``; the ``k`` most confident masked
+    positions are revealed (``k`` from :func:`~dlmrl.models.reveal.num_transfer_tokens` of the row's masks in the
+    block; ties to the leftmost), or, with a threshold, the positions :func:`~dlmrl.models.reveal.threshold_reveal`
+    picks, a block then taking as many steps as its rows need (at most its length; rows whose block is decoded leave
+    the pass). A step at which no row reveals anything runs no pass.
+
+    Args:
+        policy: a block-causal masked-diffusion policy: ``model`` (a ``transformers`` decoder for the default
+            ``forward``) and ``mask_token_id``.
+        prompt_ids: ``(B, P)`` long, left-padded. prompt_mask: ``(B, P)`` bool, True on real tokens.
+        gen_length: completion length ``L``. block_size: tokens per block; the last block holds the remaining
+            ``L mod block_size`` when it does not divide ``L`` (decoded with the same steps per block).
+        steps_per_block: denoising steps per block (required without a threshold; unused with one).
+        temperature: Gumbel-max temperature, 0 = greedy. remasking: ``low_confidence``, ``random`` or
+            ``left_to_right`` (a threshold needs ``low_confidence``).
+        threshold: Fast-dLLM's confidence threshold ``τ`` in ``(0, 1]``. threshold_factor: its factor rule ``f > 0``.
+        canvas: optional ``(B, L)`` long infill canvas: only its mask tokens are decoded; the others are clean
+            tokens of their block from the start.
+        generator: the only source of randomness (advances as ``generate``'s does).
+        cache: the exact key/value cache (default) or the uncached reference (full block-causal passes).
+        forward: the family's :data:`~dlmrl.models.block_attention.BlockForwardFn`.
+    Returns:
+        :class:`BlockSampleOutput`: ``canvas`` ``(B, L)`` long, ``token_logprobs`` ``(B, L)`` float32 (the log-prob of
+        each revealed token under ``log_softmax(logits / T)`` with the mask token excluded, ``T = 1`` when greedy; 0
+        where nothing was drawn), ``reveal_step`` ``(B, L)`` long (global numbering, ``NOT_SAMPLED`` on given infill
+        tokens), ``nfe``, ``row_nfe`` ``(B,)`` and ``cache_passes``.
+    Raises:
+        ValueError: on mismatched shapes, ``gen_length`` or ``block_size`` below 1, a missing ``steps_per_block``, an
+            unknown ``remasking``, a threshold outside its range, both threshold rules, a negative temperature, or a
+            policy without ``mask_token_id``.
+    Reference: SDAR arXiv 2510.06303 (``block_diffusion_generate``); LLaDA arXiv 2502.09992 (``generate``);
+    Fast-dLLM arXiv 2505.22618 (``get_transfer_index``).
+    """
+    _validate(prompt_ids, prompt_mask, canvas, gen_length, block_size, steps_per_block, temperature, remasking,
+              threshold, threshold_factor)
+    if getattr(policy, "mask_token_id", None) is None:
+        raise ValueError("policy must have a mask_token_id attribute")
+    mask_id = int(policy.mask_token_id)
+    prompt_mask = prompt_mask.bool()
+    if canvas is None:
+        x = torch.full((prompt_ids.shape[0], gen_length), mask_id, dtype=torch.long, device=prompt_ids.device)
+    else:
+        x = canvas.to(device=prompt_ids.device, dtype=torch.long).clone()  # (B, L)
+    reveal_step = torch.full(x.shape, NOT_SAMPLED, dtype=torch.long, device=x.device)  # (B, L)
+    token_logprobs = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # (B, L)
+    score_t = temperature if temperature > 0 else 1.0  # (greedy rows are scored at T = 1, as generate records them)
+    fwd = _ExactBlockForward(policy.model, forward, prompt_ids, prompt_mask, gen_length, block_size, cache)
+    record = (x, reveal_step, token_logprobs)
+    if threshold is None and threshold_factor is None:
+        nfe = _decode_scheduled(fwd, record, mask_id, block_size, steps_per_block, temperature, score_t, remasking,
+                                generator)
+        row_nfe = torch.full((x.shape[0],), nfe, dtype=torch.long, device=x.device)
+    else:
+        nfe, row_nfe = _decode_threshold(fwd, record, mask_id, block_size, temperature, score_t, generator,
+                                         threshold, threshold_factor)
+    return BlockSampleOutput(canvas=x, nfe=nfe, reveal_step=reveal_step, token_logprobs=token_logprobs,
+                             row_nfe=row_nfe, cache_passes=fwd.cache_passes)
+
+
+def _decode_scheduled(fwd: _ExactBlockForward, record, mask_id: int, block_size: int, steps: int, temperature: float,
+                      score_t: float, remasking: str, generator) -> int:
+    """The block loop with LLaDA's schedule (as ``generate``'s): fills ``record`` in place; returns ``nfe``."""
+    x, reveal_step, token_logprobs = record
+    bounds = block_bounds(x.shape[1], block_size)
+    nfe = 0
+    for block, (lo, hi) in enumerate(bounds):
+        fwd.start_block(lo, hi)
+        schedule = num_transfer_tokens(x[:, lo:hi] == mask_id, steps)  # (B, steps)
+        for step in range(steps):
+            if not bool((schedule[:, step] > 0).any()):
+                continue
+            logits = fwd.logits(x)  # (B, Lb, V)
+            nfe += 1
+            choice = logits.clone()
+            choice[..., mask_id] = float("-inf")  # (never drawn; the confidence keeps the full softmax)
+            x0 = add_gumbel_noise(choice, temperature, generator).argmax(dim=-1)  # (B, Lb)
+            if remasking == "low_confidence":
+                conf = _confidence(logits, x0)
+            elif remasking == "random":
+                conf = _uniform(x0.shape, generator, x0.device)
+            else:  # left_to_right
+                conf = -torch.arange(hi - lo, device=x0.device, dtype=torch.float64).expand(x0.shape)
+            masked = x[:, lo:hi] == mask_id  # (B, Lb)
+            conf = conf.masked_fill(~masked, float("-inf"))
+            order = conf.argsort(dim=1, descending=True, stable=True)
+            rank = torch.empty_like(order).scatter_(1, order, torch.arange(order.shape[1], device=order.device)
+                                                    .expand_as(order))  # (B, Lb)
+            reveal = (rank < schedule[:, step, None]) & masked
+            x[:, lo:hi] = torch.where(reveal, x0, x[:, lo:hi])
+            reveal_step[:, lo:hi] = torch.where(reveal, block * steps + step, reveal_step[:, lo:hi])
+            token_logprobs[:, lo:hi] += _revealed_logprobs(logits, x0, reveal, mask_id, score_t)
+        if block + 1 < len(bounds):
+            fwd.finish_block(x)
+    return nfe
+
+
+def _decode_threshold(fwd: _ExactBlockForward, record, mask_id: int, block_size: int, temperature: float,
+                      score_t: float, generator, threshold, factor) -> tuple[int, torch.Tensor]:
+    """The block loop of threshold decoding (as ``generate``'s: one generator draw seeds every step's noise, rows
+    whose block is decoded leave the pass); returns ``(nfe, row_nfe (B,))``."""
+    x, reveal_step, token_logprobs = record
+    bounds = block_bounds(x.shape[1], block_size)
+    seed = None
+    noise_device = generator.device if generator is not None else x.device
+    if temperature > 0:
+        where = generator.device if generator is not None else torch.device("cpu")
+        seed = int(torch.randint(0, 1 << 62, (1,), generator=generator, device=where))
+    nfe = 0
+    row_nfe = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+    for block, (lo, hi) in enumerate(bounds):
+        fwd.start_block(lo, hi)
+        for step in range(hi - lo):  # (each step reveals >= 1 token of every row still decoding)
+            masked = x[:, lo:hi] == mask_id  # (B, Lb)
+            active = masked.any(dim=1)  # (B,)
+            if not bool(active.any()):
+                break
+            idx = None if bool(active.all()) else active.nonzero().squeeze(1)  # (n,)
+            logits = fwd.logits(x, idx)  # (n, Lb, V)
+            nfe += 1
+            row_nfe += active.long()
+            choice = logits.clone()
+            choice[..., mask_id] = float("-inf")
+            if temperature > 0:
+                g = _step_generator(seed, block * block_size + step, noise_device)
+                u = _uniform((x.shape[0], *choice.shape[1:]), g, logits.device)  # (B, Lb, V): every row's noise
+                choice = _gumbel(choice, temperature, u if idx is None else u[idx])
+            x0 = choice.argmax(dim=-1)  # (n, Lb)
+            rows = slice(None) if idx is None else idx
+            m = masked[rows]
+            reveal = threshold_reveal(_confidence(logits, x0), m, threshold, factor)  # (n, Lb)
+            x[rows, lo:hi] = torch.where(reveal, x0, x[rows, lo:hi])
+            reveal_step[rows, lo:hi] = torch.where(reveal, block * block_size + step, reveal_step[rows, lo:hi])
+            token_logprobs[rows, lo:hi] += _revealed_logprobs(logits, x0, reveal, mask_id, score_t)
+        if block + 1 < len(bounds):
+            fwd.finish_block(x)
+    return nfe, row_nfe
+
+
+__all__ = ["BlockSampleOutput", "block_generate"]
