@@ -173,10 +173,10 @@ def test_dry_run_with_resume_describes_the_run_it_continues(tmp_path, capsys, of
 def test_resume_with_another_config_file_is_refused(tmp_path, capsys, offline):
     """``--resume --config other.yaml`` continues with the run's own config.yaml: a file with other settings is
     refused (naming them) instead of ignored; the run's own file is accepted."""
-    from dlmrl.config import save_yaml
-
     import torch
     from safetensors.torch import save_file
+
+    from dlmrl.config import save_yaml
 
     out = tmp_path / "run"
     (out / "checkpoints" / "step-2").mkdir(parents=True)
