@@ -234,8 +234,8 @@ def test_lora_run_resumes_exactly(tmp_path, monkeypatch):
     a = load_file(str(full / "final_model" / "adapter_model.safetensors"))
     b = load_file(str(crashed / "final_model" / "adapter_model.safetensors"))
     assert a.keys() == b.keys()
-    for k in a:
-        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-6)
+    for k in a:  # bit for bit: the resumed steps rerun the same code on the same reloaded state
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0)
     losses = [[json.loads(x)["loss"] for x in (p / "metrics.jsonl").read_text().splitlines()] for p in (full, crashed)]
     assert losses[0] == losses[1]
 

@@ -60,7 +60,7 @@ class LLaDAModelLM(PreTrainedModel):
         x = self.wte(input_ids)
         bias = None
         if attention_mask is not None and (attention_mask == 0).any():
-            bias = (1.0 - attention_mask.float())[:, None, None, :] * torch.finfo(torch.float32).min
+            bias = (1.0 - attention_mask.to(x.dtype))[:, None, None, :] * torch.finfo(x.dtype).min  # (the weights' dtype)
         for block in self.blocks:
             x = block(x, bias)
         return CausalLMOutputWithPast(logits=self.ff_out(x))
