@@ -26,10 +26,6 @@ EPS32 = torch.finfo(torch.float32).eps  # 2^-23 ≈ 1.19e-7
 EPS64 = torch.finfo(torch.float64).eps  # 2^-52 ≈ 2.22e-16
 ADAM_EPS = 1e-8  # torch.optim.AdamW's default ε, which the trainer keeps
 
-#: accumulation terms on the way to one output (:func:`forward_tol`): layers × (hidden + ≤ 128 keys + MLP) + vocabulary
-SHIPPED_TERMS = 4 * (64 + 128 + 192) + 19  # the shipped tiny-sudoku / tiny-sudoku-ar models (hidden 64, MLP 192)
-TINY_TERMS = 2 * (32 + 128 + 64) + 19  # save_tiny_checkpoint's random bidirectional Llama (hidden 32, MLP 64)
-
 
 def rounding_tol(scale: float, n: int, dtype: torch.dtype = torch.float32) -> float:
     """``n`` roundings of values of size ≤ ``scale`` in ``dtype``, each off by ≤ one ulp: ``n·eps·scale``."""
@@ -60,3 +56,22 @@ def adamw_run_tol(lr: float, updates: int, terms: int, grad_scale: float = 1.0) 
     far above this bound in float64: a test checks that where it could be vacuous.)
     """
     return updates * lr * terms * EPS64 * grad_scale / ADAM_EPS
+
+
+#: accumulation terms on the way to one output (:func:`forward_tol`): layers × (hidden + ≤ 128 keys + MLP) + vocabulary
+SHIPPED_TERMS = 4 * (64 + 128 + 192) + 19  # the shipped tiny-sudoku / tiny-sudoku-ar models (hidden 64, MLP 192)
+TINY_TERMS = 2 * (32 + 128 + 64) + 19  # save_tiny_checkpoint's random bidirectional Llama (hidden 32, MLP 64)
+TOY_TERMS = 6 * 16 + 64 + 8  # tests/conftest.py's ToyDenoiser: width-16 q, k, v, mix, head; ≤ 64 keys; 8 tokens
+#: An ELBO-like quantity (an estimate, an S(m), a per-token contribution) is a combination of log-probs, all ≤ 0, with
+#: non-negative weights: its error is at most the same combination of the log-probs' errors, so a float64 toy-policy
+#: value compared along two paths is within this relative tolerance (forward_tol per unit of |value|): ≈ 3.7e-11.
+TOY_ELBO_RTOL = forward_tol(scale=1.0, terms=TOY_TERMS)
+#: MaskPlan weights are float32 (1/(k·C(n, k)), n/k, ... rounded): against hand-computed float64 weights each is within
+#: half a float32 ulp relative, and so is an ELBO-like combination of one sign (see TOY_ELBO_RTOL): ≈ 6e-8
+WEIGHT_RTOL = EPS32 / 2
+#: a plan weight (w·n/k/K and the like) against its float64 formula: ≤ 3 float32 operations and the float32 store
+WEIGHT_OPS_RTOL = rounding_tol(scale=1, n=4)  # ≈ 4.8e-7
+#: Gauss-Legendre nodes and weights (scipy's roots_legendre, numpy's leggauss) are within a few ulps of the exact ones
+#: (measured ≤ 1.3 ulps for n ≤ 3), (x + 1)/2 and ω/2 round once more: 64 ulps of 1 leaves room for another
+#: LAPACK/libm (≈ 1.4e-14)
+NODE_TOL = rounding_tol(scale=1, n=64, dtype=torch.float64)

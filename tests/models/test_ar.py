@@ -23,7 +23,7 @@ from dlmrl.models.ar import (
 )
 from dlmrl.models.tokenizer import build_char_tokenizer
 from dlmrl.objectives.entropy import HapoEntropyStats, hapo_entropy_stats, hapo_normalized_entropy
-from tests.tolerances import forward_tol
+from tests.tolerances import forward_tol, rounding_tol
 
 EOS, PAD = 2, 0
 
@@ -264,16 +264,20 @@ def test_sampler_temperature_and_loss_see_the_same_normalised_entropy():
     ks = [2, 3, 4, 8, 16]
     scores = uniform_scores(ks)
     entropy = torch.special.entr(scores.softmax(-1)).sum(-1)  # (5,) what the sampler computes
-    assert entropy.tolist() == pytest.approx([math.log(k) for k in ks], abs=1e-6)
+    # float32: 1/k, its log and the product each round once, the k-term sum k times: δH ≤ (k + 3)·eps·log k, so
+    # e = log H is off by ≤ (k + 3)·eps whatever k (k ≤ 16), and a difference of two e's by twice that
+    e_tol = rounding_tol(scale=1, n=2 * (16 + 3))  # ≈ 4.5e-6
+    assert entropy.tolist() == pytest.approx([math.log(k) for k in ks], abs=rounding_tol(math.log(16), n=16 + 3))
     e = [math.log(math.log(k)) for k in ks]
     stats = hapo_entropy_stats(entropy[None], torch.ones(1, 5, dtype=torch.bool))
-    assert stats.pivot == pytest.approx(e[3], abs=1e-6)
+    assert stats.pivot == pytest.approx(e[3], abs=e_tol)
     h = [x - e[3] for x in e]
     scale = math.sqrt(sum(x * x for x in h) / 5)
-    assert stats.scale == pytest.approx(scale, abs=1e-6)
+    assert stats.scale == pytest.approx(scale, abs=e_tol)  # (the rms of the h's, each within e_tol)
     h_hand = [x / max(h) if x > 0 else x / -min(h) for x in h]  # (−1, ..., 0, 1)
     h_loss = hapo_normalized_entropy(entropy[None], torch.ones(1, 5, dtype=torch.bool))[0]  # the loss's ĥ
-    assert h_loss.tolist() == pytest.approx(h_hand, abs=1e-6)
+    # ĥ = h / max h (scale cancels): ≤ 2·e_tol / max h off (max h = log log 16 − log log 8 ≈ 0.29)
+    assert h_loss.tolist() == pytest.approx(h_hand, abs=2 * e_tol / max(h))
     factor = HapoTemperature(stats, tau=0.05)(torch.zeros(5, 1, dtype=torch.long), scores)  # the sampler's
     assert torch.equal(factor, 1.0 + 0.05 * h_loss)  # the same ĥ, bit for bit
 
@@ -286,10 +290,14 @@ def test_hapo_sampler_stats_follow_the_configured_pivot():
     assert stats.pivot == 0.0 and stats.scale == pytest.approx(math.sqrt(6 / 4))
     f = HapoTemperature(stats, tau=0.1)(None, torch.log(torch.tensor([[1.0, 1.0, 1.0], [1.0, 1e-9, 1e-9]])))
     h_loss = hapo_normalized_entropy(entropy, mask, pivot_quantile=0.5)
-    assert h_loss[mask].tolist() == pytest.approx([-1.0, -0.5, 0.0, 1.0], abs=1e-6)
+    # (float32 inputs, each within half an ulp: their logs e within eps/2, ĥ = e / max|e| within ≤ 2 eps)
+    assert h_loss[mask].tolist() == pytest.approx([-1.0, -0.5, 0.0, 1.0], abs=rounding_tol(scale=1, n=2))
     # row 0: H = log 3, e = log log 3 ≈ 0.094 > 0: ĥ = e / scale / pos_max, pos_max = 1 / scale
-    assert f[0].item() == pytest.approx(1 + 0.1 * math.log(math.log(3)), abs=1e-6)
-    assert f[1].item() == pytest.approx(0.9, abs=1e-6)  # H ≈ 0: far below every batch token, clamped to −1
+    # f = 1 + 0.1·ĥ in float32: H = log 3 within (3 + 3)·eps·H (as above), ĥ ∝ log H within 6·eps / (scale·pos_max)
+    # = 6·eps, then the 0.1·ĥ and 1 + ... roundings: ≤ 8 ulps of 1
+    f_tol = rounding_tol(scale=1, n=8)
+    assert f[0].item() == pytest.approx(1 + 0.1 * math.log(math.log(3)), abs=f_tol)
+    assert f[1].item() == pytest.approx(0.9, abs=f_tol)  # H ≈ 0: far below every batch token, clamped to −1
 
 
 def test_hapo_temperature_is_one_plus_tau_h_hat_of_the_current_step():
@@ -301,7 +309,8 @@ def test_hapo_temperature_is_one_plus_tau_h_hat_of_the_current_step():
         p = row.softmax(-1)
         e = math.log(-(p * p.log()).sum().item())
         expected.append(1 + 0.1 * max(-1.0, min(1.0, e / 2.0 if e > 0 else e / 4.0)))
-    assert f.tolist() == pytest.approx(expected, abs=1e-6)
+    # the same float32 chain as `expected` (its softmax, entropy, log, then 1 + 0.1·ĥ): ≤ 8 ulps of 1
+    assert f.tolist() == pytest.approx(expected, abs=rounding_tol(scale=1, n=8))
     assert HapoTemperature(None)(None, scores).tolist() == [1.0, 1.0]
 
 
