@@ -41,8 +41,9 @@ def toy_logits_fn(model, input_ids, attention_mask, position_ids):
     return model(input_ids, attention_mask, position_ids)
 
 
-def make_toy_policy(vocab_size: int = 8, seed: int = 0) -> MaskedDiffusionPolicy:
-    model = ToyDenoiser(vocab_size=vocab_size, seed=seed)
+def make_toy_policy(vocab_size: int = 8, seed: int = 0, dtype: torch.dtype = torch.float32) -> MaskedDiffusionPolicy:
+    """The toy policy; ``dtype=torch.float64`` for checks where equality to rounding is the claim."""
+    model = ToyDenoiser(vocab_size=vocab_size, seed=seed).to(dtype)
     return MaskedDiffusionPolicy(
         model=model,
         tokenizer=None,

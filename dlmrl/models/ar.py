@@ -254,8 +254,9 @@ class AutoregressivePolicy:
                 temperatures (e.g. the sampling temperatures of an adaptive sampler). 1 = the model's
                 own distribution.
         Returns:
-            ``logp`` ``(B, L)`` float32 nats (differentiable) and ``entropy`` ``(B, L)`` float32 nats
-            (``−Σ_v p log p`` of the same distribution, detached); both 0 outside ``completion_mask``.
+            ``logp`` ``(B, L)`` nats (differentiable) and ``entropy`` ``(B, L)`` nats (``−Σ_v p log p`` of the
+            same distribution, detached), float32 (float64 for a float64 model); both 0 outside
+            ``completion_mask``.
         Reference: GRPO arXiv 2402.03300 (token ratio inputs).
         """
         _check_left_padded(prompt_mask)
@@ -266,7 +267,8 @@ class AutoregressivePolicy:
         if self._takes_positions:  # (a model without position ids must handle left padding itself)
             extra["position_ids"] = position_ids_from_mask(attention_mask)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask.long(), use_cache=False, **extra)
-        logits = out.logits[:, -(length + 1) : -1].float()  # (B, L, V): position P-1+t predicts y_t
+        logits = out.logits[:, -(length + 1) : -1]  # (B, L, V): position P-1+t predicts y_t
+        logits = logits if logits.dtype == torch.float64 else logits.float()  # (float64 weights: in float64)
         if isinstance(temperature, torch.Tensor):
             logits = logits / temperature.to(logits)[..., None]
         elif temperature != 1.0:

@@ -9,6 +9,7 @@ import torch
 
 from dlmrl.estimators import ESTIMATORS, DoubleMC, exact_elbo, sample_masks
 from tests.conftest import make_toy_policy
+from tests.tolerances import WEIGHT_OPS_RTOL
 
 
 def infill_example():
@@ -62,7 +63,7 @@ def test_stratified_times_fall_one_per_stratum_and_counts_follow_the_discrete_fo
         for b, n in enumerate((6, 3)):
             count = max(1, math.ceil(plan.t[s, b].item() * n))
             assert int(plan.masks[s, b].sum()) == count
-            assert plan.weights[s, b].item() == pytest.approx(n / count / 8, rel=1e-6)
+            assert plan.weights[s, b].item() == pytest.approx(n / count / 8, rel=WEIGHT_OPS_RTOL)
 
 
 def test_exact_count_draws_the_count_uniformly():
@@ -71,7 +72,8 @@ def test_exact_count_draws_the_count_uniformly():
     plan = DoubleMC(num_samples=8000).make_plan(completion_mask, torch.Generator().manual_seed(1))
     counts = torch.bincount(plan.masks[:, 0].sum(-1), minlength=5)
     assert counts[0] == 0
-    assert ((counts[1:].double() / 8000 - 0.25).abs() < 0.02).all()
+    # 4.5 binomial standard errors sqrt(p(1-p)/n) = 0.0048 each: P(|z| > 4.5) = 7e-6 per count, for a seed change
+    assert ((counts[1:].double() / 8000 - 0.25).abs() < 4.5 * math.sqrt(0.25 * 0.75 / 8000)).all()
 
 
 def test_sample_masks_modes_by_hand():

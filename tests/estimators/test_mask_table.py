@@ -21,6 +21,7 @@ from dlmrl.estimators import (
 )
 from tests.conftest import make_toy_policy
 from tests.estimators.test_exact import discrete_elbo, subset_scores
+from tests.tolerances import TOY_ELBO_RTOL, WEIGHT_OPS_RTOL, WEIGHT_RTOL, rounding_tol
 
 
 def batch_example():
@@ -42,7 +43,7 @@ def row_tables(policy, prompt_ids, prompt_mask, completion, completion_mask) -> 
 
 
 def test_table_equals_direct_scores_of_every_subset():
-    policy = make_toy_policy(seed=1)
+    policy = make_toy_policy(seed=1, dtype=torch.float64)  # (a table's batches vs one canvas at a time)
     prompt_ids, prompt_mask, completion, completion_mask = batch_example()
     table = mask_table(
         policy, prompt_ids[0], prompt_mask[0], completion[0], completion_mask[0], micro_batch=4
@@ -53,24 +54,24 @@ def test_table_equals_direct_scores_of_every_subset():
     scores = subset_scores(policy, prompt_ids[0], prompt_mask[0], completion[0], positions)
     for m, value in scores.items():
         code = sum(2 ** positions.index(i) for i in m)  # bit j <-> positions[j]
-        assert table.values[code] == pytest.approx(value, rel=1e-5, abs=1e-6), m
+        assert table.values[code] == pytest.approx(value, rel=TOY_ELBO_RTOL, abs=0), m
         mask = torch.zeros(6, dtype=torch.bool)
         mask[list(m)] = True
         assert int(table.codes(mask)) == code
-    assert table.elbo == pytest.approx(discrete_elbo(scores, 4), rel=1e-6)
+    assert table.elbo == pytest.approx(discrete_elbo(scores, 4), rel=TOY_ELBO_RTOL)
     # (1, P) / (1, L) shaped inputs give the same table.
     again = mask_table(policy, prompt_ids[:1], prompt_mask[:1], completion[:1], completion_mask[:1])
     np.testing.assert_array_equal(again.values, table.values)
 
 
 def test_table_elbo_equals_exact_elbo_for_every_row():
-    policy = make_toy_policy(seed=2)
+    policy = make_toy_policy(seed=2, dtype=torch.float64)
     prompt_ids, prompt_mask, completion, completion_mask = batch_example()
     tables = row_tables(policy, prompt_ids, prompt_mask, completion, completion_mask)
     with torch.no_grad():
         exact = exact_elbo(policy, prompt_ids, prompt_mask, completion, completion_mask).sequence
     for b, table in enumerate(tables):
-        assert table.elbo == pytest.approx(exact[b].item(), rel=1e-5, abs=1e-6)
+        assert table.elbo == pytest.approx(exact[b].item(), rel=TOY_ELBO_RTOL + WEIGHT_RTOL)  # (exact's weights: float32)
     assert tables[2].n == 0 and tables[2].values.tolist() == [0.0] and tables[2].elbo == 0.0
 
 
@@ -90,7 +91,7 @@ def test_table_elbo_equals_exact_elbo_for_every_row():
     ids=repr,
 )
 def test_lookup_equals_scoring_the_plan(est):
-    policy = make_toy_policy(seed=3)
+    policy = make_toy_policy(seed=3, dtype=torch.float64)
     prompt_ids, prompt_mask, completion, completion_mask = batch_example()
     tables = row_tables(policy, prompt_ids, prompt_mask, completion, completion_mask)
     for seed in (0, 1):
@@ -98,7 +99,8 @@ def test_lookup_equals_scoring_the_plan(est):
         with torch.no_grad():
             scored = score(policy, prompt_ids, prompt_mask, completion, completion_mask, plan).sequence
         for b, table in enumerate(tables):
-            assert table.lookup(plan, b) == pytest.approx(scored[b].item(), rel=1e-5, abs=1e-5)
+            # (one-sign combinations of the same log-probs with the plan's float32 weights, used as float64 or not)
+            assert table.lookup(plan, b) == pytest.approx(scored[b].item(), rel=TOY_ELBO_RTOL + WEIGHT_OPS_RTOL)
         assert tables[2].lookup(plan, 2) == 0.0
 
 
@@ -135,11 +137,20 @@ def test_combine_gives_the_scaled_difference_table():
     old = mask_table(old_policy, prompt_ids[1], prompt_mask[1], completion[1], completion_mask[1])
     new = mask_table(new_policy, prompt_ids[1], prompt_mask[1], completion[1], completion_mask[1])
     diff = old.combine(new, scale=2.5)
-    np.testing.assert_allclose(diff.values, 2.5 * (new.values - old.values), rtol=0, atol=1e-12)
+    # float64: a difference and a product, each a rounding at the size 2.5·(|new| + |old|) of its inputs
+    size = 2.5 * (np.abs(new.values) + np.abs(old.values))
+    np.testing.assert_allclose(diff.values, 2.5 * (new.values - old.values), rtol=0,
+                               atol=rounding_tol(scale=float(size.max()), n=2, dtype=torch.float64))
     assert torch.equal(diff.positions, old.positions) and diff.length == old.length
     assert diff.values[0] == 0.0
     # Everything linear in the table is linear in the difference: the ELBO and every plan's value.
-    assert diff.elbo == pytest.approx(2.5 * (new.elbo - old.elbo), rel=1e-9, abs=1e-9)
+    # (the ELBO and a lookup are one-sign combinations of ≤ 32 table values for new and old alike: the difference's
+    # terms sum to ≤ 2.5·(|new| + |old|) in size, each combination rounds ≤ 32 + 4 times)
+    def tol(a, b):
+        return rounding_tol(scale=2.5 * (abs(a) + abs(b)), n=36, dtype=torch.float64)
+
+    assert diff.elbo == pytest.approx(2.5 * (new.elbo - old.elbo), rel=0, abs=tol(new.elbo, old.elbo))
     plan = SDMC(num_nodes=3, samples_per_node=2).make_plan(completion_mask, 3)
-    assert diff.lookup(plan, 1) == pytest.approx(2.5 * (new.lookup(plan, 1) - old.lookup(plan, 1)), rel=1e-9)
-    assert math.isclose(old.combine(new).elbo, new.elbo - old.elbo, rel_tol=1e-9, abs_tol=1e-9)
+    a, b = new.lookup(plan, 1), old.lookup(plan, 1)
+    assert diff.lookup(plan, 1) == pytest.approx(2.5 * (a - b), rel=0, abs=tol(a, b))
+    assert math.isclose(old.combine(new).elbo, new.elbo - old.elbo, rel_tol=0, abs_tol=tol(new.elbo, old.elbo))

@@ -12,6 +12,7 @@ import torch
 from dlmrl.estimators import ESTIMATORS, SDMC, MaskPlan, exact_elbo, gauss_legendre_unit, score
 from tests.conftest import make_toy_policy
 from tests.estimators.test_exact import discrete_elbo, example, subset_scores
+from tests.tolerances import TOY_ELBO_RTOL, WEIGHT_OPS_RTOL, WEIGHT_RTOL, rounding_tol
 
 
 def mean_h(scores: dict, n: int) -> dict[int, float]:
@@ -66,6 +67,7 @@ def test_sdmc_averages_to_its_enumerated_expectation(masking, length):
     x = est.sequence.double()
     se = x.std().item() / math.sqrt(rows)
     assert est.nfe == 3
+    # 4 standard errors, measured from the same 3000 draws: P(|z| > 4) = 6e-5 for a seed change (this seed is fixed)
     assert abs(x.mean().item() - expected) < 4 * se, (x.mean().item(), expected, se)
 
 
@@ -74,8 +76,11 @@ def test_bernoulli_sdmc_is_exact_in_expectation_when_quadrature_is_exact():
     policy = make_toy_policy(seed=3)
     prompt_ids, prompt_mask, completion, _ = example(length=4, seed=3)
     scores = subset_scores(policy, prompt_ids[0], prompt_mask[0], completion[0], [0, 1, 2, 3])
-    assert sdmc_expectation(scores, 4, 3, "bernoulli") == pytest.approx(discrete_elbo(scores, 4), rel=1e-10)
-    assert sdmc_expectation(scores, 4, 1, "bernoulli") != pytest.approx(discrete_elbo(scores, 4), rel=1e-3)
+    # float64, one sign: 3 nodes × 15 masks × ≤ 4 factors and sums, each a rounding
+    tol = rounding_tol(scale=1, n=200, dtype=torch.float64)  # ≈ 4.4e-14 relative
+    exact = discrete_elbo(scores, 4)
+    assert sdmc_expectation(scores, 4, 3, "bernoulli") == pytest.approx(exact, rel=tol)
+    assert abs(sdmc_expectation(scores, 4, 1, "bernoulli") - exact) > 1e6 * tol * abs(exact)  # (1 node: biased)
 
 
 def expectation_plan(sdmc: SDMC, length: int) -> MaskPlan:
@@ -98,7 +103,7 @@ def expectation_plan(sdmc: SDMC, length: int) -> MaskPlan:
 
 
 def test_sdmc_converges_to_exact_elbo_as_nodes_grow():
-    policy = make_toy_policy(seed=0)
+    policy = make_toy_policy(seed=0, dtype=torch.float64)  # (the plan's batches vs one canvas at a time)
     length = 5
     prompt_ids, prompt_mask, completion, completion_mask = example(length=length, seed=0)
     exact = exact_elbo(policy, prompt_ids, prompt_mask, completion, completion_mask).sequence.item()
@@ -110,10 +115,20 @@ def test_sdmc_converges_to_exact_elbo_as_nodes_grow():
             value = score(
                 policy, prompt_ids, prompt_mask, completion, completion_mask, plan, micro_batch=None
             ).sequence.item()
-        assert value == pytest.approx(sdmc_expectation(scores, length, nodes, "exact_count"), rel=1e-5)
+        # (the plan's weights are float32, the expectation's float64: tests/tolerances.py)
+        rel = TOY_ELBO_RTOL + WEIGHT_RTOL
+        assert value == pytest.approx(sdmc_expectation(scores, length, nodes, "exact_count"), rel=rel)
         errors.append(abs(value - exact))
     assert errors[0] > errors[1] > errors[2]
-    assert errors[2] < 2e-3 * abs(exact)
+    # exact_count's integrand f(t) = (L/k) h(k), k = ceil(tL), is a step function with jumps at t = j/L; by the
+    # Chebyshev-Markov-Stieltjes inequalities a Gauss-Legendre rule integrates a unit step at s to within the larger
+    # weight of the two nodes around s, so the error is ≤ Σ_j |jump_j| · that weight, plus the values' rounding
+    h = mean_h(scores, length)
+    f = [length / k * h[k] for k in range(1, length + 1)]
+    t, w = gauss_legendre_unit(64)
+    around = [max(w[i - 1].item(), w[i].item()) for i in torch.searchsorted(t, torch.arange(1, length) / length)]
+    bound = sum(abs(b - a) * wj for (a, b), wj in zip(itertools.pairwise(f), around, strict=True))  # (≈ 0.3 here; the error: 0.026)
+    assert errors[2] <= bound + 2 * rel * abs(exact)
 
 
 def test_plan_layout_counts_and_weights():
@@ -129,7 +144,7 @@ def test_plan_layout_counts_and_weights():
             k = max(1, math.ceil(plan.t[s].item() * n)) if n else 0
             assert int(plan.masks[s, b].sum()) == k
             expected = w[s // 2].item() * (n / k) / 2 if n else 0.0
-            assert plan.weights[s, b].item() == pytest.approx(expected, rel=1e-6)
+            assert plan.weights[s, b].item() == pytest.approx(expected, rel=WEIGHT_OPS_RTOL)
     assert not (plan.masks & ~completion_mask).any()
     assert repr(plan).startswith("MaskPlan(S=6, B=3, L=5")
 
@@ -182,7 +197,7 @@ def test_scoring_rejects_masks_outside_the_completion_mask_and_bad_plans():
 
 
 def test_stacked_forwards_equal_one_sample_at_a_time_and_rows_do_not_interact():
-    policy = make_toy_policy(seed=5)
+    policy = make_toy_policy(seed=5, dtype=torch.float64)  # (other batch shapes and padding: float64)
     prompt_ids = torch.tensor([[6, 6, 1], [2, 3, 4]])  # row 0 left-padded
     prompt_mask = torch.tensor([[False, False, True], [True, True, True]])
     completion = torch.tensor([[0, 1, 2, 3, 4], [5, 4, 3, 2, 1]])
@@ -197,8 +212,8 @@ def test_stacked_forwards_equal_one_sample_at_a_time_and_rows_do_not_interact():
         alone = score(
             policy, prompt_ids[:1, 2:], prompt_mask[:1, 2:], completion[:1], completion_mask[:1], row0
         )
-    torch.testing.assert_close(one.per_token, all_.per_token)
-    torch.testing.assert_close(alone.per_token[0], one.per_token[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(one.per_token, all_.per_token, rtol=TOY_ELBO_RTOL, atol=0)
+    torch.testing.assert_close(alone.per_token[0], one.per_token[0], rtol=TOY_ELBO_RTOL, atol=0)
     torch.testing.assert_close(one.per_token.sum(-1), one.sequence)
     assert (one.per_token[~completion_mask] == 0).all()
 

@@ -8,6 +8,7 @@ import torch
 
 from dlmrl.estimators import ESTIMATORS, StratifiedCoupled, mask_table, score
 from tests.conftest import make_toy_policy
+from tests.tolerances import WEIGHT_OPS_RTOL, rounding_tol
 
 
 def test_counts_are_stratified_across_rows_and_each_token_is_scored_once_per_pair():
@@ -27,7 +28,7 @@ def test_counts_are_stratified_across_rows_and_each_token_is_scored_once_per_pai
     # weights ½ (L+1)/x and ½ (L+1)/(L−x), divided by K = 2; an empty half weighs 0
     x = counts
     expect = torch.where(x > 0, 0.25 * 9 / x.clamp(min=1), 0.0)
-    torch.testing.assert_close(plan.weights[0].double(), expect, rtol=1e-6, atol=0)
+    torch.testing.assert_close(plan.weights[0].double(), expect, rtol=WEIGHT_OPS_RTOL, atol=0)
 
 
 def test_moments_mean_is_the_exact_elbo_and_sampling_agrees():
@@ -38,7 +39,8 @@ def test_moments_mean_is_the_exact_elbo_and_sampling_agrees():
     table = mask_table(policy, prompt_ids[0], prompt_mask[0], completion[0], cm[0])
     est = ESTIMATORS.get("stratified_coupled")(num_pairs=1)
     m = est.moments(table.stats())
-    assert m.mean == pytest.approx(table.elbo, rel=1e-9, abs=1e-9)  # unbiased
+    # unbiased: float64 sums over the 2^5 masks and 6 counts of one sign (≤ 256 roundings, relative)
+    assert m.mean == pytest.approx(table.elbo, rel=rounding_tol(scale=1, n=256, dtype=torch.float64))
     # sampled with the model on 2000 plans (a batch of one row: its count is uniform on {0..5})
     values = []
     gen = torch.Generator().manual_seed(1)
@@ -47,5 +49,8 @@ def test_moments_mean_is_the_exact_elbo_and_sampling_agrees():
             values.append(score(policy, prompt_ids, prompt_mask, completion, cm, est.make_plan(cm, gen)).sequence.item())
     values = np.array(values)
     se = np.sqrt(m.variance / len(values))
-    assert abs(values.mean() - m.mean) < 4 * se
-    assert values.var(ddof=1) == pytest.approx(m.variance, rel=0.25)
+    assert abs(values.mean() - m.mean) < 4 * se  # (P(|z| > 4) = 6e-5 for a seed change)
+    # the sample variance's standard error sqrt((m4 − s⁴)/n), from the draws' fourth central moment (3.3% here)
+    d = values - values.mean()
+    se_var = np.sqrt((np.mean(d**4) - np.mean(d**2) ** 2) / len(values))
+    assert abs(values.var(ddof=1) - m.variance) < 4.5 * se_var  # (P(|z| > 4.5) = 7e-6)

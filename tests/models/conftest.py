@@ -15,7 +15,19 @@ def shipped():
 
 
 @pytest.fixture(scope="module")
+def shipped64():
+    """``shipped`` in float64, for equalities that hold to rounding (another batch shape, a cache, a replay)."""
+    return load_policy(dtype="float64")
+
+
+@pytest.fixture(scope="module")
 def random_llama(tmp_path_factory):
     """A freshly initialised 2-layer bidirectional Llama (hidden 32, seed 3) saved and loaded as family ``tiny``."""
     return load_policy(str(save_tiny_checkpoint(tmp_path_factory.mktemp("llama"), hidden_size=32, num_layers=2,
                                                 seed=3)))
+
+
+@pytest.fixture(scope="module")
+def random_llama64(random_llama):
+    """``random_llama`` in float64 (the same checkpoint)."""
+    return load_policy(random_llama.model.name_or_path, dtype="float64")

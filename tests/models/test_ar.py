@@ -23,6 +23,7 @@ from dlmrl.models.ar import (
 )
 from dlmrl.models.tokenizer import build_char_tokenizer
 from dlmrl.objectives.entropy import HapoEntropyStats, hapo_entropy_stats, hapo_normalized_entropy
+from tests.tolerances import forward_tol, rounding_tol
 
 EOS, PAD = 2, 0
 
@@ -42,6 +43,20 @@ def make_policy(seed: int = 0, std: float = 0.6) -> AutoregressivePolicy:
 @pytest.fixture(scope="module")
 def policy() -> AutoregressivePolicy:
     return make_policy()
+
+
+@pytest.fixture(scope="module")
+def policy64() -> AutoregressivePolicy:
+    """``make_policy()`` in float64: the log-prob equalities below hold to rounding (another batch, padding, a
+    float64 hand computation), so they are checked where rounding is 2^29 times finer than float32's."""
+    p = make_policy()
+    p.model.double()
+    return p
+
+
+#: |log p| ≤ 30 here (checked below); each reaches the output through ≤ 2 layers × (32 hidden + 13 keys + 64 MLP)
+#: accumulations plus the 19-token log-sum-exp (tests/tolerances.py): ≈ 1.6e-9, 1e5 below a shifted position's change
+LOGP_TOL = forward_tol(scale=30, terms=2 * (32 + 13 + 64) + 19)
 
 
 @pytest.fixture(scope="module")
@@ -68,19 +83,22 @@ def direct_logp(model, prompt: list[int], completion: list[int], temperature: fl
 # -- token log-probs --------------------------------------------------------------------------------
 
 
-def test_logprobs_and_entropy_equal_a_direct_forward_position_by_position(policy):
+def test_logprobs_and_entropy_equal_a_direct_forward_position_by_position(policy, policy64):
     prompt, completion = [1, 6, 7, 15], [8, 9, 10, 2]
-    logp, ent = policy.token_logprobs(torch.tensor([prompt]), torch.ones(1, 4, dtype=torch.bool),
-                                      torch.tensor([completion]), torch.ones(1, 4, dtype=torch.bool))
+    args = torch.tensor([prompt]), torch.ones(1, 4, dtype=torch.bool), torch.tensor([completion]), torch.ones(1, 4).bool()
+    logp, ent = policy.token_logprobs(*args)
     assert logp.shape == ent.shape == (1, 4) and logp.dtype == ent.dtype == torch.float32
-    for t, (lp, h) in enumerate(direct_logp(policy.model, prompt, completion)):
-        assert logp[0, t].item() == pytest.approx(lp, abs=1e-5)
-        assert ent[0, t].item() == pytest.approx(h, abs=1e-5)
+    logp, ent = policy64.token_logprobs(*args)
+    assert logp.dtype == ent.dtype == torch.float64
+    for t, (lp, h) in enumerate(direct_logp(policy64.model, prompt, completion)):
+        assert logp[0, t].item() == pytest.approx(lp, abs=LOGP_TOL)
+        assert ent[0, t].item() == pytest.approx(h, abs=LOGP_TOL)
     assert not ent.requires_grad and logp.requires_grad
     assert logp.max() < -0.0 and logp.min() > -30  # peaked but not degenerate
 
 
-def test_left_padding_and_batching_never_change_a_row(policy):
+def test_left_padding_and_batching_never_change_a_row(policy64):
+    policy = policy64
     texts = ["[BOS]12=", "[BOS]1234=34|"]
     ids, mask = prompts(policy, texts)
     assert not mask[0, 0] and mask[1].all()
@@ -91,26 +109,27 @@ def test_left_padding_and_batching_never_change_a_row(policy):
         alone, amask = prompts(policy, [text])
         n = int(cmask[b].sum())
         lp1, h1 = policy.token_logprobs(alone, amask, completion[b : b + 1, :n], cmask[b : b + 1, :n])
-        torch.testing.assert_close(logp[b, :n], lp1[0], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(ent[b, :n], h1[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(logp[b, :n], lp1[0], atol=LOGP_TOL, rtol=0)
+        torch.testing.assert_close(ent[b, :n], h1[0], atol=LOGP_TOL, rtol=0)
         hand = direct_logp(policy.model, alone[0].tolist(), completion[b, :n].tolist())
-        assert logp[b, :n].tolist() == pytest.approx([lp for lp, _ in hand], abs=1e-5)
+        assert logp[b, :n].tolist() == pytest.approx([lp for lp, _ in hand], abs=LOGP_TOL)
     assert (logp[~cmask] == 0).all() and (ent[~cmask] == 0).all()
 
 
-def test_temperature_scales_the_scored_distribution(policy):
+def test_temperature_scales_the_scored_distribution(policy64):
+    policy = policy64
     prompt, completion = [1, 6, 15], [7, 8, 2]
     p_ids, p_mask = torch.tensor([prompt]), torch.ones(1, 3, dtype=torch.bool)
     c_ids, c_mask = torch.tensor([completion]), torch.ones(1, 3, dtype=torch.bool)
     logp, ent = policy.token_logprobs(p_ids, p_mask, c_ids, c_mask, temperature=2.0)
     hand = direct_logp(policy.model, prompt, completion, temperature=2.0)
-    assert logp[0].tolist() == pytest.approx([lp for lp, _ in hand], abs=1e-5)
-    assert ent[0].tolist() == pytest.approx([h for _, h in hand], abs=1e-5)
+    assert logp[0].tolist() == pytest.approx([lp for lp, _ in hand], abs=LOGP_TOL)  # (|log p / T| ≤ 30 too)
+    assert ent[0].tolist() == pytest.approx([h for _, h in hand], abs=LOGP_TOL)
     per_token = torch.tensor([[2.0, 1.0, 0.5]])
     logp_t, _ = policy.token_logprobs(p_ids, p_mask, c_ids, c_mask, temperature=per_token)
     for t, temp in enumerate([2.0, 1.0, 0.5]):
         assert logp_t[0, t].item() == pytest.approx(direct_logp(policy.model, prompt, completion, temp)[t][0],
-                                                    abs=1e-5)
+                                                    abs=2 * LOGP_TOL)  # (T = 0.5 doubles the logits' scale)
 
 
 def test_gradients_flow_to_logp_and_are_finite_with_padding():
@@ -245,16 +264,20 @@ def test_sampler_temperature_and_loss_see_the_same_normalised_entropy():
     ks = [2, 3, 4, 8, 16]
     scores = uniform_scores(ks)
     entropy = torch.special.entr(scores.softmax(-1)).sum(-1)  # (5,) what the sampler computes
-    assert entropy.tolist() == pytest.approx([math.log(k) for k in ks], abs=1e-6)
+    # float32: 1/k, its log and the product each round once, the k-term sum k times: δH ≤ (k + 3)·eps·log k, so
+    # e = log H is off by ≤ (k + 3)·eps whatever k (k ≤ 16), and a difference of two e's by twice that
+    e_tol = rounding_tol(scale=1, n=2 * (16 + 3))  # ≈ 4.5e-6
+    assert entropy.tolist() == pytest.approx([math.log(k) for k in ks], abs=rounding_tol(math.log(16), n=16 + 3))
     e = [math.log(math.log(k)) for k in ks]
     stats = hapo_entropy_stats(entropy[None], torch.ones(1, 5, dtype=torch.bool))
-    assert stats.pivot == pytest.approx(e[3], abs=1e-6)
+    assert stats.pivot == pytest.approx(e[3], abs=e_tol)
     h = [x - e[3] for x in e]
     scale = math.sqrt(sum(x * x for x in h) / 5)
-    assert stats.scale == pytest.approx(scale, abs=1e-6)
+    assert stats.scale == pytest.approx(scale, abs=e_tol)  # (the rms of the h's, each within e_tol)
     h_hand = [x / max(h) if x > 0 else x / -min(h) for x in h]  # (−1, ..., 0, 1)
     h_loss = hapo_normalized_entropy(entropy[None], torch.ones(1, 5, dtype=torch.bool))[0]  # the loss's ĥ
-    assert h_loss.tolist() == pytest.approx(h_hand, abs=1e-6)
+    # ĥ = h / max h (scale cancels): ≤ 2·e_tol / max h off (max h = log log 16 − log log 8 ≈ 0.29)
+    assert h_loss.tolist() == pytest.approx(h_hand, abs=2 * e_tol / max(h))
     factor = HapoTemperature(stats, tau=0.05)(torch.zeros(5, 1, dtype=torch.long), scores)  # the sampler's
     assert torch.equal(factor, 1.0 + 0.05 * h_loss)  # the same ĥ, bit for bit
 
@@ -267,10 +290,14 @@ def test_hapo_sampler_stats_follow_the_configured_pivot():
     assert stats.pivot == 0.0 and stats.scale == pytest.approx(math.sqrt(6 / 4))
     f = HapoTemperature(stats, tau=0.1)(None, torch.log(torch.tensor([[1.0, 1.0, 1.0], [1.0, 1e-9, 1e-9]])))
     h_loss = hapo_normalized_entropy(entropy, mask, pivot_quantile=0.5)
-    assert h_loss[mask].tolist() == pytest.approx([-1.0, -0.5, 0.0, 1.0], abs=1e-6)
+    # (float32 inputs, each within half an ulp: their logs e within eps/2, ĥ = e / max|e| within ≤ 2 eps)
+    assert h_loss[mask].tolist() == pytest.approx([-1.0, -0.5, 0.0, 1.0], abs=rounding_tol(scale=1, n=2))
     # row 0: H = log 3, e = log log 3 ≈ 0.094 > 0: ĥ = e / scale / pos_max, pos_max = 1 / scale
-    assert f[0].item() == pytest.approx(1 + 0.1 * math.log(math.log(3)), abs=1e-6)
-    assert f[1].item() == pytest.approx(0.9, abs=1e-6)  # H ≈ 0: far below every batch token, clamped to −1
+    # f = 1 + 0.1·ĥ in float32: H = log 3 within (3 + 3)·eps·H (as above), ĥ ∝ log H within 6·eps / (scale·pos_max)
+    # = 6·eps, then the 0.1·ĥ and 1 + ... roundings: ≤ 8 ulps of 1
+    f_tol = rounding_tol(scale=1, n=8)
+    assert f[0].item() == pytest.approx(1 + 0.1 * math.log(math.log(3)), abs=f_tol)
+    assert f[1].item() == pytest.approx(0.9, abs=f_tol)  # H ≈ 0: far below every batch token, clamped to −1
 
 
 def test_hapo_temperature_is_one_plus_tau_h_hat_of_the_current_step():
@@ -282,7 +309,8 @@ def test_hapo_temperature_is_one_plus_tau_h_hat_of_the_current_step():
         p = row.softmax(-1)
         e = math.log(-(p * p.log()).sum().item())
         expected.append(1 + 0.1 * max(-1.0, min(1.0, e / 2.0 if e > 0 else e / 4.0)))
-    assert f.tolist() == pytest.approx(expected, abs=1e-6)
+    # the same float32 chain as `expected` (its softmax, entropy, log, then 1 + 0.1·ĥ): ≤ 8 ulps of 1
+    assert f.tolist() == pytest.approx(expected, abs=rounding_tol(scale=1, n=8))
     assert HapoTemperature(None)(None, scores).tolist() == [1.0, 1.0]
 
 

@@ -153,8 +153,8 @@ def test_dapo_resamples_logs_and_resumes_exactly(tmp_path, monkeypatch):
     monkeypatch.setattr(SudokuTask, "train_batch", original)
     trainer.train(dapo_config(crashed), resume=True, progress=False)
     a, b = params(full), params(crashed)
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6)
+    for k in a:  # bit for bit: the resumed steps rerun the same code on the same reloaded state
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
     keys = ("completions_total", "nfe_sampling_total", "rollout_rounds", "groups_dropped", "reward_mean")
     assert [{k: r[k] for k in keys} for r in rows(crashed)] == [{k: r[k] for k in keys} for r in log]
 

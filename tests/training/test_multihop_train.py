@@ -89,8 +89,8 @@ def test_flow_grpo_multihop_resumes_exactly(base, tmp_path, monkeypatch):
     monkeypatch.setattr(MultiHopTask, "train_batch", original)
     train(config("configs/flow_grpo_multihop_tiny_ar.yaml", base, crashed, **kw), resume=True, progress=False)
     a, b = (load_file(str(p / "final_model" / "model.safetensors")) for p in (full, crashed))
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6)
+    for k in a:  # bit for bit: the resumed steps rerun the same code on the same reloaded state
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
     keys = ("reward_mean", "loss", "rewards/answer/mean", "rewards/consistency/mean")
     assert [{k: r[k] for k in keys} for r in rows(crashed)] == [{k: r[k] for k in keys} for r in rows(full)]
 
