@@ -34,6 +34,21 @@ def _as_range(eps: float | torch.Tensor, name: str, like: torch.Tensor) -> torch
     return eps_t
 
 
+def clip_ratio(ratio: torch.Tensor, lo: torch.Tensor | float, hi: torch.Tensor | float) -> torch.Tensor:
+    """``clip(r, lo, hi)`` whose gradient is 1 inside ``[lo, hi]``, bounds included, and 0 outside: torch.clamp's
+    rule up to torch 2.13, which TRL's and verl's PPO clips rely on (torch 2.14 splits the gradient at a bound).
+
+    Args:
+        ratio: any shape (differentiable). lo, hi: bounds broadcastable to it.
+    Returns:
+        Tensor of ``ratio``'s shape and dtype.
+    """
+    lo = torch.as_tensor(lo, dtype=ratio.dtype, device=ratio.device).expand_as(ratio)
+    hi = torch.as_tensor(hi, dtype=ratio.dtype, device=ratio.device).expand_as(ratio)
+    r = ratio.detach()
+    return torch.where((r >= lo) & (r <= hi), ratio, torch.where(r < lo, lo, hi))
+
+
 def clipped_surrogate(
     ratio: torch.Tensor,
     advantages: torch.Tensor,
@@ -77,9 +92,11 @@ def clipped_surrogate(
     upper = 1.0 + _as_range(eps_high, "eps_high", ratio)
     adv = advantages.to(ratio.dtype)
     unclipped = ratio if delta is None else ratio.clamp(max=delta)
-    # torch.clamp passes the whole gradient at a bound (r == 1 − ε_low or 1 + ε_high), as TRL and verl do;
-    # minimum(maximum(r, lo), hi) would split it between the ratio and the constant at a tie
-    clipped = torch.clamp(ratio, lower.expand_as(ratio), upper.expand_as(ratio))
+    # at a bound (r == 1 − ε_low or 1 + ε_high) the whole gradient passes, as torch.clamp gives TRL and verl up to
+    # torch 2.13; torch 2.14's clamp splits it at a tie (tensor bounds: 1/2, scalar bounds: 0), as
+    # minimum(maximum(r, lo), hi) does, so the rule is written out: the ratio inside [lo, hi] (inclusive), the
+    # bound as a constant outside
+    clipped = clip_ratio(ratio, lower.expand_as(ratio), upper.expand_as(ratio))
     surrogate = torch.minimum(unclipped * adv, clipped * adv)  # (B, L)
     if dual_clip is not None:
         surrogate = torch.where(adv < 0, torch.maximum(surrogate, dual_clip * adv), surrogate)

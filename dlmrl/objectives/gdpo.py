@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from dlmrl.objectives.clipping import clip_ratio
 from dlmrl.objectives.kl import kl_estimate
 from dlmrl.objectives.ratios import LOG_RATIO_BOUND
 
@@ -70,7 +71,7 @@ def gdpo_loss(
     adv = advantages.to(elbo_new.dtype)
     log_ratio = torch.where(valid, (elbo_new - elbo_old.detach()) / length, 0.0)  # (B,)
     ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND))
-    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    clipped = clip_ratio(ratio, 1.0 - eps_low, 1.0 + eps_high)  # (the whole gradient at a bound, any torch)
     surrogate = torch.minimum(ratio * adv, clipped * adv)  # (B,)
     num_valid = valid.sum().clamp(min=1)
     loss = -torch.where(valid, surrogate, 0.0).sum() / num_valid

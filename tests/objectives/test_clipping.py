@@ -85,3 +85,14 @@ def test_a_ratio_exactly_on_a_clip_bound_gets_the_whole_gradient_as_trl_and_verl
     clipped_surrogate(lo, torch.tensor([-1.0]), 0.2, 0.2).surrogate.sum().backward()
     clipped_surrogate(hi, torch.tensor([1.0]), 0.2, 0.2).surrogate.sum().backward()
     assert lo.grad.item() == -1.0 and hi.grad.item() == 1.0
+
+
+def test_clip_ratio_passes_the_whole_gradient_at_a_bound_on_any_torch():
+    """torch 2.14's clamp splits the gradient at a bound (1/2 with tensor bounds, 0 with scalar ones); dlmrl's rule
+    is torch <= 2.13's: 1 inside [lo, hi] with the bounds included, 0 outside."""
+    from dlmrl.objectives.clipping import clip_ratio
+
+    r = torch.tensor([0.5, 0.8, 1.0, 1.2, 1.5], requires_grad=True)
+    out = clip_ratio(r, 0.8, 1.2)
+    out.sum().backward()
+    assert out.tolist() == pytest.approx([0.8, 0.8, 1.0, 1.2, 1.2]) and r.grad.tolist() == [0.0, 1.0, 1.0, 1.0, 0.0]
