@@ -95,14 +95,18 @@ def check_task_keys(t: TaskConfig) -> None:
                       UserWarning, stacklevel=3)
 
 
-def check_task(t: TaskConfig) -> int | None:
+def check_task(t: TaskConfig, reward_functions=None) -> int | None:
     """The task's own up-front check of its options (``Task.check_options``: local data files loaded): the number
-    of held-out examples, ``None`` when unknown (hub data), 0 when the task has none.
+    of held-out examples, ``None`` when unknown (hub data), 0 when the task has none. A task that takes
+    ``train.reward_funcs`` also gets ``reward_functions`` (to report the rows they cannot score as it loads them).
 
     Raises:
         ConfigError: from :func:`task_options`. ValueError: the task's, naming the setting.
     """
-    return task_class(t).check_options(task_options(t))
+    cls = task_class(t)
+    if cls.takes_reward_funcs and reward_functions is not None:
+        return cls.check_options(task_options(t), reward_functions=reward_functions)
+    return cls.check_options(task_options(t))
 
 
 def build_task(t: TaskConfig, tokenizer, mask_token_id: int | None, gen_length: int | None = None, **resources):

@@ -125,7 +125,8 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
     if data:
         for key, path in (("task.train_file", t.train_file), ("task.test_file", t.test_file)):
             _check(path is None or Path(path).exists(), key, f"file {path} does not exist")
-        test_size = _check_data_files(t)
+        funcs = _check_reward_funcs(cfg)  # (first: the dataset task's data check reports the rows they cannot score)
+        test_size = _check_data_files(t, funcs)
         if test_size == 0:  # (the dataset task names no held-out data)
             _check(not (ev.before or ev.after or ev.eval_steps), "eval.before",
                    f"task {t.name!r} has no held-out data; set task.test_file, task.test_dataset or task.test_split, "
@@ -133,7 +134,6 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
         else:
             _check(ev.num_puzzles <= test_size, "eval.num_puzzles",
                    f"{ev.num_puzzles} puzzles asked, the held-out split has {test_size}")
-        _check_reward_funcs(cfg)
     _check(not sudoku_grid or s.gen_length == 16, "sampling.gen_length",
            f"the sudoku task's canvas is 16 cells with answer_mode {t.answer_mode!r}; set 16 (answer_mode text "
            "takes any length)")
@@ -401,7 +401,7 @@ def _check_rollout_parts(cfg: Config, preset) -> None:
         _check(tr.env is None, "train.env", f"only multi-turn presets (flow_grpo) play episodes; {algo!r} is not one")
 
 
-def _check_data_files(t: TaskConfig) -> int | float:
+def _check_data_files(t: TaskConfig, reward_functions=None) -> int | float:
     """Check the task's fields and load its local data files up front (bad records fail here, naming the config
     key, the file, the line and the field), through the task class's ``check_options``.
 
@@ -419,7 +419,7 @@ def _check_data_files(t: TaskConfig) -> int | float:
         value = getattr(t, key)
         _check(value is None or value.strip() != "", f"task.{key}", "must not be empty (use null for the default)")
     try:
-        size = check_task(t)
+        size = check_task(t, reward_functions)
     except ConfigError:
         raise
     except OptionError as e:  # (the task's check names the setting it refuses)
@@ -439,11 +439,13 @@ def _check_data_files(t: TaskConfig) -> int | float:
     return math.inf if size is None else size
 
 
-def _check_reward_funcs(cfg: Config) -> None:
+def _check_reward_funcs(cfg: Config):
     """``train.reward_funcs`` / ``reward_weights``: set exactly for tasks that read them (the dataset task), every
     entry a registry name or an import string that imports (the user's module is imported here, before any model
     is loaded), one weight per function.
 
+    Returns:
+        The :class:`~dlmrl.rewards.functions.RewardFunctions`, or ``None`` for a task with a reward of its own.
     Raises:
         ConfigError: naming the key, and for an import string the module and the attribute.
     """
@@ -455,18 +457,15 @@ def _check_reward_funcs(cfg: Config) -> None:
                f"task {t.name!r} scores completions with its own reward; reward functions score your own prompts "
                "(task.name dataset)")
         _check(not tr.reward_weights, "train.reward_weights", "there are no train.reward_funcs to weigh")
-        return
+        return None
     _check(bool(tr.reward_funcs), "train.reward_funcs",
            f"task {t.name!r} has no reward of its own: name at least one reward function, a registry name (dlmrl list "
            "rewards) or an import string module:function")
     try:
-        funcs = RewardFunctions(tr.reward_funcs, tr.reward_weights, what="")
+        return RewardFunctions(tr.reward_funcs, tr.reward_weights, what="")
     except (ValueError, TypeError, ImportError) as e:
         key = "train.reward_weights" if str(e).startswith("reward_weights") else "train.reward_funcs"
         raise ConfigError(f"config key {key!r}: {e}") from None
-    check_rows = getattr(task_class(t), "check_reward_rows", None)
-    if check_rows is not None:  # (the rows of local data the functions cannot score: a warning naming them)
-        check_rows(task_options(t), funcs)
 
 
 def validate_pretrain(cfg: PretrainConfig) -> None:

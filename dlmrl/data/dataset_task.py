@@ -267,14 +267,6 @@ class DatasetTask(TextTask):
         names = list(dict.fromkeys(k for e in examples for k in e.columns))
         return {k: [e.columns.get(k) for e in examples] for k in names}
 
-    @classmethod
-    def check_reward_rows(cls, options: DatasetOptions, reward_functions: RewardFunctions) -> None:
-        """The rows of the *local* data files that ``reward_functions`` cannot score, reported up front (a warning per
-        function, naming the rows: :meth:`~dlmrl.rewards.functions.RewardFunctions.check_rows`)."""
-        for which, (source, _, _, _) in cls.sources(options).items():
-            if is_local_file(source):
-                examples = cls.load_split(options, which)
-                reward_functions.check_rows(cls.columns_of(examples), [e.where for e in examples])
 
     def reward_table(self, examples: Sequence[DatasetExample], texts: Sequence[str]) -> torch.Tensor:
         """``(B, F)`` float32 values of each reward function, NaN where it returned ``None``.
@@ -350,8 +342,10 @@ class DatasetTask(TextTask):
             raise ValueError("task.prompt_column: must name a column")
 
     @classmethod
-    def check_options(cls, options: DatasetOptions) -> int | None:
-        """Check the settings and load the *local* data files (prompt column and rows checked).
+    def check_options(cls, options: DatasetOptions, reward_functions: RewardFunctions | None = None) -> int | None:
+        """Check the settings and load the *local* data files (prompt column and rows checked; with
+        ``reward_functions``, the rows they cannot score reported: a warning per function naming them,
+        :meth:`~dlmrl.rewards.functions.RewardFunctions.check_rows`).
 
         Returns the number of held-out examples of a local file, ``None`` for a hub one, 0 when none is named.
 
@@ -362,9 +356,11 @@ class DatasetTask(TextTask):
         sources = cls.sources(options)
         for which, (source, _, _, _) in sources.items():
             if is_local_file(source):
-                n = len(cls.load_split(options, which))
+                examples = cls.load_split(options, which)
+                if reward_functions is not None:
+                    reward_functions.check_rows(cls.columns_of(examples), [e.where for e in examples])
                 if which == "test":
-                    return n
+                    return len(examples)
         return None if "test" in sources else 0
 
     @classmethod

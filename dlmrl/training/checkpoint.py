@@ -55,11 +55,17 @@ def write_json_atomic(path: str | os.PathLike, obj) -> None:
     os.replace(tmp, path)
 
 
-def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
-    """The ``checkpoints/step-N`` folder with the largest N, or ``None``."""
+def checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """The ``checkpoints/step-N`` folders, newest (largest N) first."""
     root = Path(output_dir) / "checkpoints"
     steps = [(int(p.name.split("-")[1]), p) for p in root.glob("step-*") if p.name.split("-")[1].isdigit()]
-    return max(steps)[1] if steps else None
+    return [p for _, p in sorted(steps, reverse=True)]
+
+
+def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    """The ``checkpoints/step-N`` folder with the largest N, or ``None``."""
+    found = checkpoints(output_dir)
+    return found[0] if found else None
 
 
 class CheckpointError(OSError):
@@ -143,10 +149,8 @@ def resumable_checkpoint(output_dir: str | os.PathLike) -> Path | None:
         UserWarning: for each damaged checkpoint passed over.
     """
     root = Path(output_dir) / "checkpoints"
-    steps = sorted(((int(p.name.split("-")[1]), p) for p in root.glob("step-*") if p.name.split("-")[1].isdigit()),
-                   reverse=True)
     damaged = []
-    for _, path in steps:
+    for path in checkpoints(output_dir):
         problem = damaged_file(path)
         if problem is None:
             for old, why in damaged:

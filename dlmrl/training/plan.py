@@ -187,7 +187,7 @@ def written_tokens(cfg: Config) -> tuple[int, int, float] | None:
     return t.min_blanks, t.max_blanks, (t.min_blanks + t.max_blanks) / 2
 
 
-def _sampler_section(cfg: Config) -> dict:
+def _sampler_section(cfg: Config, written: tuple[int, int, float] | None) -> dict:
     s, ev = cfg.sampling, cfg.eval
     length = s.gen_length  # (validate holds Sudoku's grid modes to 16)
     if cfg.model.kind == "ar":
@@ -200,7 +200,6 @@ def _sampler_section(cfg: Config) -> dict:
            "temperature": s.temperature, "remasking": s.remasking, "cfg_scale": s.cfg_scale,
            "threshold": s.threshold, "threshold_factor": s.threshold_factor, "cache": s.cache,
            "nfe_per_completion": s.steps * cfg_factor}
-    written = written_tokens(cfg)
     if written is not None:  # (infill: a step reveals its share of the blank cells, not of the whole canvas)
         lo, hi, mean = written
         out["tokens_per_step"] = round(mean / s.steps, 3)
@@ -248,7 +247,7 @@ def _accelerate_section() -> dict:
     return out
 
 
-def _sizes_section(cfg: Config, nfe_scoring: int, processes: int) -> dict:
+def _sizes_section(cfg: Config, nfe_scoring: int, processes: int, written: tuple[int, int, float] | None) -> dict:
     tr, e = cfg.train, cfg.estimator
     rows = tr.prompts_per_step * tr.num_generations
     out: dict = {"prompts_per_step": tr.prompts_per_step, "num_generations": tr.num_generations,
@@ -259,7 +258,6 @@ def _sizes_section(cfg: Config, nfe_scoring: int, processes: int) -> dict:
                                           else f"{tr.prompts_per_step} prompts do not split over {processes} "
                                                "processes")
     length = cfg.sampling.gen_length  # (validate holds Sudoku's grid modes to 16)
-    written = written_tokens(cfg)
     out["completion_tokens_per_step"] = rows * length if written is None else round(rows * written[2], 1)
     if written is not None:
         out["completion_tokens_note"] = (f"mean over the data: {rows} completions x {written[2]:g} blank cells "
@@ -310,6 +308,7 @@ def build_plan(cfg: Config, resume: bool = False, spec: RunSpec | None = None) -
 
     spec = spec or resolve_run(cfg)
     preset = spec.preset
+    written = written_tokens(cfg)  # (an infill task's blanks: read from its training file once for two sections)
     estimator = _estimator_section(cfg, spec)
     accel = _accelerate_section()
     processes = run_processes(accel)
@@ -332,8 +331,8 @@ def build_plan(cfg: Config, resume: bool = False, spec: RunSpec | None = None) -
         "algorithm": _algorithm_section(cfg, preset),
         "estimator": estimator,
         "task": _task_section(cfg),
-        "sampler": _sampler_section(cfg),
-        "sizes": _sizes_section(cfg, estimator["nfe"], processes),
+        "sampler": _sampler_section(cfg, written),
+        "sizes": _sizes_section(cfg, estimator["nfe"], processes, written),
         "tracker": _tracker_section(cfg),
         "accelerate": accel,
         "output": {"output_dir": str(out_dir),

@@ -21,6 +21,7 @@ from dlmrl.config import Config, ConfigError, flatten, load_yaml, to_dict
 from dlmrl.models.lora import save_final_model
 from dlmrl.training.checkpoint import (
     atomic_dir,
+    checkpoints,
     latest_checkpoint,
     resumable_checkpoint,
     staging_dir,
@@ -118,7 +119,7 @@ def save_checkpoint(accelerator: Accelerator, out: Path, step: int) -> None:
         accelerator.wait_for_everyone()
     quiet.setLevel(level)
     if accelerator.is_main_process:
-        for old in sorted((out / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))[:-2]:
+        for old in checkpoints(out)[2:]:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
 
