@@ -418,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"dlmrl train: accelerate launch --cpu starts one process unless it runs mpirun; starting the "
                   f"{cpu_processes} CPU processes with torch.distributed.run", file=sys.stderr, flush=True)
             return subprocess.call(cpu_relaunch_command(argv if argv is not None else sys.argv[1:], cpu_processes))
+        from dlmrl.data.loading import DataError
         from dlmrl.rewards.functions import RewardFunctionError
         from dlmrl.training.checkpoint import CheckpointError
         from dlmrl.training.trainer import train
@@ -430,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
             summary = train(cfg, resume=args.resume, progress=not args.no_progress)
         except KeyboardInterrupt:
             return 130
-        except (FileNotFoundError, ConfigError, RewardFunctionError, CheckpointError) as e:
+        except (FileNotFoundError, ConfigError, RewardFunctionError, CheckpointError, DataError) as e:
             print(f"dlmrl train: {e}", file=sys.stderr)
             return 2
         if os.environ.get("RANK", "0") != "0":  # (several processes: the main one reports)

@@ -203,11 +203,16 @@ def load_records(source: str, split: str = "train", subset: str | None = None, c
     else:
         if not Path(source).exists() and source.startswith((".", "/", "~")):
             raise DataError(f"{source}: no such file or folder")
+        if Path(source).is_dir():  # (a local folder's text files: one that is not UTF-8 named with its byte offset)
+            for path in sorted(p for p in Path(source).rglob("*") if p.suffix.lower() in (".json", ".jsonl", ".csv")):
+                _utf8(path)
         try:
             ds = datasets.load_dataset(source, subset, split=split, **kwargs)
+            columns = ds.to_dict()
         except Exception as e:  # noqa: BLE001 (hub, network and builder errors alike become a DataError)
             raise DataError(f"{source}{f' [{subset}]' if subset else ''} split {split!r} cannot be loaded: "
                             f"{type(e).__name__}: {e}") from None
         name = f"{source}{f' [{subset}]' if subset else ''} split {split!r}"
         locations = [f"{name} row {i}" for i in range(len(ds))]
+        return Records(source, columns, locations)
     return Records(source, ds.to_dict(), locations)

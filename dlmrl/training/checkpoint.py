@@ -76,10 +76,24 @@ class CheckpointError(OSError):
 TORCH_SAVE_SUFFIXES = (".bin", ".pkl", ".pt", ".pth")
 
 
+#: the file a checkpoint lists its files and their sizes in, written last (:func:`write_manifest`)
+MANIFEST = "dlmrl_checkpoint.json"
+
+
+def write_manifest(folder: str | os.PathLike) -> None:
+    """List every file of a just-saved checkpoint folder with its size in bytes (:data:`MANIFEST`), so that a file
+    later deleted or cut short is found by :func:`damaged_file` whatever its format."""
+    folder = Path(folder)
+    files = {p.relative_to(folder).as_posix(): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
+    write_json_atomic(folder / MANIFEST, {"files": files})
+
+
 def damaged_file(folder: str | os.PathLike) -> str | None:
     """What is wrong with a checkpoint folder, or ``None`` when every weights and state file in it is whole.
 
-    A cheap check that reads headers, not tensors (an 8B checkpoint is not loaded twice): a ``.safetensors`` file
+    A cheap check that reads headers, not tensors (an 8B checkpoint is not loaded twice): every file the checkpoint
+    lists in its :data:`MANIFEST` is there at the size it was saved with (checkpoints written before the list
+    existed skip this); a ``.safetensors`` file
     must be as long as its header says (8-byte little-endian header size, JSON header, then the byte ranges its
     ``data_offsets`` name; see the safetensors format, huggingface/safetensors ``README.md``); a ``torch.save``
     file (:data:`TORCH_SAVE_SUFFIXES`) must be a zip archive whose central directory, written last, is there and
@@ -101,6 +115,24 @@ def damaged_file(folder: str | os.PathLike) -> str | None:
             problem = _torch_save_problem(path)
         if problem:
             return f"{path}: {problem}"
+    return _manifest_problem(folder)
+
+
+def _manifest_problem(folder: Path) -> str | None:
+    """A file the checkpoint was saved with that is gone or has another size (``None`` without a manifest)."""
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        return None
+    try:
+        listed = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError, TypeError):
+        return f"{manifest}: damaged file list"
+    for name, size in listed.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{path}: missing (the checkpoint was saved with it)"
+        if path.stat().st_size != size:
+            return f"{path}: {path.stat().st_size} bytes, saved with {size} (truncated or overwritten)"
     return None
 
 

@@ -26,6 +26,7 @@ from dlmrl.training.checkpoint import (
     resumable_checkpoint,
     staging_dir,
     write_json_atomic,
+    write_manifest,
 )
 from dlmrl.training.logging import plot_curves, read_metrics
 
@@ -117,6 +118,8 @@ def save_checkpoint(accelerator: Accelerator, out: Path, step: int) -> None:
         accelerator.wait_for_everyone()
         accelerator.save_state(str(staging_dir(final)), safe_serialization=True)
         accelerator.wait_for_everyone()
+        if accelerator.is_main_process:  # (every process's files are written: list them for the resume check)
+            write_manifest(staging_dir(final))
     quiet.setLevel(level)
     if accelerator.is_main_process:
         for old in checkpoints(out)[2:]:

@@ -225,3 +225,12 @@ def test_the_cli_blames_a_non_utf8_data_file_on_the_key_that_names_it(task, tmp_
     assert code == 2
     assert f"command-line override 'task.train_file={path}': config key 'task.train_file': {path}: not UTF-8" in err
     assert "recipes" not in err  # (not blamed on the packaged recipe the run starts from)
+
+
+def test_a_folder_with_a_file_that_is_not_utf8_names_that_file(tmp_path, cache):
+    folder = tmp_path / "fold"
+    folder.mkdir()
+    (folder / "train.jsonl").write_bytes(b'{"question": "caf\xe9", "answer": "1"}\n')
+    with pytest.raises(DataError, match=rf"{re.escape(str(folder / 'train.jsonl'))}: not UTF-8 text: byte 0xE9 at "
+                                        r"byte offset 17"):
+        load_records(str(folder), cache_dir=cache)

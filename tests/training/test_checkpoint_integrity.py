@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 
 import pytest
@@ -91,3 +92,16 @@ def test_resume_with_every_checkpoint_damaged_names_the_file(base, tmp_path, mon
         warnings.simplefilter("ignore")
         assert main(["train", "--resume", "--output-dir", str(out), "--no-progress"]) == 2
     assert resumable_checkpoint(tmp_path / "empty") is None  # (no checkpoints at all: not an error here)
+
+
+@pytest.mark.parametrize("name", ["optimizer.bin", "random_states_0.pkl", "custom_checkpoint_0.pkl"])
+def test_a_file_missing_from_the_newest_checkpoint_is_damage_too(name, base, tmp_path, monkeypatch):
+    """Every checkpoint lists its files and sizes when saved: a deleted file (which no header check can see, and
+    which accelerate would load past or fail on with a bare error) sends the resume to the previous checkpoint."""
+    out = tmp_path / "run"
+    with pytest.warns(UserWarning, match=rf"step-2 is damaged \(.*step-2.{re.escape(name)}: missing \(the checkpoint "
+                                         r"was saved with it\)\); resuming from .*step-1"):
+        crash_then_resume(monkeypatch, lambda resume: train(small_config(base, out), resume=resume, progress=False),
+                          2, after_crash=lambda: (out / "checkpoints" / "step-2" / name).unlink())
+    steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
