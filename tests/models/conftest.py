@@ -21,13 +21,18 @@ def shipped64():
 
 
 @pytest.fixture(scope="module")
-def random_llama(tmp_path_factory):
-    """A freshly initialised 2-layer bidirectional Llama (hidden 32, seed 3) saved and loaded as family ``tiny``."""
-    return load_policy(str(save_tiny_checkpoint(tmp_path_factory.mktemp("llama"), hidden_size=32, num_layers=2,
-                                                seed=3)))
+def random_llama_path(tmp_path_factory):
+    """A freshly initialised 2-layer bidirectional Llama (hidden 32, seed 3) saved as a checkpoint."""
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("llama"), hidden_size=32, num_layers=2, seed=3)
 
 
 @pytest.fixture(scope="module")
-def random_llama64(random_llama):
+def random_llama(random_llama_path):
+    """That Llama loaded as family ``tiny``."""
+    return load_policy(str(random_llama_path))
+
+
+@pytest.fixture(scope="module")
+def random_llama64(random_llama_path):
     """``random_llama`` in float64 (the same checkpoint)."""
-    return load_policy(random_llama.model.name_or_path, dtype="float64")
+    return load_policy(str(random_llama_path), dtype="float64")

@@ -133,7 +133,8 @@ def _reference_loop(model, prompt_ids, prompt_mask, gen_length, block_length, st
             if (threshold is not None or factor is not None) and not bool((x[:, lo:hi] == mask_id).any()):
                 break
             with torch.no_grad():
-                logits = model(x, attention).float()  # (B, T, V)
+                logits = model(x, attention)  # (B, T, V)
+                logits = logits if logits.dtype == torch.float64 else logits.float()  # (a float64 model: kept)
             passes += 1
             if ctx is not None:
                 ctx.state = "replay"  # (the block's later passes: stale keys and values off the fresh positions)

@@ -15,6 +15,19 @@ from tests.models.llada_reference import reference_greedy
 SETTINGS = [(16, 16, 4), (16, 8, 8), (64, 32, 32), (128, 32, 64)]
 
 
+@pytest.fixture(scope="module")
+def shipped(shipped64):
+    """This module's models run in float64 (tests/models/conftest.py): the sampler and the oracle decide each
+    argmax and reveal order from passes over other shapes (row subsets, a cache's block), which round otherwise;
+    in float32 a choice within a rounding (~1e-6) of a tie could flip on another machine, in float64 it cannot."""
+    return shipped64
+
+
+@pytest.fixture(scope="module")
+def random_llama(random_llama64):
+    return random_llama64
+
+
 
 
 def sudoku_batch(policy, batch: int, answer_mode: str, offset: int = 0):

@@ -13,6 +13,7 @@ from dlmrl.objectives import (
     rloo_advantages,
 )
 from dlmrl.objectives.advantage_registry import advantage_options
+from tests.objectives.util import F32_RTOL, F32_TOL
 
 
 def test_every_estimator_is_registered_with_its_options():
@@ -76,7 +77,7 @@ def test_interleaved_group_ids_give_each_row_its_own_groups_baseline(name):
     shuffled = inputs_for([rewards[i] for i in perm], 3, ids=[1, 0, 1, 0, 1, 0])
     shuffled.mask, shuffled.entropy = consecutive.mask[perm], consecutive.entropy[perm]
     expected = compute_advantages(name, consecutive)[perm]
-    torch.testing.assert_close(compute_advantages(name, shuffled), expected, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(compute_advantages(name, shuffled), expected, rtol=F32_RTOL, atol=F32_TOL)
 
 
 @pytest.mark.parametrize("name", [n for n in ROW_WISE if n != "batch"])  # (batch scales by the whole batch)
@@ -86,7 +87,7 @@ def test_groups_of_unequal_sizes_get_the_advantages_of_each_group_alone(name):
     got = compute_advantages(name, batch)
     for index in ([0, 2, 4], [1, 3]):
         alone = compute_advantages(name, rows_of(batch, index))
-        torch.testing.assert_close(got[torch.tensor(index)], alone, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(got[torch.tensor(index)], alone, rtol=F32_RTOL, atol=F32_TOL)
 
 
 @pytest.mark.parametrize("name", ROW_WISE)
@@ -98,4 +99,4 @@ def test_a_non_finite_reward_is_left_out_with_a_warning(name, bad):
     assert torch.isfinite(got).all()
     assert (got[2:] == 0).all()  # the group left with one finite reward carries nothing
     if name != "batch":  # (batch scaling divides by the std of the finite rewards left in the batch)
-        torch.testing.assert_close(got[:2], clean[:2], rtol=1e-6, atol=1e-7)  # the other group is untouched
+        torch.testing.assert_close(got[:2], clean[:2], rtol=F32_RTOL, atol=F32_TOL)  # the other group is untouched

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from dlmrl.objectives import group_advantages, rloo_advantages
+from tests.objectives.util import F32_RTOL, F32_TOL
 
 
 def approx(values):
-    return pytest.approx(values, abs=1e-6)
+    return pytest.approx(values, abs=F32_TOL, rel=F32_RTOL)
 
 
 def test_two_groups_of_two_all_scalings():

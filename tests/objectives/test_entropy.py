@@ -19,6 +19,7 @@ from dlmrl.objectives.entropy import (
     sspo_clip_epsilon,
 )
 from tests.objectives.util import close
+from tests.tolerances import rounding_tol
 
 T, F = True, False
 
@@ -65,7 +66,8 @@ def test_espo_group_clip_range():
     groups = torch.tensor([[0, 1, 1]])
     eps = espo_clip_epsilon(entropy, torch.ones(1, 3, dtype=torch.bool), groups, vocab_size=100, alpha=0.02)
     g0, g1 = 0.02 * 2.0 / math.log(100), 0.02 * 0.75 / math.log(100)
-    assert close(eps, [[g0, g1, g1]], abs=1e-9)
+    # 0.02·H̄/log V in float32 (a group mean of ≤ 2 entropies, a product, a log, a division): ≤ 5 ulps of g0
+    assert close(eps, [[g0, g1, g1]], abs=rounding_tol(g0, 5), rel=0)
 
 
 # HAPO: entropies e^{-2..2}, so log H = -2, -1, 0, 1, 2; the 0.8 quantile is element round(3.2) = 3 -> 1;

@@ -6,6 +6,8 @@ import math
 
 import pytest
 
+from tests.tolerances import rounding_tol
+
 
 def flat(x):
     """A nested list (or tensor) flattened to a list of floats."""
@@ -16,8 +18,19 @@ def flat(x):
     return [float(x)]
 
 
-def close(actual, expected, abs=1e-6, rel=1e-6) -> bool:
-    """``actual`` (tensor or nested list) equals ``expected`` (nested list) within tolerance."""
+#: The hand checks compare float32 results with float64 formulas. A loss, advantage, ratio or KL term here is ≤ 2 in
+#: size (rewards in [0, 1], advantages ≤ 1/std ≈ 2 for these groups, ratios ≈ 1) and takes ≤ 16 roundings: each
+#: elementwise step (log-ratio, exp, clip, × A, ÷ a length or a std) rounds once (exp, log: ≤ 1 ulp), and a mean or
+#: std over ≤ 10 terms of that size adds ≤ 10 (their order). Larger values get the same count relative.
+F32_TOL = rounding_tol(scale=2, n=16)  # ≈ 3.8e-6
+F32_RTOL = rounding_tol(scale=1, n=16)  # ≈ 1.9e-6
+#: a literal written to 6 decimals (a value derived by hand): half a unit of the last place
+DECIMALS_6 = 5e-7
+
+
+def close(actual, expected, abs=F32_TOL, rel=F32_RTOL) -> bool:
+    """``actual`` (tensor or nested list) equals ``expected`` (nested list) within tolerance (by default, a float32
+    computation's: see F32_TOL)."""
     a, e = flat(actual), flat(expected)
     return len(a) == len(e) and a == pytest.approx(e, abs=abs, rel=rel)
 

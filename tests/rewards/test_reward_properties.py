@@ -9,12 +9,15 @@ runs in a worker process; ``test_math_reward.py`` checks that process separately
 has a 50 ms timeout, so a check that hangs sympy still returns in time (its worker is killed).
 
 The budget is this process's CPU time (``time.process_time``), which another job on the machine does not
-inflate; wall time is held to a loose bound that only a hang would pass. The figures to quote come from
+inflate: 100 ms, or for a long input 30 times a linear regex scan of the same text timed on the same machine
+(a slower machine scans slower too; only super-linear work, which a 10^6-character input turns into minutes,
+crosses it). Wall time is held to a loose bound that only a hang would pass. The figures to quote come from
 ``benchmarks/reliability.py``, run alone.
 """
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -36,8 +39,9 @@ from dlmrl.rewards.math_verifier import MathVerifier
 
 pytest.importorskip("math_verify")
 
-BUDGET_S = 0.1  # CPU seconds per call
-HANG_S = 5.0  # wall seconds per call: only a hang (or a verifier past its timeout) reaches it
+BUDGET_S = 0.1  # CPU seconds per call (the property's figure; the slowest reward measured 17 ms here), at least
+LINEAR_SLACK = 30  # × a linear scan of the text (the rewards measured ≤ 3×); quadratic work on 10^6 chars: ≥ 1e4×
+HANG_S = 5.0  # wall seconds per call: 100× the verifier's 50 ms timeout; only a hang (or a stuck kill) reaches it
 FRAGMENTS = ["<answer>", "</answer>", "<reasoning>", "</reasoning>", "\\boxed{", "\\boxed ", "{", "}", "(", ")",
              "**", "^", "!", "9", "30", "100", "93", "+", "-", "*", "/", "=", "####", ",", ".", "\n", " ", "$",
              "\\frac", "x", "é", "٣", "\x00", "\\times", "_"]
@@ -62,6 +66,16 @@ ADVERSARIAL = [
     "<answer>٣٠-(١٠٠-٩٣)</answer>",
     "\ud800\udfff\U0010ffff",
 ]
+
+
+def linear_scan_seconds(text: str) -> float:
+    """CPU seconds of a linear-time regex scan over ``text`` (the least of 3): this machine's unit of linear work."""
+    best = float("inf")
+    for _ in range(3):
+        c0 = time.process_time()
+        re.findall(r"[<>{}()\\^!*/=#$0-9]", text)
+        best = min(best, time.process_time() - c0)
+    return best
 
 
 @pytest.fixture(scope="module")
@@ -89,11 +103,13 @@ def check_all(text: str, verifier: MathVerifier) -> None:
             out = call()
         return out, time.perf_counter() - t0, time.process_time() - c0
 
+    budget = None
     for name, call in calls.items():
         out, wall, cpu = timed(call)
         if cpu >= BUDGET_S:  # (a pathological input is slow every time; a one-off pause, GC or a pool thread, is not)
             cpu = min(cpu, timed(call)[2])
-        assert cpu < BUDGET_S, f"{name} took {cpu * 1000:.0f} ms of CPU on {text[:60]!r} (twice)"
+            budget = max(BUDGET_S, LINEAR_SLACK * linear_scan_seconds(text)) if budget is None else budget
+        assert cpu < (budget or BUDGET_S), f"{name} took {cpu * 1000:.0f} ms of CPU on {text[:60]!r} (twice)"
         assert wall < HANG_S, f"{name} took {wall:.1f} s on {text[:60]!r}"
         assert len(out) == 1 and type(out[0]) is float, (name, out)
 
