@@ -57,7 +57,10 @@ class MaskPlan:
         masks: ``(S, B, L)`` bool, True where sample ``s`` masks position ``i`` of row ``b``.
             Must lie inside the completion mask the plan is scored with (checked by the scorer).
         weights: ``(S, B)`` float32, the full multiplier of ``S(m)``: quadrature weight, the
-            ``1/t`` or ``L_b/k`` scale and the ``1/K`` sample average.
+            ``1/t`` or ``L_b/k`` scale and the ``1/K`` sample average. Or ``(S, B, L)``: one multiplier per
+            position, for plans whose parts are drawn independently along the sequence (a block-diffusion
+            plan draws each block's time on its own, :func:`~dlmrl.estimators.block_plans.per_block_plan`); the
+            estimate is then ``Σ_s Σ_{i∈m_s} weights[s, b, i] · log p_θ(y^i | y_{m_s}, q)``.
         t: ``(S,)`` float64 diffusion times shared by the rows, or ``(S, B)`` one per row (bookkeeping
             only); NaN where a sample has no time (e.g. exact enumeration).
         prompt_masks: optional ``(S, B, P)`` bool, prompt positions replaced by the mask token in
@@ -89,10 +92,11 @@ class MaskPlan:
                 f"MaskPlan.masks must be a (S, B, L) bool tensor, got {tuple(self.masks.shape)} "
                 f"{self.masks.dtype}"
             )
-        s, b, _ = self.masks.shape
-        if tuple(self.weights.shape) != (s, b):
+        s, b, length = self.masks.shape
+        if tuple(self.weights.shape) not in ((s, b), (s, b, length)):
             raise ValueError(
-                f"MaskPlan.weights must have shape (S, B) = {(s, b)}, got {tuple(self.weights.shape)}"
+                f"MaskPlan.weights must have shape (S, B) = {(s, b)} or (S, B, L) = {(s, b, length)}, "
+                f"got {tuple(self.weights.shape)}"
             )
         if not self.weights.is_floating_point():
             raise ValueError(f"MaskPlan.weights must be floating point, got {self.weights.dtype}")
@@ -130,7 +134,15 @@ class MaskPlan:
 
     def runs(self) -> torch.Tensor:
         """``(S, B)`` bool, the canvases that are run: a non-empty scored set and a non-zero weight."""
-        return self.scored_masks().any(-1) & (self.weights.to(self.masks.device) != 0)
+        w = self.weights.to(self.masks.device)
+        if w.dim() == 3:  # (per-position weights: some scored position must weigh)
+            return (self.scored_masks() & (w != 0)).any(-1)
+        return self.scored_masks().any(-1) & (w != 0)
+
+    def position_weights(self) -> torch.Tensor:
+        """``(S, B, L)`` the weight of each position's term (``weights`` broadcast along ``L`` when per row)."""
+        w = self.weights
+        return w if w.dim() == 3 else w[..., None].expand(*w.shape, self.masks.shape[-1])
 
     def forward_passes(self) -> float:
         """Forward passes per row actually run (the mean over rows of :meth:`runs`)."""

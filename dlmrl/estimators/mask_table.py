@@ -49,6 +49,8 @@ class MaskTable:
         running the model (the plan must not mask the prompt)."""
         if plan.prompt_masks is not None:
             raise ValueError("a mask table covers completion masks only; this plan also masks the prompt")
+        if plan.weights.dim() != 2:
+            raise ValueError("a mask table looks up whole-mask scores; this plan weighs each position on its own")
         codes = self.codes(plan.masks[:, row])  # (S,)
         return float(plan.weights[:, row].double().cpu().numpy() @ self.values[codes])
 

@@ -100,7 +100,7 @@ def _chunks(plan: MaskPlan, micro_batch: int | None) -> list[torch.Tensor]:
 class _Chunk:
     """One forward call's canvases: ``logp (n, L)`` of the target tokens at the scored positions (0 elsewhere;
     float32, float64 for a float64 model), the sample ``s_idx (n,)`` and row ``rows (n,)`` of each canvas, its
-    plan weight ``weights (n,)``, its scored positions ``scored (n, L)`` bool, and (when asked) the detached predictive entropy at the scored positions."""
+    plan weight at each position ``weights (n, L)``, its scored positions ``scored (n, L)`` bool, and (when asked) the detached predictive entropy at the scored positions."""
 
     logp: torch.Tensor
     s_idx: torch.Tensor
@@ -111,7 +111,7 @@ class _Chunk:
 
     def terms(self) -> torch.Tensor:
         """``(n, L)`` weighted log-probs, the chunk's linear (ELBO) terms."""
-        return self.logp * self.weights[:, None]
+        return self.logp * self.weights
 
 
 def _score_chunk(
@@ -138,7 +138,8 @@ def _score_chunk(
     p_ids = prompt_ids[rows]  # (n, P)
     if plan.prompt_masks is not None:
         p_ids = torch.where(plan.prompt_masks[s_idx, rows], torch.full_like(p_ids, policy.mask_token_id), p_ids)
-    logits = canvas_logits(policy, p_ids, prompt_mask[rows], canvas)  # (n, L, V)
+    # (``clean``: a block-diffusion policy scores each noised block next to the clean blocks before it)
+    logits = canvas_logits(policy, p_ids, prompt_mask[rows], canvas, clean=target)  # (n, L, V)
     if logits.dtype != torch.float64:
         logits = logits.float()
     if plan.temperature is None:
@@ -147,7 +148,8 @@ def _score_chunk(
         logp_all = sampler_log_softmax(logits, policy.mask_token_id, plan.temperature)
     logp = logp_all.gather(-1, target[..., None])[..., 0]  # (n, L)
     logp = torch.where(scored, logp, torch.zeros_like(logp))
-    weights = plan.weights[s_idx, rows].to(logp.dtype)  # (n,)
+    weights = plan.weights[s_idx, rows].to(logp.dtype)  # (n,) or (n, L)
+    weights = weights[:, None].expand_as(logp) if weights.dim() == 1 else weights  # (n, L)
     ent = None
     if with_entropy:
         with torch.no_grad():
@@ -163,7 +165,7 @@ _UPPER_FLOOR = -700.0
 def _upper_values(chunk: _Chunk, upper: UpperBound) -> torch.Tensor:
     """``(n, L)`` float64 ``w · p^β`` of a chunk's scored positions (0 elsewhere), the EUBO's summands."""
     power = (upper.beta * chunk.logp.double()).clamp(min=_UPPER_FLOOR)
-    return torch.where(chunk.scored, chunk.weights.double()[:, None] * power.exp(), 0.0)
+    return torch.where(chunk.scored, chunk.weights.double() * power.exp(), 0.0)
 
 
 def _upper_scale(plan: MaskPlan, completion_mask: torch.Tensor) -> torch.Tensor:
@@ -355,7 +357,7 @@ def score_and_backward(
     scale = None if plan.upper is None else _upper_scale(plan, completion_mask.bool())
     for flat in _chunks(plan, micro_batch):
         chunk = _score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat)
-        coef = chunk.weights[:, None].expand_as(chunk.logp)  # (n, L) ∂c/∂ℓ of the ELBO terms
+        coef = chunk.weights  # (n, L) ∂c/∂ℓ of the ELBO terms
         if plan.upper is not None:
             up = plan.upper
             with torch.no_grad():  # ∂/∂ℓ_s of (1/β) log Σ_s w_s e^{βℓ_s} = w_s e^{βℓ_s} / Σ

@@ -75,17 +75,27 @@ def canvas_logits(
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     canvas: torch.Tensor,
+    clean: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Logits at the canvas positions of ``[prompt | canvas]``.
+
+    A policy with its own ``completion_logits(prompt_ids, prompt_mask, canvas, clean)`` computes them itself (the
+    block-diffusion policy, :class:`~dlmrl.models.block_policy.BlockDiffusionPolicy`, whose noised blocks are
+    scored next to the ``clean`` completion); any other policy is called on the concatenation and ``clean`` is not
+    read (a bidirectional denoiser sees the whole noised canvas).
 
     Args:
         policy: callable ``(input_ids (B, T) long, attention_mask (B, T) bool) -> (B, T, V)``.
         prompt_ids: ``(B, P)`` long, left-padded.
         prompt_mask: ``(B, P)`` bool, True on real prompt tokens.
         canvas: ``(B, L)`` long, the (partially masked) completion.
+        clean: optional ``(B, L)`` long, the completion the canvas was noised from (scoring passes it).
     Returns:
         ``(B, L, V)`` float32.
     """
+    own = getattr(policy, "completion_logits", None)
+    if own is not None:
+        return own(prompt_ids, prompt_mask, canvas, clean)
     input_ids = torch.cat([prompt_ids, canvas], dim=1)
     attention_mask = torch.cat([prompt_mask.bool(), torch.ones_like(canvas, dtype=torch.bool)], dim=1)
     return policy(input_ids, attention_mask)[:, prompt_ids.shape[1] :]

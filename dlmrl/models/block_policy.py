@@ -1,0 +1,95 @@
+"""The block-diffusion policy: a masked-diffusion denoiser run block-causally (``model.kind: block``).
+
+The completion is cut into blocks of ``block_size`` tokens (:mod:`dlmrl.models.block_attention`); inside a block the
+model denoises like a masked-diffusion model, across blocks attention is causal, so
+
+- **sampling** writes blocks left to right with an exact key/value cache of the finished blocks
+  (:func:`~dlmrl.models.block_sampler.block_generate`);
+- **scoring** noises every block at once and scores them in one pass of the composite input
+  ``[prompt | noisy | clean]`` (:func:`~dlmrl.estimators.block_composite.composite_logits`): the policy's
+  :meth:`BlockDiffusionPolicy.completion_logits` is what :func:`dlmrl.estimators.score` calls for each canvas, with
+  the clean completion next to it; plans come from :func:`~dlmrl.estimators.block_plans.block_rollout_plan`.
+
+``block_size = L`` (one block) is full-attention diffusion over the completion with a prompt that does not attend
+it; ``block_size = 1`` an autoregressive order in the same model.
+
+Reference: BD3-LM arXiv 2503.09573; SDAR arXiv 2510.06303; TraceRL arXiv 2509.06949.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from dlmrl.estimators.block_composite import composite_logits
+from dlmrl.models.block_attention import (
+    BlockForwardFn,
+    block_causal_mask,
+    block_position_ids,
+    check_block_size,
+    hf_block_forward,
+)
+from dlmrl.models.policy import MaskedDiffusionPolicy
+
+
+@dataclass
+class BlockDiffusionPolicy(MaskedDiffusionPolicy):
+    """A :class:`~dlmrl.models.policy.MaskedDiffusionPolicy` whose attention is block-causal with ``block_size``.
+
+    Attributes (beyond the masked-diffusion policy's):
+        block_size: tokens per block ``B`` (the last block of a completion may be shorter).
+        forward: the family's :data:`~dlmrl.models.block_attention.BlockForwardFn` (a 4-D mask, explicit
+            positions and an optional key/value cache; :func:`~dlmrl.models.block_attention.hf_block_forward` for
+            ``transformers`` decoders such as the ``tiny`` family's Llama).
+        kind: ``"block"``.
+    """
+
+    block_size: int = 1
+    forward: BlockForwardFn = hf_block_forward
+    kind: str = field(default="block", init=False)
+
+    def __post_init__(self) -> None:
+        check_block_size(1, self.block_size)
+
+    def model_fn(self, input_ids: torch.Tensor, mask4d: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """``(B, T, V)`` logits of one uncached pass under ``mask4d`` ``(B, 1, T, T)`` bool."""
+        return self.forward(self.model, input_ids, mask4d, position_ids, None, False)[0]
+
+    def completion_logits(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, canvas: torch.Tensor,
+                          clean: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits at the completion positions.
+
+        Args:
+            prompt_ids: ``(B, P)`` long, left-padded. prompt_mask: ``(B, P)`` bool.
+            canvas: ``(B, L)`` long, the (partly masked) completion.
+            clean: ``(B, L)`` long or ``None``. Given (scoring): the composite pass, block ``b`` of ``canvas`` seen
+                next to the clean blocks before it, so every block is scored in one pass. ``None`` (sampling, the
+                uncached reference): one block-causal pass over ``[prompt | canvas]``, each block seeing the canvas's
+                own earlier blocks.
+        Returns:
+            ``(B, L, V)`` float32 (float64 for a float64 model); position ``i`` predicts token ``i``.
+        """
+        pm = prompt_mask.bool()
+        if clean is not None:
+            return composite_logits(self.model_fn, prompt_ids, pm, canvas, clean, self.block_size)
+        length, p = canvas.shape[1], prompt_ids.shape[1]
+        ids = torch.cat([prompt_ids, canvas], dim=1)
+        logits = self.model_fn(ids, block_causal_mask(pm, length, self.block_size), block_position_ids(pm, length))
+        logits = logits[:, p:]
+        return logits if logits.dtype == torch.float64 else logits.float()
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        raise TypeError("a block-diffusion policy needs to know where its prompt ends: call "
+                        "completion_logits(prompt_ids, prompt_mask, canvas) or dlmrl.models.policy.canvas_logits")
+
+
+def block_policy_from(policy: MaskedDiffusionPolicy, block_size: int,
+                      forward: BlockForwardFn = hf_block_forward) -> BlockDiffusionPolicy:
+    """The block-diffusion policy over ``policy``'s model and tokenizer (the same weights, block-causal attention)."""
+    return BlockDiffusionPolicy(model=policy.model, tokenizer=policy.tokenizer, mask_token_id=policy.mask_token_id,
+                                family=policy.family, logits_fn=policy.logits_fn, eos_token_id=policy.eos_token_id,
+                                pad_token_id=policy.pad_token_id, block_size=block_size, forward=forward)
+
+
+__all__ = ["BlockDiffusionPolicy", "block_policy_from"]
