@@ -10,7 +10,12 @@ import torch
 
 from dlmrl.estimators import DoubleMC, Exact, MaskPlan, Trajectory, score
 from dlmrl.estimators.block_composite import composite_logits
-from dlmrl.estimators.block_plans import block_rollout_plan, block_step_ranks, block_trajectory_plan, per_block_plan
+from dlmrl.estimators.block_plans import (
+    block_rollout_plan,
+    block_step_ranks,
+    block_trajectory_plan,
+    per_block_plan,
+)
 from dlmrl.estimators.scoring import sampler_log_softmax
 from dlmrl.models.block_attention import (
     BlockCausalPolicy,
