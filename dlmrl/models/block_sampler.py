@@ -174,6 +174,7 @@ def block_generate(
     generator: torch.Generator | None = None,
     cache: bool = True,
     forward: BlockForwardFn = hf_block_forward,
+    rows: tuple[int, int] | None = None,
 ) -> BlockSampleOutput:
     """Decode ``gen_length`` tokens after each prompt with a block-causal denoiser, block by block.
 
@@ -199,11 +200,14 @@ def block_generate(
         generator: the only source of randomness (advances as ``generate``'s does).
         cache: the exact key/value cache (default) or the uncached reference (full block-causal passes).
         forward: the family's :data:`~dlmrl.models.block_attention.BlockForwardFn`.
+        rows: ``(start, stop)``: decode only rows ``[start, stop)`` (one process's share of a data-parallel batch;
+            the model runs on those rows only), each with the random numbers and the generator's final state of
+            decoding the whole batch, as :func:`~dlmrl.models.sampler.generate`'s ``rows``. ``None``: every row.
     Returns:
         :class:`BlockSampleOutput`: ``canvas`` ``(B, L)`` long, ``token_logprobs`` ``(B, L)`` float32 (the log-prob of
         each revealed token under ``log_softmax(logits / T)`` with the mask token excluded, ``T = 1`` when greedy; 0
         where nothing was drawn), ``reveal_step`` ``(B, L)`` long (global numbering, ``NOT_SAMPLED`` on given infill
-        tokens), ``nfe``, ``row_nfe`` ``(B,)`` and ``cache_passes``.
+        tokens), ``nfe``, ``row_nfe`` ``(B,)`` and ``cache_passes`` (``rows``: ``stop - start`` rows).
     Raises:
         ValueError: on mismatched shapes, ``gen_length`` or ``block_size`` below 1, a missing ``steps_per_block``, an
             unknown ``remasking``, a threshold outside its range, both threshold rules, a negative temperature, or a
@@ -217,47 +221,55 @@ def block_generate(
         raise ValueError("policy must have a mask_token_id attribute")
     mask_id = int(policy.mask_token_id)
     prompt_mask = prompt_mask.bool()
+    total = prompt_ids.shape[0]
+    start, stop = (0, total) if rows is None else rows
+    if rows is not None and not 0 <= start < stop <= total:
+        raise ValueError(f"rows ({start}, {stop}) must satisfy 0 <= start < stop <= batch size {total}")
     if canvas is None:
-        x = torch.full((prompt_ids.shape[0], gen_length), mask_id, dtype=torch.long, device=prompt_ids.device)
+        x_all = torch.full((total, gen_length), mask_id, dtype=torch.long, device=prompt_ids.device)
     else:
-        x = canvas.to(device=prompt_ids.device, dtype=torch.long).clone()  # (B, L)
+        x_all = canvas.to(device=prompt_ids.device, dtype=torch.long).clone()  # (B_all, L)
+    # the rows decoded here; every row's masks still decide which scheduled steps run (a view: x_all follows x)
+    x, prompt_ids, prompt_mask = x_all[start:stop], prompt_ids[start:stop], prompt_mask[start:stop]
+    noise_rows = None if rows is None else (start, total)
     reveal_step = torch.full(x.shape, NOT_SAMPLED, dtype=torch.long, device=x.device)  # (B, L)
     token_logprobs = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # (B, L)
     score_t = temperature if temperature > 0 else 1.0  # (greedy rows are scored at T = 1, as generate records them)
     fwd = _ExactBlockForward(policy.model, forward, prompt_ids, prompt_mask, gen_length, block_size, cache)
     record = (x, reveal_step, token_logprobs)
     if threshold is None and threshold_factor is None:
-        nfe = _decode_scheduled(fwd, record, mask_id, block_size, steps_per_block, temperature, score_t, remasking,
-                                generator)
+        nfe = _decode_scheduled(fwd, record, x_all, start, mask_id, block_size, steps_per_block, temperature, score_t,
+                                remasking, generator, noise_rows)
         row_nfe = torch.full((x.shape[0],), nfe, dtype=torch.long, device=x.device)
     else:
         nfe, row_nfe = _decode_threshold(fwd, record, mask_id, block_size, temperature, score_t, generator,
-                                         threshold, threshold_factor)
+                                         threshold, threshold_factor, noise_rows)
     return BlockSampleOutput(canvas=x, nfe=nfe, reveal_step=reveal_step, token_logprobs=token_logprobs,
                              row_nfe=row_nfe, cache_passes=fwd.cache_passes)
 
 
-def _decode_scheduled(fwd: _ExactBlockForward, record, mask_id: int, block_size: int, steps: int, temperature: float,
-                      score_t: float, remasking: str, generator) -> int:
+def _decode_scheduled(fwd: _ExactBlockForward, record, x_all, start: int, mask_id: int, block_size: int, steps: int,
+                      temperature: float, score_t: float, remasking: str, generator, noise_rows) -> int:
     """The block loop with LLaDA's schedule (as ``generate``'s): fills ``record`` in place; returns ``nfe``."""
     x, reveal_step, token_logprobs = record
     bounds = block_bounds(x.shape[1], block_size)
     nfe = 0
     for block, (lo, hi) in enumerate(bounds):
         fwd.start_block(lo, hi)
-        schedule = num_transfer_tokens(x[:, lo:hi] == mask_id, steps)  # (B, steps)
+        schedule = num_transfer_tokens(x_all[:, lo:hi] == mask_id, steps)  # (B_all, steps)
         for step in range(steps):
             if not bool((schedule[:, step] > 0).any()):
                 continue
+            k = schedule[start : start + x.shape[0], step]  # (B,)
             logits = fwd.logits(x)  # (B, Lb, V)
             nfe += 1
             choice = logits.clone()
             choice[..., mask_id] = float("-inf")  # (never drawn; the confidence keeps the full softmax)
-            x0 = add_gumbel_noise(choice, temperature, generator).argmax(dim=-1)  # (B, Lb)
+            x0 = add_gumbel_noise(choice, temperature, generator, noise_rows).argmax(dim=-1)  # (B, Lb)
             if remasking == "low_confidence":
                 conf = _confidence(logits, x0)
             elif remasking == "random":
-                conf = _uniform(x0.shape, generator, x0.device)
+                conf = _uniform(x0.shape, generator, x0.device, noise_rows)
             else:  # left_to_right
                 conf = -torch.arange(hi - lo, device=x0.device, dtype=torch.float64).expand(x0.shape)
             masked = x[:, lo:hi] == mask_id  # (B, Lb)
@@ -265,7 +277,7 @@ def _decode_scheduled(fwd: _ExactBlockForward, record, mask_id: int, block_size:
             order = conf.argsort(dim=1, descending=True, stable=True)
             rank = torch.empty_like(order).scatter_(1, order, torch.arange(order.shape[1], device=order.device)
                                                     .expand_as(order))  # (B, Lb)
-            reveal = (rank < schedule[:, step, None]) & masked
+            reveal = (rank < k[:, None]) & masked
             x[:, lo:hi] = torch.where(reveal, x0, x[:, lo:hi])
             reveal_step[:, lo:hi] = torch.where(reveal, block * steps + step, reveal_step[:, lo:hi])
             token_logprobs[:, lo:hi] += _revealed_logprobs(logits, x0, reveal, mask_id, score_t)
@@ -275,7 +287,7 @@ def _decode_scheduled(fwd: _ExactBlockForward, record, mask_id: int, block_size:
 
 
 def _decode_threshold(fwd: _ExactBlockForward, record, mask_id: int, block_size: int, temperature: float,
-                      score_t: float, generator, threshold, factor) -> tuple[int, torch.Tensor]:
+                      score_t: float, generator, threshold, factor, noise_rows) -> tuple[int, torch.Tensor]:
     """The block loop of threshold decoding (as ``generate``'s: one generator draw seeds every step's noise, rows
     whose block is decoded leave the pass); returns ``(nfe, row_nfe (B,))``."""
     x, reveal_step, token_logprobs = record
@@ -302,7 +314,7 @@ def _decode_threshold(fwd: _ExactBlockForward, record, mask_id: int, block_size:
             choice[..., mask_id] = float("-inf")
             if temperature > 0:
                 g = _step_generator(seed, block * block_size + step, noise_device)
-                u = _uniform((x.shape[0], *choice.shape[1:]), g, logits.device)  # (B, Lb, V): every row's noise
+                u = _uniform((x.shape[0], *choice.shape[1:]), g, logits.device, noise_rows)  # (B, Lb, V): every row's
                 choice = _gumbel(choice, temperature, u if idx is None else u[idx])
             x0 = choice.argmax(dim=-1)  # (n, Lb)
             rows = slice(None) if idx is None else idx

@@ -133,3 +133,29 @@ def test_the_factor_rule_is_generates_too(policy, prompts):
     ref = generate(BlockCausalPolicy(policy, 8, 4), *prompts, gen_length=8, block_length=4, steps=2,
                    threshold_factor=1.0, temperature=1.0, generator=torch.Generator().manual_seed(6))
     assert torch.equal(ours.canvas, ref.canvas) and torch.equal(ours.reveal_step, ref.reveal_step)
+
+
+@pytest.mark.parametrize(("temperature", "threshold", "remasking"),
+                         [(1.0, None, "low_confidence"), (1.0, None, "random"), (1.0, 0.3, "low_confidence")])
+def test_a_share_of_the_rows_decodes_as_in_the_whole_batch(temperature, threshold, remasking):
+    # one process's rows of a data-parallel batch: the same tokens, records and generator state as the whole batch
+    policy = tiny_block_policy(seed=4)
+    ids, mask = padded_prompts(policy, [3, 1, 5, 2], seed=5)
+    canvas = torch.full((4, 8), policy.mask_token_id)
+    canvas[0, 2] = 7  # (an infill row: its masks still decide which steps run)
+
+    def run(rows):
+        g = torch.Generator().manual_seed(6)
+        out = block_generate(policy, ids, mask, gen_length=8, block_size=4, steps_per_block=2, temperature=temperature,
+                             threshold=threshold, remasking=remasking, canvas=canvas, generator=g, rows=rows)
+        return out, g.get_state()
+
+    whole, state = run(None)
+    for rows in ((0, 2), (1, 4), (3, 4)):
+        part, part_state = run(rows)
+        lo, hi = rows
+        assert torch.equal(part.canvas, whole.canvas[lo:hi]) and torch.equal(part.reveal_step, whole.reveal_step[lo:hi])
+        torch.testing.assert_close(part.token_logprobs, whole.token_logprobs[lo:hi], atol=ATOL, rtol=0)
+        assert torch.equal(part_state, state)
+    with pytest.raises(ValueError, match="rows"):
+        run((2, 2))
