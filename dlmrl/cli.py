@@ -277,12 +277,12 @@ def eval_length_configs(cfg: Config, lengths: tuple[int, ...]) -> list[Config]:
         if cfg.eval.preset != "none":  # (the preset's steps at each length: dlmrl.training.eval_presets)
             from dlmrl.training.eval_presets import PRESETS, preset_length_problem
 
-            problem = preset_length_problem(PRESETS[cfg.eval.preset], length) if cfg.model.kind == "diffusion" else None
+            problem = preset_length_problem(PRESETS[cfg.eval.preset], length) if cfg.model.kind != "ar" else None
             if problem:
                 raise ConfigError(f"--gen-lengths {length}: eval.preset {cfg.eval.preset!r}: {problem}")
             out.append(_validated_length(c, length))
             continue
-        if cfg.model.kind == "diffusion" and steps != int(steps):
+        if cfg.model.kind != "ar" and steps != int(steps):
             raise ConfigError(f"--gen-lengths {length}: eval.steps {cfg.eval.steps} at gen_length "
                               f"{cfg.sampling.gen_length} gives {steps:g} steps at {length}; choose lengths or "
                               "eval.steps that scale to whole steps")
@@ -454,7 +454,9 @@ def main(argv: list[str] | None = None) -> int:
 
                 run = pretrain_multihop
             else:
-                run = pretrain_ar if cfg.kind == "ar" else pretrain
+                from dlmrl.training.pretrain_block import pretrain_block
+
+                run = {"ar": pretrain_ar, "block": pretrain_block}.get(cfg.kind, pretrain)
             print(json.dumps(run(cfg), indent=2))
         except ConfigError as e:
             print(f"dlmrl pretrain: {e}", file=sys.stderr)

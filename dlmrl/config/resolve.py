@@ -113,6 +113,19 @@ def build_estimator(e: EstimatorConfig, name: str | None = None, sampling: Sampl
     return cls.from_config(flat_settings(e), sampling or SamplingConfig(), own)
 
 
+def estimator_sampling(cfg: Config) -> SamplingConfig:
+    """The ``sampling`` section as the estimator sees one denoising run: the config's own, or for ``model.kind:
+    block`` that of one block (``gen_length = block_length = model.block_size``, ``steps`` per block), so the
+    trajectory estimator's NFE counts a block's steps (its passes cover every block at once) and SPG's masks tile
+    the policy's blocks."""
+    s, m = cfg.sampling, cfg.model
+    if m.kind != "block" or not m.block_size:
+        return s
+    blocks = -(-s.gen_length // m.block_size)
+    return dataclasses.replace(s, gen_length=m.block_size, block_length=m.block_size,
+                               steps=max(s.steps // blocks, 1))
+
+
 def resolve_run(cfg: Config, for_training: bool = True) -> RunSpec:
     """The config's :class:`RunSpec`, without :func:`~dlmrl.config.validate`'s range checks (``validate`` returns
     the same object after them; this is for a config known to be valid).
@@ -122,7 +135,7 @@ def resolve_run(cfg: Config, for_training: bool = True) -> RunSpec:
     """
     preset = build_preset(cfg) if for_training else preset_or_none(cfg)
     name, section, chosen_by = estimator_choice(cfg, preset)
-    return RunSpec(preset, name, section, build_estimator(section, name, cfg.sampling), chosen_by)
+    return RunSpec(preset, name, section, build_estimator(section, name, estimator_sampling(cfg)), chosen_by)
 
 
 #: ``train`` keys that are :class:`~dlmrl.objectives.objective.GroupObjective` fields of the same name
@@ -202,7 +215,7 @@ def use_the_algorithms_estimator(cfg: Config, overrides: list[str]) -> bool:
                  for k in (_resolve_key(Config, o.split("=", 1)[0].strip()) for o in overrides))
     untuned = dataclasses.replace(cfg.estimator, options=recipe.estimator.options,
                                   micro_batch=recipe.estimator.micro_batch)
-    if (cfg.model.kind != "diffusion" or cfg.train.algorithm == recipe.train.algorithm or chosen
+    if (cfg.model.kind == "ar" or cfg.train.algorithm == recipe.train.algorithm or chosen
             or untuned != recipe.estimator):
         return False
     cfg.estimator = EstimatorConfig(options=cfg.estimator.options, micro_batch=cfg.estimator.micro_batch)

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dlmrl.kinds import DIFFUSION_KINDS, POLICY_KINDS, base_kind  # noqa: F401 (re-exported)
+
 DEFAULT_TRAIN_CONFIG = "gdpo_sudoku_tiny.yaml"
 
 
@@ -35,12 +37,18 @@ def doc(default: Any, help: str, **kw) -> Any:
 
 @dataclass
 class ModelConfig:
-    kind: str = doc("diffusion", "Policy kind: diffusion (masked-diffusion LM: sampler + ELBO estimator) | ar "
-                                 "(causal LM: generate + exact token log-probs; task.answer_mode full).")
+    kind: str = doc("diffusion", "Policy kind: diffusion (masked-diffusion LM: sampler + ELBO estimator) | block "
+                                 "(block diffusion: blocks of model.block_size written left to right, denoised inside, "
+                                 "exact key/value cache, one-pass composite likelihoods) | ar (causal LM: generate + "
+                                 "exact token log-probs; task.answer_mode full).")
     name_or_path: str = doc("tiny-sudoku", "Checkpoint: local folder, hub id, or 'tiny-sudoku' (shipped diffusion "
                                            "default) / 'tiny-sudoku-ar' (shipped AR default).")
     family: str = doc("auto", "Family adapter (diffusion): auto | llada | dream | masked_lm | tiny; auto reads "
                               "config.json (model_type / architectures / auto_map), a name overrides it.")
+    block_size: int | None = doc(None, "model.kind block: tokens per block B (block-causal attention: bidirectional "
+                                       "inside a block, causal across blocks; B = gen_length is full diffusion, B = 1 "
+                                       "autoregressive); null = the checkpoint's config.json block_size. The sampler "
+                                       "decodes in these blocks (sampling.block_length does not apply).")
     trust_remote_code: bool = doc(False, "Allow the checkpoint's own modeling code (only if you trust it).")
     dtype: str = doc("float32", "Weights dtype: float32 | bfloat16 | float16 | float64. Log-probs are computed in "
                                 "float32 whatever the weights (float64 weights: in float64, for checks where "
@@ -326,8 +334,9 @@ class PretrainConfig:
     """The ``dlmrl pretrain`` config: SFT of a tiny default on Sudoku solutions or on multi-hop tool-use traces
     (masked-diffusion or next-token)."""
 
-    kind: str = doc("diffusion", "Model kind: 'diffusion' (bidirectional, masked-diffusion SFT, infill) or 'ar' "
-                                 "(causal, next-token SFT on d1's full format).")
+    kind: str = doc("diffusion", "Model kind: 'diffusion' (bidirectional, masked-diffusion SFT, infill), 'block' "
+                                 "(block-causal, block-ELBO SFT on d1's full format, dlmrl.training.pretrain_block) or "
+                                 "'ar' (causal, next-token SFT on d1's full format).")
     output_dir: str = doc("runs/pretrain_tiny", "Where the checkpoint (config, tokenizer, safetensors) is saved.")
     seed: int = doc(0, "Seed for initialisation, data and masks.")
     steps: int = doc(300, "Optimizer steps.")
@@ -346,6 +355,8 @@ class PretrainConfig:
                               "traces, dlmrl.training.pretrain_multihop).")
     task_options: dict = field(default_factory=dict, metadata={"help": (
         "multihop: the task's settings (MultiHopOptions: kb_seed, kb_scale, hops, ...), as task.options of a run.")})
+    block_sizes: str = doc("1,2,4,8,16", "kind block: the block sizes trained on, one drawn per batch (a comma "
+                                         "list); the model serves each of them.")
     sft_forms: str = doc("trace,memory", "multihop: the SFT pairs, a comma list of trace (prompt = question, "
                                          "completion = the whole trace) | react | memory (one pair per turn in that "
                                          "episode context mode).")

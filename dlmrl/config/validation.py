@@ -13,17 +13,22 @@ from dlmrl.config.resolve import (
     build_estimator,
     build_preset,
     estimator_choice,
+    estimator_sampling,
     flat_settings,
     preset_or_none,
     use_the_algorithms_estimator,
 )
 from dlmrl.config.schema import (
+    DIFFUSION_KINDS,
+    POLICY_KINDS,
     SCHEDULERS,
     Config,
     EstimatorConfig,
     ModelConfig,
     PretrainConfig,
+    SamplingConfig,
     TaskConfig,
+    base_kind,
     default_config_path,
 )
 from dlmrl.config.task_options import check_task, check_task_keys, task_class, task_key, task_options
@@ -66,7 +71,7 @@ def check_eval_protocol(cfg: Config, for_training: bool = True) -> None:
     problem = protocol_problem(protocol, t.name, t.answer_mode)
     _check(problem is None, "eval.protocol" if ev.protocol else "eval.preset",
            f"{problem}{f' (the protocol of preset {ev.preset!r}; set eval.protocol: strict)' if not ev.protocol else ''}")
-    if preset is not None and cfg.model.kind == "diffusion":
+    if preset is not None and cfg.model.kind in DIFFUSION_KINDS:
         # `dlmrl eval` decodes the preset's lengths; a training run's held-out evaluations decode sampling.gen_length
         during_training = for_training and (ev.before or ev.after or ev.eval_steps)
         for length in (cfg.sampling.gen_length,) if during_training else preset.gen_lengths:
@@ -93,7 +98,7 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
     from dlmrl.estimators import ESTIMATORS, PlanEstimator, Trajectory
 
     m, t, s, tr, ev = cfg.model, cfg.task, cfg.sampling, cfg.train, cfg.eval
-    _check(m.kind in ("diffusion", "ar"), "model.kind", f"unknown policy kind {m.kind!r}; use diffusion or ar")
+    _check(m.kind in POLICY_KINDS, "model.kind", f"unknown policy kind {m.kind!r}; use {', '.join(POLICY_KINDS)}")
     # (first: a preset on the wrong policy kind is the likeliest mistake to report)
     preset = _check_algorithm(cfg) if for_training else preset_or_none(cfg)
     from dlmrl.models.families import FAMILIES
@@ -102,10 +107,12 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
            f"unknown family {m.family!r}; known: auto, {', '.join(FAMILIES.names())}")
     from dlmrl.models.ar import SHIPPED_AR
 
-    shipped = {"diffusion": ("tiny-sudoku",), "ar": tuple(SHIPPED_AR)}  # (the shipped names of each kind)
-    _check(m.name_or_path not in shipped["ar" if m.kind == "diffusion" else "diffusion"], "model.name_or_path",
-           f"{m.name_or_path!r} is a shipped {'AR' if m.kind == 'diffusion' else 'diffusion'} model; "
-           f"model.kind is {m.kind!r} (use {' or '.join(map(repr, shipped[m.kind]))} or set model.kind)")
+    shipped = {"diffusion": ("tiny-sudoku",), "block": ("tiny-sudoku-block",), "ar": tuple(SHIPPED_AR)}
+    other = next((k for k, names in shipped.items() if k != m.kind and m.name_or_path in names), None)
+    _check(other is None, "model.name_or_path",
+           f"{m.name_or_path!r} is a shipped {other} model; model.kind is {m.kind!r} (use "
+           f"{' or '.join(map(repr, shipped[m.kind]))} or set model.kind {other})")
+    _check_block_size(cfg)
     sudoku_grid = t.name == "sudoku" and t.answer_mode != "text"  # (the tiny model's 16-cell canvas)
     _check(m.kind != "ar" or not sudoku_grid or t.answer_mode == "full", "task.answer_mode",
            "model.kind 'ar' generates the whole grid left to right: use answer_mode full (or text)")
@@ -138,9 +145,12 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
            f"the sudoku task's canvas is 16 cells with answer_mode {t.answer_mode!r}; set 16 (answer_mode text "
            "takes any length)")
     _check(s.gen_length >= 1 and s.block_length >= 1, "sampling.gen_length", "lengths must be >= 1")
-    _check(s.gen_length % s.block_length == 0, "sampling.block_length",
-           f"gen_length {s.gen_length} is not divisible by block_length {s.block_length}")
-    blocks = s.gen_length // s.block_length
+    if m.kind == "block":  # (the sampler decodes in the model's blocks; the last may be shorter)
+        blocks = -(-s.gen_length // m.block_size)
+    else:
+        _check(s.gen_length % s.block_length == 0, "sampling.block_length",
+               f"gen_length {s.gen_length} is not divisible by block_length {s.block_length}")
+        blocks = s.gen_length // s.block_length
     for key, steps in (("sampling.steps", s.steps), ("eval.steps", ev.steps)):
         if key == "eval.steps" and ev.preset != "none":  # (the preset's steps and blocks: check_eval_protocol)
             continue
@@ -165,14 +175,14 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
     _check(cls.trainable, "estimator.name", f"{name!r} is not a training estimator (its class sets trainable = False: "
                                             f"NFE {cls.nfe_formula or 'of its own'}; it is for analysis, dlmrl "
                                             "estimators); train with 'sdmc'")
-    _check(not (issubclass(cls, Trajectory) and m.kind == "diffusion" and s.cfg_scale > 0), "sampling.cfg_scale",
+    _check(not (issubclass(cls, Trajectory) and m.kind in DIFFUSION_KINDS and s.cfg_scale > 0), "sampling.cfg_scale",
            "the trajectory estimator scores the sampler's own token distribution, but with classifier-free "
            "guidance the sampler draws from guided logits the scorer does not compute; set cfg_scale 0 or use an "
            "ELBO estimator")
     _check(not (name == "double_mc" and e.masking == "reference" and "masking" not in e.options), "estimator.masking",
            "double_mc with 'reference' masking has infinite expectation (weight 1/t near t = 0); "
            "use exact_count or bernoulli")
-    estimator = build_estimator(e, name, s)  # (a value the class rejects: ConfigError naming the key that set it)
+    estimator = build_estimator(e, name, estimator_sampling(cfg))  # (a value the class rejects: ConfigError naming the key that set it)
     _warn_estimator_fields(cfg, name, estimator, e)
     _check_spg_blocks(cfg, estimator, e)
     _check(e.merge <= 1 << 20, "estimator.merge", f"must be at most 2^20 (any merge >= the steps scores one canvas), "
@@ -200,6 +210,37 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
     return RunSpec(preset, name, e, estimator, chosen_by)
 
 
+def _check_block_size(cfg: Config) -> None:
+    """``model.block_size``: the block kind's block (an integer >= 1, at most the completion; resolved from the
+    checkpoint's config.json when null), no guidance, and ``sampling.block_length`` left alone or equal to it.
+    Other kinds: unset."""
+    m, s = cfg.model, cfg.sampling
+    if m.kind != "block":
+        _check(m.block_size is None, "model.block_size",
+               f"is the block size of a block-diffusion policy; model.kind is {m.kind!r} (set model.kind block, or "
+               "remove model.block_size; a full-diffusion sampler's semi-autoregressive block is sampling.block_length)")
+        return
+    if m.block_size is None:
+        from dlmrl.models.loading import checkpoint_block_size
+
+        m.block_size = checkpoint_block_size(m.name_or_path)
+        _check(m.block_size is not None, "model.block_size",
+               f"model.kind block needs a block size, and {m.name_or_path!r} has no readable config.json block_size; "
+               "set model.block_size")
+    b = m.block_size
+    _check(isinstance(b, int) and not isinstance(b, bool) and b >= 1, "model.block_size",
+           f"must be an integer >= 1, got {b!r}")
+    _check(b <= s.gen_length, "model.block_size",
+           f"{b} is longer than the completion (sampling.gen_length {s.gen_length}); one block is "
+           f"model.block_size {s.gen_length}")
+    default_length = SamplingConfig().block_length
+    _check(s.block_length in (default_length, b), "sampling.block_length",
+           f"does not apply to model.kind block, which decodes in the model's blocks (model.block_size {b}); remove "
+           f"it (got {s.block_length})")
+    _check(s.cfg_scale == 0, "sampling.cfg_scale", "classifier-free guidance is not implemented for model.kind block "
+                                                   "(set it 0)")
+
+
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -218,7 +259,7 @@ def _check_threshold(cfg: Config) -> None:
         _check(s.remasking == "low_confidence", key,
                f"compares the model's confidence in its drawn token: needs sampling.remasking low_confidence "
                f"(got {s.remasking!r})")
-        _check(cfg.model.kind == "diffusion", key,
+        _check(cfg.model.kind in DIFFUSION_KINDS, key,
                "is a diffusion-sampler setting; model.kind 'ar' decodes left to right (set it null)")
 
 
@@ -231,6 +272,9 @@ def _check_cache(cfg: Config) -> None:
     _check(s.cache in CACHE_MODES, "sampling.cache", f"must be one of {', '.join(CACHE_MODES)}, got {s.cache!r}")
     if s.cache == "none":
         return
+    _check(cfg.model.kind != "block", "sampling.cache",
+           "is the approximate block cache of a bidirectional model; model.kind 'block' always decodes with its exact "
+           "key/value cache of finished blocks (set it none)")
     _check(cfg.model.kind == "diffusion", "sampling.cache",
            "is the diffusion sampler's block cache; model.kind 'ar' decodes with transformers' own key/value cache "
            "(set it none)")
@@ -276,7 +320,7 @@ def _check_rollout_is_cap(cfg: Config, estimator) -> None:
     _check(_is_number(cap) and cap >= 1, "train.rollout_is_cap",
            f"must be >= 1 (a cap below 1 would scale down tokens the rollout drew exactly as the policy would) or "
            f"null, got {cap!r}")
-    _check(cfg.model.kind == "diffusion", "train.rollout_is_cap",
+    _check(cfg.model.kind in DIFFUSION_KINDS, "train.rollout_is_cap",
            "corrects diffusion rollouts; model.kind 'ar' rollouts record no log-probs (set it null)")
     from dlmrl.estimators import Trajectory
 
@@ -312,7 +356,7 @@ def _warn_estimator_fields(cfg: Config, name: str, estimator, e: EstimatorConfig
 
     from dlmrl.estimators import Coupled, DoubleMC
 
-    if cfg.model.kind != "diffusion":
+    if cfg.model.kind not in DIFFUSION_KINDS:
         return
     flat = flat_settings(e)
     reads = type(estimator).reads(flat)
@@ -371,7 +415,7 @@ def _check_algorithm(cfg: Config):
     _check(eps_high is None or eps_high >= eps, "train.epsilon_high",
            f"the upper clip {eps_high} is below the lower one (epsilon {eps}); clip-higher needs epsilon_high >= "
            "epsilon")
-    _check(kind in preset.policies, "train.algorithm",
+    _check(base_kind(kind) in preset.policies, "train.algorithm",
            f"{tr.algorithm!r} runs on {' and '.join(preset.policies)} policies only, but model.kind is {kind!r}")
     _check(preset.adaptive_temperature_tau is None or kind == "ar", "train.algorithm",
            f"{tr.algorithm!r} samples with HAPO's adaptive temperature, which needs model.kind 'ar'")
@@ -470,7 +514,7 @@ def _check_reward_funcs(cfg: Config):
 
 def validate_pretrain(cfg: PretrainConfig) -> None:
     """Check a pretrain config. Raises ``ConfigError`` naming the key."""
-    _check(cfg.kind in ("diffusion", "ar"), "kind", f"unknown model kind {cfg.kind!r}; use diffusion or ar")
+    _check(cfg.kind in POLICY_KINDS, "kind", f"unknown model kind {cfg.kind!r}; use {', '.join(POLICY_KINDS)}")
     for key in ("steps", "batch_size", "hidden_size", "num_layers", "num_heads", "intermediate_size", "eval_puzzles"):
         _check(getattr(cfg, key) >= 1, key, "must be >= 1")
     _check(cfg.hidden_size % cfg.num_heads == 0, "num_heads", "must divide hidden_size")
@@ -478,6 +522,14 @@ def validate_pretrain(cfg: PretrainConfig) -> None:
     _check(1 <= cfg.min_blanks <= cfg.max_blanks <= 12, "min_blanks", "need 1 <= min_blanks <= max_blanks <= 12")
     _check(cfg.task in ("sudoku", "multihop"), "task", f"unknown pretraining task {cfg.task!r}; use sudoku or multihop")
     _check(cfg.task == "multihop" or not cfg.task_options, "task_options", "only the multihop pretraining reads them")
+    _check(cfg.kind != "block" or cfg.task == "sudoku", "kind", "the block pretraining SFTs on sudoku (task: sudoku)")
+    if cfg.kind == "block":
+        from dlmrl.kinds import parse_block_sizes
+
+        try:
+            parse_block_sizes(cfg.block_sizes)
+        except ValueError as e:
+            raise ConfigError(f"config key 'block_sizes': {e}") from None
 
 
 def default_job_config(overrides: list[str] | tuple[str, ...] = ()) -> Config:

@@ -192,7 +192,8 @@ def model_attention_mask(model: torch.nn.Module, mask4d: torch.Tensor) -> torch.
         ValueError: for an attention implementation that cannot take an arbitrary dense mask (flash attention,
             flex attention: not supported here).
     """
-    impl = getattr(getattr(model, "config", None), "_attn_implementation", "sdpa") or "sdpa"
+    inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model  # (DDP: no config)
+    impl = getattr(getattr(inner, "config", None), "_attn_implementation", "sdpa") or "sdpa"
     if impl == "sdpa":
         return mask4d
     if impl == "eager":

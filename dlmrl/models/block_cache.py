@@ -50,7 +50,8 @@ CachedLogitsFn = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Te
 
 def _cache_keyword(model: torch.nn.Module) -> str:
     """The name ``model.forward`` takes its cache under: ``cache`` (transformers >= 5.x) or ``past_key_values``."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # (a peft wrapper passes kwargs on)
+    base = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model  # (DDP: *args)
+    base = base.get_base_model() if hasattr(base, "get_base_model") else base  # (a peft wrapper passes kwargs on)
     params = inspect.signature(base.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 

@@ -30,6 +30,7 @@ from dlmrl.models.block_attention import (
     check_block_size,
     hf_block_forward,
 )
+from dlmrl.models.block_sampler import block_generate
 from dlmrl.models.policy import MaskedDiffusionPolicy
 
 
@@ -78,6 +79,27 @@ class BlockDiffusionPolicy(MaskedDiffusionPolicy):
         logits = self.model_fn(ids, block_causal_mask(pm, length, self.block_size), block_position_ids(pm, length))
         logits = logits[:, p:]
         return logits if logits.dtype == torch.float64 else logits.float()
+
+    def sample_blocks(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, gen_length: int, steps: int,
+                      temperature: float = 0.0, remasking: str = "low_confidence", threshold: float | None = None,
+                      threshold_factor: float | None = None, canvas: torch.Tensor | None = None,
+                      generator: torch.Generator | None = None, rows: tuple[int, int] | None = None,
+                      cache: bool = True):
+        """:func:`~dlmrl.models.block_sampler.block_generate` in this policy's blocks with ``steps`` total denoising
+        steps split evenly over its ``⌈gen_length / block_size⌉`` blocks (with a threshold: checked, not used), the
+        way :func:`~dlmrl.models.sampler.generate` splits them over its blocks.
+
+        Raises:
+            ValueError: if ``steps`` is not a positive multiple of the number of blocks, or as ``block_generate``.
+        """
+        blocks = check_block_size(gen_length, self.block_size)
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < blocks or steps % blocks:
+            raise ValueError(f"{steps} steps do not split evenly over {blocks} blocks of {self.block_size} tokens")
+        adaptive = threshold is not None or threshold_factor is not None
+        return block_generate(self, prompt_ids, prompt_mask, gen_length=gen_length, block_size=self.block_size,
+                              steps_per_block=None if adaptive else steps // blocks, temperature=temperature,
+                              remasking=remasking, threshold=threshold, threshold_factor=threshold_factor,
+                              canvas=canvas, generator=generator, cache=cache, forward=self.forward, rows=rows)
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         raise TypeError("a block-diffusion policy needs to know where its prompt ends: call "

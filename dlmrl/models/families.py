@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dlmrl.models.block_attention import BlockForwardFn, hf_block_forward
 from dlmrl.models.block_cache import CachedLogitsFn, hf_cached_logits
 from dlmrl.models.compat import load_checkpoint_model
 from dlmrl.registry import Registry
@@ -61,6 +62,9 @@ class Family:
         activation_checkpointing: ``(model) -> None`` turning on the checkpoint code's own activation
             checkpointing, for classes that do not support ``transformers``' ``gradient_checkpointing_enable``
             (``None``: use that).
+        block_forward: a :data:`dlmrl.models.block_attention.BlockForwardFn` (a pass under an explicit 4-D mask with
+            an optional key/value cache) for ``model.kind: block``, or ``None`` when the family's model code cannot run
+            block-causally.
     """
 
     load: Callable[[str, bool, torch.dtype], nn.Module]
@@ -70,6 +74,7 @@ class Family:
     cached_logits: CachedLogitsFn | None = None
     no_cache_reason: str = ""
     activation_checkpointing: Callable[[nn.Module], None] | None = None
+    block_forward: BlockForwardFn | None = None
 
 
 FAMILIES: Registry[Family] = Registry("model family")
@@ -297,7 +302,8 @@ def _is_tiny(config) -> bool:
 
 
 FAMILIES.register("tiny")(
-    Family(load=_load_causal_lm, logits=_tiny_logits, detect=_is_tiny, cached_logits=hf_cached_logits)
+    Family(load=_load_causal_lm, logits=_tiny_logits, detect=_is_tiny, cached_logits=hf_cached_logits,
+           block_forward=hf_block_forward)
 )
 FAMILIES.register("masked_lm")(
     Family(load=_load_masked_lm, logits=_masked_lm_logits, detect=_is_masked_lm,

@@ -19,14 +19,40 @@ from dlmrl.models.policy import MaskedDiffusionPolicy
 
 #: Name that resolves to the tiny Sudoku denoiser shipped in ``dlmrl/assets``.
 TINY_DEFAULT = "tiny-sudoku"
+#: Name of the shipped tiny block-diffusion Sudoku model (``model.kind: block``; trained on block sizes 1-16).
+TINY_BLOCK_DEFAULT = "tiny-sudoku-block"
+_SHIPPED = {TINY_DEFAULT: "tiny_sudoku", TINY_BLOCK_DEFAULT: "tiny_sudoku_block"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """``tiny-sudoku`` → the shipped checkpoint folder; anything else is returned unchanged."""
-    if name_or_path == TINY_DEFAULT:
-        return str(resources.files("dlmrl") / "assets" / "tiny_sudoku")
+    """``tiny-sudoku`` / ``tiny-sudoku-block`` → the shipped checkpoint folder; anything else is returned unchanged."""
+    if name_or_path in _SHIPPED:
+        return str(resources.files("dlmrl") / "assets" / _SHIPPED[name_or_path])
     return name_or_path
+
+
+def checkpoint_block_size(name_or_path: str) -> int | None:
+    """The ``block_size`` a block-diffusion checkpoint's ``config.json`` records (SDAR's configs and dlmrl's tiny
+    block model carry one), following a LoRA adapter folder to its base model; ``None`` when there is none or the
+    config cannot be read (a hub id is looked up like any config)."""
+    import json
+
+    from dlmrl.models.lora import BASE_NOTE
+
+    adapter = find_adapter(name_or_path)
+    if adapter is not None:  # (a block run's adapter records the block size it was trained with)
+        note = Path(adapter.path) / BASE_NOTE
+        if note.is_file() and isinstance(json.loads(note.read_text()).get("block_size"), int):
+            return json.loads(note.read_text())["block_size"]
+    path = resolve_model_path(adapter.base_model_name_or_path if adapter is not None else name_or_path)
+    if looks_local(path) and not Path(path).exists():
+        return None
+    try:
+        value = read_checkpoint_config(path).get("block_size")
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
 def looks_local(name_or_path: str) -> bool:
@@ -180,6 +206,41 @@ def _assemble_policy(model, tokenizer, config: dict, family: str, mask_token_id:
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+
+
+def load_block_policy(
+    name_or_path: str = TINY_BLOCK_DEFAULT,
+    block_size: int | None = None,
+    family: str = "auto",
+    trust_remote_code: bool = False,
+    dtype: str = "float32",
+    device: str | torch.device = "cpu",
+    mask_token_id: int | None = None,
+):
+    """Load a block-diffusion policy: :func:`load_policy`'s model and tokenizer run block-causally.
+
+    Args:
+        block_size: tokens per block; ``None`` = the checkpoint's ``config.json`` ``block_size``
+            (:func:`checkpoint_block_size`). Other arguments as :func:`load_policy`.
+    Returns:
+        :class:`~dlmrl.models.block_policy.BlockDiffusionPolicy`.
+    Raises:
+        ValueError: as :func:`load_policy`; no block size given or recorded; a family whose model code takes no
+            4-D attention mask (``llada``, ``dream``, ``masked_lm``: bidirectional checkpoints without a block
+            layout; ``tiny`` covers ``transformers`` decoders such as Llama and Qwen).
+    """
+    from dlmrl.models.block_policy import block_policy_from
+
+    block_size = block_size if block_size is not None else checkpoint_block_size(name_or_path)
+    if block_size is None:
+        raise ValueError(f"{name_or_path}: no block size given and config.json records none (set model.block_size)")
+    policy = load_policy(name_or_path, family, trust_remote_code, dtype, device, mask_token_id)
+    fam = FAMILIES.get(policy.family)
+    if fam.block_forward is None:
+        raise ValueError(f"{name_or_path}: family {policy.family!r} has no block-causal forward (its model code takes "
+                         "no 4-D attention mask); model.kind block runs families "
+                         f"{', '.join(n for n in FAMILIES.names() if FAMILIES.get(n).block_forward is not None)}")
+    return block_policy_from(policy, block_size, fam.block_forward)
 
 
 def diffusion_policy_from_model(model, tokenizer, family: str = "auto",

@@ -239,7 +239,7 @@ class AdapterDisabledPolicy:
     """The base model of a LoRA policy as a policy: the same object, scored with the adapter switched off.
 
     Calls (``__call__`` of a diffusion policy: ``(input_ids (B, T) long, attention_mask (B, T)) -> (B, T, V)``
-    float32 logits; ``token_logprobs`` of an AR policy: ``(B, L)`` float32 log-probs and entropies) run inside
+    float32 logits; ``completion_logits`` of a block-diffusion policy; ``token_logprobs`` of an AR policy: ``(B, L)`` float32 log-probs and entropies) run inside
     ``PeftModel.disable_adapter()``, so they score the frozen base weights, i.e. the initial model of a run
     that started from a fresh adapter, however far the adapter has trained. Every other attribute
     (``mask_token_id``, ``tokenizer``, ``model``, ``device``, ...) is the wrapped policy's: no weights are
@@ -278,7 +278,13 @@ class AdapterDisabledPolicy:
     def __getattr__(self, name: str):
         if name == "policy":  # (not yet set: during unpickling)
             raise AttributeError(name)
-        return getattr(self.policy, name)
+        value = getattr(self.policy, name)
+        if name == "completion_logits":  # (a block-diffusion policy's scoring pass: the base's, like __call__)
+            def without_adapter(*args, **kwargs):
+                with self.adapter_disabled():
+                    return value(*args, **kwargs)
+            return without_adapter
+        return value
 
 
 # -- adapter folders ---------------------------------------------------------------------------------------
@@ -364,7 +370,9 @@ def attach_adapter(model: nn.Module, adapter: AdapterInfo, trainable: bool = Fal
 
 def check_adapter_kind(adapter: AdapterInfo, kind: str) -> None:
     """Raise ``ValueError`` when the adapter was trained on the other policy kind (``diffusion`` / ``ar``)."""
-    if adapter.kind is not None and adapter.kind != kind:
+    from dlmrl.kinds import base_kind
+
+    if adapter.kind is not None and base_kind(adapter.kind) != base_kind(kind):  # (a block adapter: a diffusion one)
         loader = "load_ar_policy (model.kind=ar)" if adapter.kind == "ar" else "load_policy (model.kind=diffusion)"
         raise ValueError(f"{adapter.path}: this adapter was trained on a {adapter.kind!r} policy over "
                          f"{adapter.base_model_name_or_path!r}; load it with {loader}")
@@ -380,7 +388,10 @@ def save_final_model(model: nn.Module, tokenizer, path: str | Path, model_cfg=No
     """
     path = Path(path)
     peft_model = peft_model_of(model)
+    block_size = getattr(model_cfg, "block_size", None) if model_cfg is not None else None
     if peft_model is None:
+        if block_size is not None:  # (a block-diffusion run: its block size travels with the weights' config.json)
+            model.config.block_size = block_size
         model.save_pretrained(path, safe_serialization=True)
     else:
         # (embeddings are never targeted; 'auto' would look the base up on the hub to compare vocabularies)
@@ -390,6 +401,8 @@ def save_final_model(model: nn.Module, tokenizer, path: str | Path, model_cfg=No
         if model_cfg is not None:
             note.update(kind=model_cfg.kind, family=model_cfg.family, dtype=model_cfg.dtype,
                         trust_remote_code=model_cfg.trust_remote_code)
+            if block_size is not None:
+                note["block_size"] = block_size
         (path / BASE_NOTE).write_text(json.dumps(note, indent=2) + "\n")
     if tokenizer is not None:
         tokenizer.save_pretrained(path)

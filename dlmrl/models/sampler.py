@@ -281,9 +281,14 @@ def generate(
     this also overwrites filled positions of an infilling canvas that lie after an EOS). Without
     it the canvas is returned as decoded.
 
+    Block-diffusion policies (:class:`~dlmrl.models.block_policy.BlockDiffusionPolicy`) decode in their own blocks
+    with an exact key/value cache (:meth:`~dlmrl.models.block_policy.BlockDiffusionPolicy.sample_blocks`, the same
+    rules): ``block_length`` is not used, ``steps`` are split over the policy's blocks, ``cfg_scale`` must be 0 and
+    ``cache`` ``"none"``.
+
     Args:
         policy: callable ``(input_ids (B, T) long, attention_mask (B, T) bool) -> (B, T, V)`` with a
-            ``mask_token_id`` attribute, e.g. a ``MaskedDiffusionPolicy``.
+            ``mask_token_id`` attribute, e.g. a ``MaskedDiffusionPolicy``; or a block-diffusion policy.
         prompt_ids: ``(B, P)`` long, left-padded prompts.
         prompt_mask: ``(B, P)`` bool, True on real prompt tokens.
         gen_length: canvas length ``L``.
@@ -325,6 +330,19 @@ def generate(
     2505.22618, NVlabs/Fast-dLLM ``llada/generate.py`` (``generate`` with ``threshold`` / ``factor``,
     ``generate_with_prefix_cache``, ``generate_with_dual_cache``).
     """
+    sample_blocks = getattr(policy, "sample_blocks", None)
+    if sample_blocks is not None:
+        if cfg_scale != 0 or cache != "none":
+            raise ValueError("a block-diffusion policy decodes with its exact cache and no classifier-free guidance: "
+                             f"cfg_scale must be 0 and cache 'none' (got {cfg_scale}, {cache!r})")
+        out = sample_blocks(prompt_ids, prompt_mask, gen_length=gen_length, steps=steps, temperature=temperature,
+                            remasking=remasking, threshold=threshold, threshold_factor=threshold_factor, canvas=canvas,
+                            generator=generator, rows=rows)
+        if fill_after_eos:
+            if eos_token_id is None:
+                raise ValueError("fill_after_eos needs eos_token_id")
+            out.canvas = fill_after_first(out.canvas, eos_token_id)
+        return out
     num_blocks, block_steps = _validate(
         prompt_ids,
         prompt_mask,

@@ -31,7 +31,7 @@ def _model_section(cfg: Config) -> dict:
         out["source"] = f"local folder {path}"
         if (path / "adapter_config.json").is_file():
             out["source"] += " (a LoRA adapter: its base model is loaded with it)"
-        elif (path / "config.json").is_file() and m.kind == "diffusion":
+        elif (path / "config.json").is_file() and m.kind in ("diffusion", "block"):
             from dlmrl.models.families import detect_family
             from dlmrl.models.loading import needs_remote_code, read_checkpoint_config
 
@@ -45,7 +45,11 @@ def _model_section(cfg: Config) -> dict:
             out["remote_code"] = needs_remote_code(config)
     else:
         out["source"] = "hub id (not contacted by --dry-run; downloaded by the run)"
-    if m.kind == "diffusion":
+    if m.kind == "block":
+        out["block_size"] = m.block_size
+        out["attention"] = (f"block-causal: blocks of {m.block_size} tokens, bidirectional inside a block, causal "
+                            "across blocks (the prompt is one clean block every block attends)")
+    if m.kind in ("diffusion", "block"):
         out["family"] = family
         from dlmrl.models.families import FAMILIES
 
@@ -177,7 +181,7 @@ def written_tokens(cfg: Config) -> tuple[int, int, float] | None:
     whole canvas is written. From the training file's puzzles when one is set, else the generator's blank range
     (uniform, so the mean is its midpoint)."""
     t = cfg.task
-    if cfg.model.kind != "diffusion" or t.name != "sudoku" or t.answer_mode != "infill":
+    if cfg.model.kind not in ("diffusion", "block") or t.name != "sudoku" or t.answer_mode != "infill":
         return None
     if t.train_file:
         from dlmrl.data.sudoku import load_sudoku_file
@@ -193,6 +197,8 @@ def _sampler_section(cfg: Config, written: tuple[int, int, float] | None) -> dic
     if cfg.model.kind == "ar":
         return {"kind": "left to right (generate)", "max_new_tokens": length + 1, "temperature": s.temperature,
                 "nfe_per_completion": length + 1}
+    if cfg.model.kind == "block":
+        return _block_sampler_section(cfg, written)
     blocks = length // s.block_length
     cfg_factor = 2 if s.cfg_scale > 0 else 1
     out = {"gen_length": length, "block_length": s.block_length, "blocks": blocks, "steps": s.steps,
@@ -225,6 +231,31 @@ def _sampler_section(cfg: Config, written: tuple[int, int, float] | None) -> dic
     if s.adaptive or s.cache != "none":
         out["eval"]["decoding"] = ("the plain schedule (eval.steps), no cache; the threshold and the cache apply to "
                                    "rollouts")
+    return out
+
+
+def _block_sampler_section(cfg: Config, written: tuple[int, int, float] | None) -> dict:
+    """The block-diffusion sampler: blocks of ``model.block_size`` left to right, each denoised against the exact
+    key/value cache of the prompt and the finished blocks (``block_generate``)."""
+    s, ev, b = cfg.sampling, cfg.eval, cfg.model.block_size
+    length = s.gen_length
+    blocks = -(-length // b)
+    per_block = s.steps // blocks
+    out = {"kind": "block diffusion (block_generate)", "gen_length": length, "block_size": b, "blocks": blocks,
+           "steps": s.steps, "steps_per_block": per_block,
+           "tokens_per_step": round((written[2] if written else length) / s.steps, 3),
+           "temperature": s.temperature, "remasking": s.remasking, "threshold": s.threshold,
+           "threshold_factor": s.threshold_factor,
+           "cache": "exact key/value cache of the prompt and the finished blocks (built once per block)",
+           "nfe_per_completion": s.steps, "cache_passes_per_completion": blocks}
+    if s.adaptive:
+        out.update({"decoding": "threshold (Fast-dLLM) inside each block, at least one token per step",
+                    "steps_per_block": f"1 to {b} (data-dependent)", "tokens_per_step": "at least 1",
+                    "nfe_per_completion": f"at most {length} (data-dependent)"})
+    if ev.preset == "none":
+        out["eval"] = {"steps": ev.steps, "steps_per_block": ev.steps // blocks if ev.steps % blocks == 0 else None,
+                       "temperature": ev.temperature, "batch_size": ev.batch_size,
+                       "examples": ev.num_puzzles or "the whole held-out split"}
     return out
 
 
@@ -262,8 +293,10 @@ def _sizes_section(cfg: Config, nfe_scoring: int, processes: int, written: tuple
     if written is not None:
         out["completion_tokens_note"] = (f"mean over the data: {rows} completions x {written[2]:g} blank cells "
                                          f"(infill; the canvas is {length} tokens, {rows * length} in all)")
-    if cfg.model.kind == "diffusion":
+    if cfg.model.kind in ("diffusion", "block"):
         canvases = rows * nfe_scoring
+        if cfg.model.kind == "block":  # (each scoring canvas is a composite pass over [prompt | noisy | clean])
+            out["scoring_pass"] = "composite: every block's noised copy next to the clean completion, 2L positions"
         out["scoring_canvases_per_update"] = canvases  # (at most, for data-dependent NFE)
         out["canvases_per_forward"] = min(e.micro_batch, canvases) if e.micro_batch else canvases
         out["scoring"] = ("two-pass chunks of estimator.micro_batch (memory of one chunk)"

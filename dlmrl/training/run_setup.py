@@ -157,7 +157,7 @@ def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None)
     scorer = (ARScorer(policy, ref, old_scores=objective.needs_old_scores, share_forward=processes.count == 1)
               if is_ar else
               DiffusionScorer(policy, ref, build_estimator(cfg, spec), cfg.estimator.micro_batch or None,
-                              old_scores=objective.needs_old_scores))
+                              old_scores=objective.needs_old_scores, block_size=cfg.model.block_size))
     delimiters = delimiter_token_ids(policy.tokenizer) if "segment_ids" in preset.required_inputs else None
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=tr.learning_rate, betas=(tr.adam_beta1, tr.adam_beta2),
                                   weight_decay=tr.weight_decay)
@@ -241,7 +241,12 @@ def load_configured_policy(cfg: Config):
             from dlmrl.models.ar import load_ar_policy
 
             return load_ar_policy(m.name_or_path, m.trust_remote_code, m.dtype)
-        policy = load_policy(m.name_or_path, m.family, m.trust_remote_code, m.dtype)
+        if m.kind == "block":
+            from dlmrl.models.loading import load_block_policy
+
+            policy = load_block_policy(m.name_or_path, m.block_size, m.family, m.trust_remote_code, m.dtype)
+        else:
+            policy = load_policy(m.name_or_path, m.family, m.trust_remote_code, m.dtype)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model.name_or_path {m.name_or_path!r} (family {m.family!r}) cannot be loaded: {e}") from e
     check_policy(cfg, policy)
@@ -256,11 +261,16 @@ def check_policy(cfg: Config, policy) -> None:
         ConfigError: naming ``model.kind`` or ``sampling.cache``.
     """
     from dlmrl.models.ar import AutoregressivePolicy
+    from dlmrl.models.block_policy import BlockDiffusionPolicy
 
-    kind = "ar" if isinstance(policy, AutoregressivePolicy) else "diffusion"
+    kind = "ar" if isinstance(policy, AutoregressivePolicy) else "block" if isinstance(policy, BlockDiffusionPolicy) \
+        else "diffusion"
     if kind != cfg.model.kind:
         raise ConfigError(f"config key 'model.kind': the policy is a {kind} policy ({type(policy).__name__}) but "
                           f"model.kind is {cfg.model.kind!r}")
+    if kind == "block" and policy.block_size != cfg.model.block_size:
+        raise ConfigError(f"config key 'model.block_size': the policy's block size is {policy.block_size} but "
+                          f"model.block_size is {cfg.model.block_size}")
     if cfg.sampling.cache != "none" and kind == "diffusion":  # (a detected family is known only now)
         check_cache_family(policy.family, cfg.sampling.cache, cfg.model.name_or_path)
 

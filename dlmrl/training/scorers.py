@@ -3,7 +3,8 @@ once per batch (:meth:`prepare`), then one scored backward per μ update (:meth:
 
 - ``diffusion`` (:class:`DiffusionScorer`): an estimator's per-token ELBO contributions on
   :class:`~dlmrl.estimators.mask_plan.MaskPlan` s (one fresh plan per μ update, shared by old/new/reference),
-  gradients through :func:`~dlmrl.estimators.scoring.score_and_backward`.
+  gradients through :func:`~dlmrl.estimators.scoring.score_and_backward`; ``block`` the same with plans drawn per
+  block (:func:`~dlmrl.estimators.block_plans.block_rollout_plan`) and scored in composite passes.
 - ``ar`` (:class:`ARScorer`): exact token log-probs, the same for every μ update (no plan).
 
 Both give per-token tensors ``(B, L)`` over the completion, so one :class:`GroupObjective` serves both.
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from dlmrl.estimators import score
+from dlmrl.estimators.block_plans import block_rollout_plan
 from dlmrl.estimators.scoring import score_and_backward
 from dlmrl.training.rollout import Rollout
 
@@ -115,10 +117,19 @@ class DiffusionScorer:
     the estimator's NFE, fewer where a trajectory has fewer steps or a canvas scores nothing).
     """
 
-    def __init__(self, policy, ref, estimator, micro_batch: int | None, old_scores: bool = True):
+    def __init__(self, policy, ref, estimator, micro_batch: int | None, old_scores: bool = True,
+                 block_size: int | None = None):
         self.policy, self.ref, self.estimator, self.micro_batch = policy, ref, estimator, micro_batch
         self.old_scores = old_scores  # (a ratio-free objective reads no old-policy scores)
+        self.block_size = block_size  # (a block-diffusion policy: plans drawn per block, scored in composite passes)
         self.nfe = estimator.nfe
+
+    def _plan(self, ro: Rollout, generator: torch.Generator, advantages: torch.Tensor | None):
+        if self.block_size is None:
+            return self.estimator.rollout_plan(ro.completion_mask, generator, ro.prompt_mask,
+                                               reveal_step=ro.reveal_step, advantages=advantages)
+        return block_rollout_plan(self.estimator, ro.completion_mask, self.block_size, generator, ro.prompt_mask,
+                                  reveal_step=ro.reveal_step, advantages=advantages)
 
     def prepare(self, ro: Rollout, num_iterations: int, generator: torch.Generator, entropy: bool = False,
                 rows: torch.Tensor | None = None, advantages: torch.Tensor | None = None) -> OldScores:
@@ -129,9 +140,7 @@ class DiffusionScorer:
         ``rows``: ``(n,)`` long, score only these rows of ``ro`` (one process's share); the plans are drawn
         for all of ``ro`` and cut to them, so a row's masks do not depend on which process scores it.
         """
-        plans = [self.estimator.rollout_plan(ro.completion_mask, generator, ro.prompt_mask,
-                                             reveal_step=ro.reveal_step, advantages=advantages)
-                 for _ in range(num_iterations)]
+        plans = [self._plan(ro, generator, advantages) for _ in range(num_iterations)]
         if rows is not None:
             ro, plans = ro.rows(rows), [plan.rows(rows) for plan in plans]
         self.ro, self.plans = ro, plans

@@ -3,6 +3,7 @@ gdpo path giving GDPO's parameters."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,24 @@ def test_dlmrl_train_runs_two_steps_and_changes_parameters(algo, kind, base, tmp
         before = load_file(str(Path(resolve_ar_model_path("tiny-sudoku-ar")) / "model.safetensors"))
     after = params(out)
     assert any(not torch.equal(before[k], after[k]) for k in before if k in after)
+
+
+BLOCK_PRESETS = [a for a, k in PAIRS if k == "diffusion"]
+
+
+@pytest.mark.parametrize("algo", BLOCK_PRESETS)
+def test_every_diffusion_preset_runs_two_steps_on_the_tiny_block_model(algo, tmp_path):
+    # the preset's own diffusion config with the policy swapped for the shipped block model (blocks of 4)
+    config = ROOT / "configs" / f"{algo}_sudoku_tiny.yaml"
+    out = tmp_path / "run"
+    args = ["train", "--config", str(config), "--output-dir", str(out), "--no-progress", "max_steps=2",
+            "prompts_per_step=2", "num_generations=3", "eval.before=false", "eval.after=false",
+            "sampling.steps=4", "model.kind=block", "model.name_or_path=tiny-sudoku-block", "model.block_size=4",
+            "task.answer_mode=full", "learning_rate=1e-3", "warmup_steps=0", "save_steps=2"]
+    assert cli.main(args) == 0
+    from dlmrl.models.loading import resolve_model_path
+
+    before = load_file(str(Path(resolve_model_path("tiny-sudoku-block")) / "model.safetensors"))
+    after = params(out)
+    assert any(not torch.equal(before[k], after[k]) for k in before if k in after)
+    assert json.loads((out / "final_model" / "config.json").read_text())["block_size"] == 4
