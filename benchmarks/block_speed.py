@@ -57,22 +57,27 @@ class _Tok:
 
 def random_policy(args) -> BlockDiffusionPolicy:
     model = build_tiny_model(args.vocab, hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads,
-                             intermediate_size=4 * args.hidden, max_positions=args.prompt_length + args.gen_length,
-                             seed=0).eval()
+                             intermediate_size=args.intermediate or 4 * args.hidden,
+                             max_positions=args.prompt_length + args.gen_length, seed=0).eval()
+    model = model.to(device=args.device, dtype=getattr(torch, args.dtype))
     fam = FAMILIES.get("tiny")
     return BlockDiffusionPolicy(model, _Tok(args.vocab), args.vocab - 1, "tiny", fam.logits, None, None,
                                 block_size=args.block_size, forward=fam.block_forward)
 
 
-def timed(fn) -> tuple[float, object]:
+def timed(fn, device: str = "cpu") -> tuple[float, object]:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
     out = fn()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
     return time.perf_counter() - t0, out
 
 
 def rollouts(policy, args) -> dict:
     g = torch.Generator().manual_seed(1)
-    prompts = torch.randint(0, args.vocab - 1, (args.batch, args.prompt_length), generator=g)
+    prompts = torch.randint(0, args.vocab - 1, (args.batch, args.prompt_length), generator=g).to(args.device)
     mask = torch.ones_like(prompts, dtype=torch.bool)
 
     def run(cache: bool):
@@ -84,7 +89,7 @@ def rollouts(policy, args) -> dict:
     outs = {}
     for _ in range(args.repeats):
         for cache in (True, False):
-            seconds, outs[cache] = timed(lambda c=cache: run(c))
+            seconds, outs[cache] = timed(lambda c=cache: run(c), args.device)
             best[cache] = min(best[cache], seconds)
     same = float((outs[True].canvas == outs[False].canvas).double().mean())
     tokens = args.batch * args.gen_length
@@ -157,6 +162,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--intermediate", type=int, default=None, help="MLP width (default 4 x hidden)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--no-scoring", action="store_true", help="rollouts only (the GPU check)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "block_speed.json"))
     args = p.parse_args(argv)
@@ -164,7 +173,7 @@ def main(argv: list[str] | None = None) -> dict:
     policy = random_policy(args)
     params = sum(x.numel() for x in policy.model.parameters())
     result = {"benchmark": "block_speed", "settings": vars(args), "parameters": params,
-              "rollouts": rollouts(policy, args), "scoring": scoring(policy, args),
+              "rollouts": rollouts(policy, args), "scoring": None if args.no_scoring else scoring(policy, args),
               "command": "python benchmarks/block_speed.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "machine": {"platform": platform.platform(), "torch": torch.__version__,
                           "threads": torch.get_num_threads()}}
@@ -174,9 +183,10 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  rollout {r['mode']:<12} {r['tokens_per_second']:9.1f} tokens/s  NFE {r['nfe']}  "
               f"cache passes {r['cache_passes']}")
     print(f"  cached / uncached: {ro['speedup']}x (same tokens: {ro['same_tokens']:.3f})")
-    for r in sc["rows"]:
+    for r in sc["rows"] if sc else ():
         print(f"  scoring {r['method']:<15} {r['seconds']:7.3f} s  ({r['forward_calls_per_row']} passes per row)")
-    print(f"  per-block loop / composite: {sc['speedup']}x (max per-token gap {sc['max_per_token_gap']:.2e})")
+    if sc:
+        print(f"  per-block loop / composite: {sc['speedup']}x (max per-token gap {sc['max_per_token_gap']:.2e})")
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -11,7 +11,10 @@ shape; the threshold's depend on the confidence the sharpened random weights giv
     python benchmarks/gpu_rollout.py --device cpu --dtype float32 --hidden 64 --layers 2 --heads 2 \\
         --intermediate 128 --vocab 256 --batch 2 --gen-length 64 --output /tmp/toy.json  # the tests' toy run
 
-Any option of ``sampler_speed.py`` applies.
+Any option of ``sampler_speed.py`` applies. Then the block-diffusion kind on the same shape (``block_speed.py``'s
+rollouts, ``--block-size`` 32, 16 steps per block): the exact key/value cache against the uncached block-causal
+reference, written to ``<output stem>_block.json``; ``--skip-block`` leaves it out, ``--block-dtype`` runs it in
+another dtype (the tests' toy run: float64, so its exact token comparison cannot flip on a float32 tie).
 """
 
 from __future__ import annotations
@@ -35,8 +38,52 @@ def load_sampler_speed():
     return module
 
 
+def load_block_speed():
+    path = Path(__file__).resolve().with_name("block_speed.py")
+    spec = importlib.util.spec_from_file_location("block_speed", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def block_args(argv: list[str]) -> list[str]:
+    """``block_speed.py``'s arguments for the shape and device ``argv`` gives the sampler check (its defaults
+    otherwise), rollouts only."""
+    import argparse
+
+    p = argparse.ArgumentParser(add_help=False)
+    for key in ("hidden", "layers", "heads", "intermediate", "vocab", "gen_length", "prompt_length"):
+        p.add_argument("--" + key.replace("_", "-"), type=int, default=DEFAULTS[key])
+    p.add_argument("--device", default=DEFAULTS["device"])
+    p.add_argument("--dtype", default=DEFAULTS["dtype"])
+    p.add_argument("--batch", type=int, nargs="+", default=DEFAULTS["batch"])
+    p.add_argument("--block-length", type=int, default=DEFAULTS["block_length"])
+    p.add_argument("--output", default="benchmarks/results/gpu_rollout.json")
+    a, _ = p.parse_known_args(argv)
+    out = Path(a.output)
+    return ["--hidden", str(a.hidden), "--layers", str(a.layers), "--heads", str(a.heads), "--intermediate",
+            str(a.intermediate), "--vocab", str(a.vocab), "--gen-length", str(a.gen_length), "--prompt-length",
+            str(a.prompt_length), "--device", a.device, "--dtype", a.dtype, "--batch", str(a.batch[0]),
+            "--block-size", str(min(a.block_length, a.gen_length)),
+            "--steps-per-block", str(max(min(a.block_length, a.gen_length) // 2, 1)), "--repeats", "1",
+            "--no-scoring", "--output", str(out.with_name(out.stem + "_block.json"))]
+
+
 def main(argv: list[str] | None = None) -> dict:
-    return load_sampler_speed().main(argv, name="gpu_rollout", defaults=DEFAULTS, description=__doc__)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    skip_block = "--skip-block" in argv
+    argv = [a for a in argv if a != "--skip-block"]
+    block_dtype = None
+    if "--block-dtype" in argv:
+        i = argv.index("--block-dtype")
+        block_dtype, argv = argv[i + 1], argv[:i] + argv[i + 2:]
+    result = load_sampler_speed().main(argv, name="gpu_rollout", defaults=DEFAULTS, description=__doc__)
+    if not skip_block:
+        args = block_args(argv)
+        if block_dtype is not None:
+            args[args.index("--dtype") + 1] = block_dtype
+        result["block"] = load_block_speed().main(args)
+    return result
 
 
 if __name__ == "__main__":

@@ -48,7 +48,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: job name -> (config path, label); ``None`` = the packaged default recipe
 JOBS = {"default": (None, "default job (diffusion gdpo)"),
-        "grpo_ar": (str(ROOT / "configs" / "grpo_sudoku_tiny_ar.yaml"), "grpo, tiny AR")}
+        "grpo_ar": (str(ROOT / "configs" / "grpo_sudoku_tiny_ar.yaml"), "grpo, tiny AR"),
+        "block": (str(ROOT / "configs" / "tracerl_sudoku_tiny_block.yaml"), "tracerl, tiny block (B = 4)")}
 
 #: the table's phases: (key, label, the metrics.jsonl field of the step's time or None = the rest)
 PHASES = (("sampling", "sampling", "seconds_rollout"), ("old_ref", "old/ref scoring", "seconds_scoring_old"),

@@ -61,11 +61,19 @@ def test_gpu_rollout_runs_at_toy_size_on_the_cpu(tmp_path, one_thread):
     module = load("gpu_rollout")
     assert module.DEFAULTS["hidden"] == 4096 and module.DEFAULTS["vocab"] == 126464 and module.DEFAULTS["batch"] == [16]
     out = tmp_path / "gpu.json"
-    module.main([*TOY, "--device", "cpu", "--dtype", "float32", "--batch", "2", "--output", str(out)])
+    # (float64: the block check compares the cached and uncached greedy tokens exactly, which an argmax within a
+    # float32 rounding of a tie could flip on another machine)
+    module.main([*TOY, "--device", "cpu", "--dtype", "float32", "--block-dtype", "float64", "--batch", "2",
+                 "--output", str(out)])
     result = json.loads(out.read_text())
     assert result["benchmark"] == "gpu_rollout" and result["sudoku"] == []
     assert [r["mode"] for r in result["speed"]] == ["plain", "threshold", "prefix", "dual", "threshold+dual"]
     assert result["settings"]["layers"] == 2 and result["machine"]["gpu"] is None
+    # the block kind on the same shape: the exact cache decodes the uncached reference's tokens
+    block = json.loads((tmp_path / "gpu_block.json").read_text())
+    assert block["settings"]["hidden"] == result["settings"]["hidden"] and block["scoring"] is None
+    assert [r["mode"] for r in block["rollouts"]["rows"]] == ["exact cache", "uncached"]
+    assert block["rollouts"]["same_tokens"] == 1.0
 
 
 def test_fast_rollouts_side_by_side_runs_each_variant_and_keeps_earlier_runs(tmp_path, one_thread):

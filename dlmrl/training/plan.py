@@ -289,7 +289,8 @@ def _sizes_section(cfg: Config, nfe_scoring: int, processes: int, written: tuple
                                           else f"{tr.prompts_per_step} prompts do not split over {processes} "
                                                "processes")
     length = cfg.sampling.gen_length  # (validate holds Sudoku's grid modes to 16)
-    out["completion_tokens_per_step"] = rows * length if written is None else round(rows * written[2], 1)
+    tokens = rows * length if written is None else round(rows * written[2], 1)
+    out["completion_tokens_per_step"] = int(tokens) if tokens == int(tokens) else tokens  # (4096, not 4096.0)
     if written is not None:
         out["completion_tokens_note"] = (f"mean over the data: {rows} completions x {written[2]:g} blank cells "
                                          f"(infill; the canvas is {length} tokens, {rows * length} in all)")
