@@ -30,17 +30,10 @@ DEFAULTS = {"hidden": 4096, "layers": 32, "heads": 32, "intermediate": 12288, "v
             "dtype": "bfloat16", "no_sudoku": True}
 
 
-def load_sampler_speed():
-    path = Path(__file__).resolve().with_name("sampler_speed.py")
-    spec = importlib.util.spec_from_file_location("sampler_speed", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def load_block_speed():
-    path = Path(__file__).resolve().with_name("block_speed.py")
-    spec = importlib.util.spec_from_file_location("block_speed", path)
+def load_benchmark(name: str):
+    """The module of ``benchmarks/<name>.py`` (the benchmarks are scripts, not a package)."""
+    path = Path(__file__).resolve().with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -77,12 +70,12 @@ def main(argv: list[str] | None = None) -> dict:
     if "--block-dtype" in argv:
         i = argv.index("--block-dtype")
         block_dtype, argv = argv[i + 1], argv[:i] + argv[i + 2:]
-    result = load_sampler_speed().main(argv, name="gpu_rollout", defaults=DEFAULTS, description=__doc__)
+    result = load_benchmark("sampler_speed").main(argv, name="gpu_rollout", defaults=DEFAULTS, description=__doc__)
     if not skip_block:
         args = block_args(argv)
         if block_dtype is not None:
             args[args.index("--dtype") + 1] = block_dtype
-        result["block"] = load_block_speed().main(args)
+        result["block"] = load_benchmark("block_speed").main(args)
     return result
 
 

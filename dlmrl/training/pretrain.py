@@ -92,6 +92,17 @@ def save_pretrain_run(out: Path, model, tokenizer, cfg: PretrainConfig, summary:
         (tmp / "pretrain_summary.json").write_text(json.dumps(summary, indent=2))
 
 
+def fresh_tiny_policy(cfg: PretrainConfig) -> MaskedDiffusionPolicy:
+    """A freshly initialised tiny denoiser of ``cfg``'s size (seeded by ``cfg.seed``) over the character tokenizer,
+    as a ``tiny``-family policy."""
+    torch.manual_seed(cfg.seed)
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(len(tokenizer), cfg.hidden_size, cfg.num_layers, cfg.num_heads,
+                             cfg.intermediate_size, seed=cfg.seed)
+    return MaskedDiffusionPolicy(model, tokenizer, tokenizer.mask_token_id, "tiny", FAMILIES.get("tiny").logits,
+                                 tokenizer.eos_token_id, tokenizer.pad_token_id)
+
+
 def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict:
     """Build the tiny default from scratch, SFT it on generated Sudoku solutions, evaluate, save.
 
@@ -102,13 +113,8 @@ def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict:
         ConfigError: if ``output_dir`` exists, is not empty and is not a pretrain checkpoint.
     """
     out = pretrain_output_dir(cfg)
-    torch.manual_seed(cfg.seed)
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_model(len(tokenizer), cfg.hidden_size, cfg.num_layers, cfg.num_heads,
-                             cfg.intermediate_size, seed=cfg.seed)
-    fam = FAMILIES.get("tiny")
-    policy = MaskedDiffusionPolicy(model, tokenizer, tokenizer.mask_token_id, "tiny", fam.logits,
-                                   tokenizer.eos_token_id, tokenizer.pad_token_id)
+    policy = fresh_tiny_policy(cfg)
+    model, tokenizer = policy.model, policy.tokenizer
     task = SudokuTask(tokenizer, tokenizer.mask_token_id, answer_mode="full",
                       min_blanks=cfg.min_blanks, max_blanks=cfg.max_blanks)
     gen = torch.Generator().manual_seed(cfg.seed)

@@ -30,12 +30,10 @@ from dlmrl.data.tasks import SudokuTask
 from dlmrl.estimators.block_composite import composite_logits
 from dlmrl.kinds import parse_block_sizes
 from dlmrl.models.block_attention import block_bounds
-from dlmrl.models.block_policy import BlockDiffusionPolicy
+from dlmrl.models.block_policy import BlockDiffusionPolicy, block_policy_from
 from dlmrl.models.families import FAMILIES
-from dlmrl.models.tiny import build_tiny_model
-from dlmrl.models.tokenizer import build_char_tokenizer
 from dlmrl.training.evaluation import evaluate
-from dlmrl.training.pretrain import pretrain_output_dir, save_pretrain_run, sft_loop
+from dlmrl.training.pretrain import fresh_tiny_policy, pretrain_output_dir, save_pretrain_run, sft_loop
 
 #: the block size recorded in the shipped model's config.json (``model.block_size: null`` reads it)
 DEFAULT_BLOCK_SIZE = 4
@@ -78,16 +76,11 @@ def pretrain_block(cfg: PretrainConfig, progress: bool = True) -> dict:
     """
     sizes = parse_block_sizes(cfg.block_sizes)
     out = pretrain_output_dir(cfg)
-    torch.manual_seed(cfg.seed)
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_model(len(tokenizer), cfg.hidden_size, cfg.num_layers, cfg.num_heads,
-                             cfg.intermediate_size, seed=cfg.seed)
-    fam = FAMILIES.get("tiny")
+    base = fresh_tiny_policy(cfg)
+    model, tokenizer = base.model, base.tokenizer
 
     def policy_of(block_size: int) -> BlockDiffusionPolicy:
-        return BlockDiffusionPolicy(model, tokenizer, tokenizer.mask_token_id, "tiny", fam.logits,
-                                    tokenizer.eos_token_id, tokenizer.pad_token_id, block_size=block_size,
-                                    forward=fam.block_forward)
+        return block_policy_from(base, block_size, FAMILIES.get("tiny").block_forward)
 
     task = SudokuTask(tokenizer, tokenizer.mask_token_id, answer_mode="full",
                       min_blanks=cfg.min_blanks, max_blanks=cfg.max_blanks)
