@@ -1,8 +1,9 @@
 """Where a training step's time goes, against the raw model passes the step needs.
 
-Two jobs side by side, in one run: ``default`` (``dlmrl train`` with no arguments: GDPO on the tiny diffusion
-model with the trajectory likelihood, ``dlmrl/recipes/gdpo_sudoku_tiny.yaml``) and ``grpo_ar`` (GRPO on the
-tiny AR model, ``configs/grpo_sudoku_tiny_ar.yaml``). For each:
+Three jobs side by side, in one run: ``default`` (``dlmrl train`` with no arguments: GDPO on the tiny diffusion
+model with the trajectory likelihood, ``dlmrl/recipes/gdpo_sudoku_tiny.yaml``), ``grpo_ar`` (GRPO on the
+tiny AR model, ``configs/grpo_sudoku_tiny_ar.yaml``) and ``block`` (TraceRL on the tiny block-diffusion model,
+blocks of 4, ``configs/tracerl_sudoku_tiny_block.yaml``). For each:
 
 1. ``--warmup`` + ``--steps`` training steps (held-out evaluation off) in this process, every forward call of
    the policy (and of the KL reference) recorded with a hook: its inputs, grad mode, train/eval mode, the phase
@@ -18,7 +19,7 @@ tiny AR model, ``configs/grpo_sudoku_tiny_ar.yaml``). For each:
    step / raw. Raw passes run on the trained parameters (the values do not change the cost); a forward with
    grad counts under "scoring with grad" wherever it ran.
 
-    python benchmarks/step_profile.py                                # both jobs, 1 warm-up + 3 steps, full size
+    python benchmarks/step_profile.py                                # all jobs, 1 warm-up + 3 steps, full size
     python benchmarks/step_profile.py --steps 2 --prompts 8 --generations 4 --output /tmp/quick.json  # a quick look
     python benchmarks/step_profile.py --jobs grpo_ar sampling.temperature=0.7 # overrides apply to every job
 

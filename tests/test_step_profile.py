@@ -1,4 +1,4 @@
-"""benchmarks/step_profile.py at toy size: both jobs run, the recorded model calls are the passes the step
+"""benchmarks/step_profile.py at toy size: the three jobs run, the recorded model calls are the passes the step
 needs (counted from the configs: the sampler's steps, the AR decoding, one reference pass and no separate
 old-score pass for grpo, one scoring pass with grad), and the table adds up."""
 
@@ -35,7 +35,7 @@ def result(tmp_path_factory):
                                "--repeats", "1", "--threads", "1", "--runs-dir", str(tmp / "runs"), "--output", str(out)])
     finally:
         torch.set_num_threads(threads)
-    assert json.loads(out.read_text())["jobs"].keys() == {"default", "grpo_ar"}
+    assert json.loads(out.read_text())["jobs"].keys() == {"default", "grpo_ar", "block"}
     return json.loads(out.read_text())
 
 
@@ -52,6 +52,22 @@ def test_the_default_job_records_the_sampler_steps_and_one_scoring_pass(result):
     assert grad["phase"] == "grad" and grad["input"] == [round(step["rows_scored"] * step["nfe_scoring"]),
                                                          prompt_plus_canvas]
     assert len(calls) == 5 and all(c["model"] == "policy" for c in calls)  # gdpo: β 0, μ 1: nothing else
+
+
+def test_the_block_job_records_the_cached_block_steps_and_one_composite_scoring_pass(result):
+    job = result["jobs"]["block"]
+    assert job["settings"]["model"]["block_size"] == 4 and job["settings"]["sampling"]["steps"] == 16
+    (step,) = job["steps"]
+    calls = step["calls"]
+    sampling = [c for c in calls if c["phase"] == "sampling"]
+    prompt = sampling[0]["input"]
+    # the prompt once, then 4 steps per block feeding the block alone against the cache, and one cache pass per
+    # finished block but the last
+    assert prompt[0] == 4 and len(sampling) == 1 + 16 + 3
+    assert all(c["input"] == [4, 4] and not c["grad"] for c in sampling[1:])
+    (grad,) = [c for c in calls if c["grad"]]  # the block trajectory: 4 composite canvases per row, one call
+    assert grad["input"] == [round(step["rows_scored"] * step["nfe_scoring"]), prompt[1] + 2 * 16]
+    assert step["nfe_scoring"] == 4
 
 
 def test_the_ar_grpo_job_records_decoding_the_reference_and_no_old_score_pass(result):
