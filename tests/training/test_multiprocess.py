@@ -104,6 +104,19 @@ def test_two_processes_match_one_process_with_trajectory_scoring(tmp_path):
     assert all(r["nfe_scoring"] <= 4 for r in rows(tmp_path / "one"))
 
 
+def test_two_processes_match_one_process_on_the_block_model(tmp_path):
+    """The block kind: each process decodes its share of the rows with the exact-cache block sampler (the whole
+    batch's random draws) and scores them in composite passes along the block trajectory, micro-batched, μ = 2."""
+    block = ["model.kind=block", "model.name_or_path=tiny-sudoku-block", "model.block_size=4", "task.answer_mode=full",
+             "sampling.steps=8", "estimator.name=trajectory", "estimator.merge=1"]
+    overrides = [*COMMON, *block, "eval.after=false", "algorithm=tracerl", "num_iterations=2",
+                 "estimator.micro_batch=5"]
+    launch(["-m", "dlmrl.cli"], overrides, tmp_path / "two")
+    one_process(overrides, tmp_path / "one")
+    assert_same_run(tmp_path / "two", tmp_path / "one")
+    assert all(r["nfe_scoring"] == 2 for r in rows(tmp_path / "one"))  # (8 steps over 4 blocks: 2 per block)
+
+
 def test_two_processes_match_one_process_ar_grpo_through_the_console_script(tmp_path):
     """An AR preset with a KL term (GRPO, β 0.04) launched through the ``dlmrl`` script, evaluation after."""
     overrides = [*COMMON, *AR, "algorithm=grpo", "eval.num_puzzles=16"]
