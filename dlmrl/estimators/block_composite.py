@@ -39,7 +39,7 @@ ModelFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def composite_logits(model_fn: ModelFn, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, noisy: torch.Tensor,
-                     clean: torch.Tensor, block_size: int) -> torch.Tensor:
+                     clean: torch.Tensor, block_size: int, prompt_blocks: bool = False) -> torch.Tensor:
     """The noisy half's logits of one composite pass.
 
     Position ``i`` of block ``b`` is predicted from the noisy tokens of block ``b`` (``noisy``), the clean blocks
@@ -50,6 +50,8 @@ def composite_logits(model_fn: ModelFn, prompt_ids: torch.Tensor, prompt_mask: t
         prompt_ids: ``(B, P)`` long, left-padded. prompt_mask: ``(B, P)`` bool.
         noisy: ``(B, L)`` long, the noised completion (mask tokens where noised). clean: ``(B, L)`` long.
         block_size: tokens per block.
+        prompt_blocks: the prompt cut into blocks too
+            (:func:`~dlmrl.models.block_attention.prompt_block_ids`; the SDAR family), else one clean block.
     Returns:
         ``(B, L, V)`` logits (float32, float64 for a float64 model).
     Raises:
@@ -62,7 +64,8 @@ def composite_logits(model_fn: ModelFn, prompt_ids: torch.Tensor, prompt_mask: t
     length, p = noisy.shape[1], prompt_ids.shape[1]
     check_block_size(length, block_size)
     ids = torch.cat([prompt_ids, noisy, clean], dim=1)  # (B, P + 2L)
-    logits = model_fn(ids, composite_mask(prompt_mask, length, block_size), composite_position_ids(prompt_mask, length))
+    mask4d = composite_mask(prompt_mask, length, block_size, prompt_blocks)
+    logits = model_fn(ids, mask4d, composite_position_ids(prompt_mask, length))
     logits = logits[:, p : p + length]  # (B, L, V): the noisy half
     return logits if logits.dtype == torch.float64 else logits.float()
 

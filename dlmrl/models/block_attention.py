@@ -5,7 +5,9 @@ config docs; in code ``B`` is the batch letter, so the block size is always spel
 ``β`` of a position:
 
 - prompt positions are block 0 (always clean, attended by every real query; the real prompt tokens attend each
-  other bidirectionally);
+  other bidirectionally), or, with ``prompt_blocks=True`` (the SDAR/TraDo families), the prompt is cut into blocks
+  counted back from its end, numbered ``0, -1, -2, ...`` and attended block-causally among themselves
+  (:func:`prompt_block_ids`);
 - completion position ``i`` (0-based) is block ``1 + i // block_size``; the last block is shorter when
   ``block_size`` does not divide ``L``;
 - left padding of the prompt is attended by nobody; a padding *query* attends only itself, so no attention row is
@@ -97,18 +99,48 @@ def completion_block_ids(length: int, block_size: int, device: torch.device | st
     return 1 + torch.arange(length, device=device) // block_size
 
 
-def block_ids(prompt_mask: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
-    """``(B, P + L)`` long block index of every position of ``[prompt | completion]``: 0 on real prompt tokens,
-    ``1 + i // block_size`` on completion position ``i``, ``-1`` on prompt padding (attended by nobody).
+#: block index of prompt padding (attended by nobody); below every real block index
+PAD_BLOCK = -(2**62)
+
+
+def prompt_block_ids(prompt_mask: torch.Tensor, block_size: int, prompt_blocks: bool = False) -> torch.Tensor:
+    """``(B, P)`` long block index of the prompt positions: :data:`PAD_BLOCK` on left padding; on real tokens ``0``
+    (``prompt_blocks=False``: the prompt is one clean block) or, with ``prompt_blocks=True``, the prompt cut into
+    blocks of ``block_size`` counted back from its end, ``0, -1, -2, ...`` (the last ``block_size`` real tokens are
+    block 0, the ones before block ``-1``; the first may be shorter).
+
+    ``prompt_blocks=True`` is the layout of TraceRL's training mask (Gen-Verse/dLLM-RL ``train/rl_sdar.py``,
+    ``make_basic_block_attention``: prompt rows attend the prompt up to the end of their own block, blocks counted
+    from the prompt's end). When the real prompt length is a multiple of ``block_size`` it is also the layout of
+    SDAR's own sampler (JetAstra/SDAR ``generate.py``, blocks aligned to position 0, full prompt blocks prefilled
+    block-causally); for other lengths SDAR's sampler puts the prompt's tail in one block with the first generated
+    tokens, which dlmrl does not reproduce (dlmrl interpretation: the completion's blocks start at the completion).
+
+    Raises:
+        ValueError: on ``block_size`` below 1.
+    """
+    check_block_size(1, block_size)
+    pm = prompt_mask.bool()
+    if not prompt_blocks:
+        return torch.where(pm, 0, PAD_BLOCK)
+    p = pm.shape[1]
+    after = (p - 1 - torch.arange(p, device=pm.device)).expand_as(pm)  # (B, P): tokens after this one (left padding)
+    return torch.where(pm, -(after // block_size), PAD_BLOCK)
+
+
+def block_ids(prompt_mask: torch.Tensor, length: int, block_size: int, prompt_blocks: bool = False) -> torch.Tensor:
+    """``(B, P + L)`` long block index of every position of ``[prompt | completion]``: the prompt's from
+    :func:`prompt_block_ids` (``0`` on a whole prompt, ``<= 0`` on a prompt cut into blocks, :data:`PAD_BLOCK` on
+    padding), ``1 + i // block_size`` on completion position ``i``.
 
     Args:
         prompt_mask: ``(B, P)`` bool, True on real prompt tokens (left padding False).
         length: completion length ``L``. block_size: tokens per block.
+        prompt_blocks: cut the prompt into blocks too (:func:`prompt_block_ids`).
     """
     pm = prompt_mask.bool()
-    prompt = torch.where(pm, 0, -1)  # (B, P)
     comp = completion_block_ids(length, block_size, pm.device).expand(pm.shape[0], length)  # (B, L)
-    return torch.cat([prompt, comp], dim=1)
+    return torch.cat([prompt_block_ids(pm, block_size, prompt_blocks), comp], dim=1)
 
 
 def _with_self(allowed: torch.Tensor) -> torch.Tensor:
@@ -117,29 +149,34 @@ def _with_self(allowed: torch.Tensor) -> torch.Tensor:
     return allowed | eye
 
 
-def block_causal_mask(prompt_mask: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
+def block_causal_mask(prompt_mask: torch.Tensor, length: int, block_size: int,
+                      prompt_blocks: bool = False) -> torch.Tensor:
     """The block-causal mask of ``[prompt | completion]``: query ``i`` may attend key ``j`` iff ``j`` is real and
     ``β(j) <= β(i)`` (padding queries attend themselves only).
 
     Args:
         prompt_mask: ``(B, P)`` bool. length: ``L``. block_size: tokens per block.
+        prompt_blocks: the prompt cut into blocks too (:func:`prompt_block_ids`), else one block.
     Returns:
         ``(B, 1, P + L, P + L)`` bool, True = may attend.
     Raises:
         ValueError: on ``length`` or ``block_size`` below 1.
     Reference: BD3-LM arXiv 2503.09573 §3.1 (block-causal attention); SDAR arXiv 2510.06303.
     """
-    beta = block_ids(prompt_mask, length, block_size)  # (B, T)
-    real_key = beta[:, None, :] >= 0  # (B, 1, T)
+    beta = block_ids(prompt_mask, length, block_size, prompt_blocks)  # (B, T)
+    real_key = beta[:, None, :] != PAD_BLOCK  # (B, 1, T)
     allowed = real_key & (beta[:, None, :] <= beta[:, :, None])  # (B, T, T)
     return _with_self(allowed)[:, None]
 
 
-def composite_mask(prompt_mask: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
+def composite_mask(prompt_mask: torch.Tensor, length: int, block_size: int,
+                   prompt_blocks: bool = False) -> torch.Tensor:
     """The mask of the composite input ``[prompt (P) | noisy ỹ (L) | clean y (L)]`` (see the module docstring).
 
     Args:
         prompt_mask: ``(B, P)`` bool. length: ``L``. block_size: tokens per block.
+        prompt_blocks: the prompt cut into blocks (:func:`prompt_block_ids`): a prompt query attends the prompt keys
+            of its own and earlier prompt blocks; every completion query still attends the whole real prompt.
     Returns:
         ``(B, 1, P + 2L, P + 2L)`` bool, True = may attend.
     Raises:
@@ -151,13 +188,14 @@ def composite_mask(prompt_mask: torch.Tensor, length: int, block_size: int) -> t
     pm = prompt_mask.bool()
     batch, p = pm.shape
     comp = completion_block_ids(length, block_size, pm.device)  # (L,)
-    beta = torch.cat([torch.where(pm, 0, -1), comp.expand(batch, length), comp.expand(batch, length)], dim=1)
+    beta = torch.cat([prompt_block_ids(pm, block_size, prompt_blocks), comp.expand(batch, length),
+                      comp.expand(batch, length)], dim=1)
     part = torch.cat([torch.zeros(p, dtype=torch.long), torch.ones(length, dtype=torch.long),
                       torch.full((length,), 2, dtype=torch.long)]).to(pm.device)  # (T,): 0 prompt, 1 noisy, 2 clean
     bq, bk = beta[:, :, None], beta[:, None, :]  # (B, T, 1), (B, 1, T)
     q_part, k_part = part[None, :, None], part[None, None, :]
-    prompt_key = (k_part == 0) & (bk >= 0)  # real prompt keys: every real query attends them
-    noisy_q, clean_q, real_q = q_part == 1, q_part == 2, bq >= 0
+    prompt_key = (k_part == 0) & (bk != PAD_BLOCK) & (bk <= bq)  # real prompt keys of this or an earlier block
+    noisy_q, clean_q, real_q = q_part == 1, q_part == 2, bq != PAD_BLOCK
     allowed = (real_q & prompt_key) \
         | (noisy_q & (k_part == 1) & (bk == bq)) \
         | (noisy_q & (k_part == 2) & (bk < bq)) \
@@ -262,13 +300,15 @@ class BlockCausalPolicy:
         policy: a :class:`~dlmrl.models.policy.MaskedDiffusionPolicy` of the ``tiny`` family (``model``,
             ``mask_token_id``).
         length: completion length ``L``. block_size: tokens per block.
+        prompt_blocks: the prompt cut into blocks too (:func:`prompt_block_ids`).
     Raises:
         ValueError (on call): when the input is shorter than ``length`` or the completion holds padding.
     """
 
-    def __init__(self, policy, length: int, block_size: int):
+    def __init__(self, policy, length: int, block_size: int, prompt_blocks: bool = False):
         check_block_size(length, block_size)
         self.policy, self.length, self.block_size = policy, length, block_size
+        self.prompt_blocks = prompt_blocks
         self.model, self.mask_token_id = policy.model, policy.mask_token_id
         self.family = "block_causal"  # (no approximate block cache: the sampler refuses cache modes by family)
 
@@ -280,8 +320,8 @@ class BlockCausalPolicy:
         if not bool(mask[:, t - self.length:].all()):
             raise ValueError("the completion part of a block-causal input must hold no padding")
         prompt_mask = mask[:, : t - self.length]
-        return block_logits(self.model, input_ids, block_causal_mask(prompt_mask, self.length, self.block_size),
-                            block_position_ids(prompt_mask, self.length))
+        mask4d = block_causal_mask(prompt_mask, self.length, self.block_size, self.prompt_blocks)
+        return block_logits(self.model, input_ids, mask4d, block_position_ids(prompt_mask, self.length))
 
     def parameters(self):
         return self.policy.parameters()
@@ -291,6 +331,7 @@ __all__ = [
     "BlockCausalPolicy",
     "BlockForwardFn",
     "KeyValues",
+    "PAD_BLOCK",
     "block_bounds",
     "block_causal_mask",
     "block_ids",
@@ -302,4 +343,5 @@ __all__ = [
     "composite_position_ids",
     "hf_block_forward",
     "model_attention_mask",
+    "prompt_block_ids",
 ]

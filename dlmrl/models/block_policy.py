@@ -43,11 +43,15 @@ class BlockDiffusionPolicy(MaskedDiffusionPolicy):
         forward: the family's :data:`~dlmrl.models.block_attention.BlockForwardFn` (a 4-D mask, explicit
             positions and an optional key/value cache; :func:`~dlmrl.models.block_attention.hf_block_forward` for
             ``transformers`` decoders such as the ``tiny`` family's Llama).
+        prompt_blocks: the prompt is cut into blocks of ``block_size`` too, attended block-causally
+            (:func:`~dlmrl.models.block_attention.prompt_block_ids`: SDAR/TraDo's layout); ``False`` = the prompt is
+            one clean block (the ``tiny`` family).
         kind: ``"block"``.
     """
 
     block_size: int = 1
     forward: BlockForwardFn = hf_block_forward
+    prompt_blocks: bool = False
     kind: str = field(default="block", init=False)
 
     def __post_init__(self) -> None:
@@ -73,10 +77,11 @@ class BlockDiffusionPolicy(MaskedDiffusionPolicy):
         """
         pm = prompt_mask.bool()
         if clean is not None:
-            return composite_logits(self.model_fn, prompt_ids, pm, canvas, clean, self.block_size)
+            return composite_logits(self.model_fn, prompt_ids, pm, canvas, clean, self.block_size, self.prompt_blocks)
         length, p = canvas.shape[1], prompt_ids.shape[1]
         ids = torch.cat([prompt_ids, canvas], dim=1)
-        logits = self.model_fn(ids, block_causal_mask(pm, length, self.block_size), block_position_ids(pm, length))
+        mask4d = block_causal_mask(pm, length, self.block_size, self.prompt_blocks)
+        logits = self.model_fn(ids, mask4d, block_position_ids(pm, length))
         logits = logits[:, p:]
         return logits if logits.dtype == torch.float64 else logits.float()
 
@@ -99,19 +104,21 @@ class BlockDiffusionPolicy(MaskedDiffusionPolicy):
         return block_generate(self, prompt_ids, prompt_mask, gen_length=gen_length, block_size=self.block_size,
                               steps_per_block=None if adaptive else steps // blocks, temperature=temperature,
                               remasking=remasking, threshold=threshold, threshold_factor=threshold_factor,
-                              canvas=canvas, generator=generator, cache=cache, forward=self.forward, rows=rows)
+                              canvas=canvas, generator=generator, cache=cache, forward=self.forward, rows=rows,
+                              prompt_blocks=self.prompt_blocks)
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         raise TypeError("a block-diffusion policy needs to know where its prompt ends: call "
                         "completion_logits(prompt_ids, prompt_mask, canvas) or dlmrl.models.policy.canvas_logits")
 
 
-def block_policy_from(policy: MaskedDiffusionPolicy, block_size: int,
-                      forward: BlockForwardFn = hf_block_forward) -> BlockDiffusionPolicy:
+def block_policy_from(policy: MaskedDiffusionPolicy, block_size: int, forward: BlockForwardFn = hf_block_forward,
+                      prompt_blocks: bool = False) -> BlockDiffusionPolicy:
     """The block-diffusion policy over ``policy``'s model and tokenizer (the same weights, block-causal attention)."""
     return BlockDiffusionPolicy(model=policy.model, tokenizer=policy.tokenizer, mask_token_id=policy.mask_token_id,
                                 family=policy.family, logits_fn=policy.logits_fn, eos_token_id=policy.eos_token_id,
-                                pad_token_id=policy.pad_token_id, block_size=block_size, forward=forward)
+                                pad_token_id=policy.pad_token_id, block_size=block_size, forward=forward,
+                                prompt_blocks=prompt_blocks)
 
 
 __all__ = ["BlockDiffusionPolicy", "block_policy_from"]

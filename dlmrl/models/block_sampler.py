@@ -68,8 +68,9 @@ class _ExactBlockForward:
     decoded block's keys and values."""
 
     def __init__(self, model, forward: BlockForwardFn, prompt_ids, prompt_mask, length: int, block_size: int,
-                 cache: bool):
+                 cache: bool, prompt_blocks: bool = False):
         self.model, self.forward, self.cache = model, forward, cache
+        self.prompt_blocks = prompt_blocks
         self.prompt_ids, self.prompt_mask = prompt_ids, prompt_mask
         self.length, self.block_size = length, block_size
         self.n_real = prompt_mask.long().sum(-1)  # (B,): real prompt tokens (the completion's first position id)
@@ -80,7 +81,7 @@ class _ExactBlockForward:
         if cache:
             self.key_real = prompt_mask.clone()
             if prompt_ids.shape[1] > 0:  # (an empty prompt leaves the cache empty)
-                _, self.past = forward(model, prompt_ids, _prompt_mask4d(prompt_mask),
+                _, self.past = forward(model, prompt_ids, _prompt_mask4d(prompt_mask, block_size, prompt_blocks),
                                        position_ids_from_mask(prompt_mask), None, True)
                 self.cache_passes = 1
 
@@ -107,7 +108,7 @@ class _ExactBlockForward:
         pids = self.prompt_ids if rows is None else self.prompt_ids[rows]
         pmask = self.prompt_mask if rows is None else self.prompt_mask[rows]
         ids = torch.cat([pids, canvas], dim=1)  # (n, P + L)
-        mask = block_causal_mask(pmask, self.length, self.block_size)
+        mask = block_causal_mask(pmask, self.length, self.block_size, self.prompt_blocks)
         out = self.forward(self.model, ids, mask, block_position_ids(pmask, self.length), None, False)[0]
         p = pids.shape[1]
         return out[:, p + self.lo : p + self.hi]
@@ -123,10 +124,10 @@ class _ExactBlockForward:
         self.cache_passes += 1
 
 
-def _prompt_mask4d(prompt_mask: torch.Tensor) -> torch.Tensor:
-    """``(B, 1, P, P)`` bool: the prompt block of :func:`block_causal_mask` (real tokens attend the real prompt,
-    padding attends itself)."""
-    return block_causal_mask(prompt_mask, 1, 1)[..., :-1, :-1]
+def _prompt_mask4d(prompt_mask: torch.Tensor, block_size: int = 1, prompt_blocks: bool = False) -> torch.Tensor:
+    """``(B, 1, P, P)`` bool: the prompt rows of :func:`block_causal_mask` (real tokens attend the real prompt, or
+    with ``prompt_blocks`` its blocks up to their own; padding attends itself)."""
+    return block_causal_mask(prompt_mask, 1, block_size, prompt_blocks)[..., :-1, :-1]
 
 
 def _validate(prompt_ids, prompt_mask, canvas, gen_length, block_size, steps_per_block, temperature, remasking,
@@ -175,6 +176,7 @@ def block_generate(
     cache: bool = True,
     forward: BlockForwardFn = hf_block_forward,
     rows: tuple[int, int] | None = None,
+    prompt_blocks: bool = False,
 ) -> BlockSampleOutput:
     """Decode ``gen_length`` tokens after each prompt with a block-causal denoiser, block by block.
 
@@ -203,6 +205,8 @@ def block_generate(
         rows: ``(start, stop)``: decode only rows ``[start, stop)`` (one process's share of a data-parallel batch;
             the model runs on those rows only), each with the random numbers and the generator's final state of
             decoding the whole batch, as :func:`~dlmrl.models.sampler.generate`'s ``rows``. ``None``: every row.
+        prompt_blocks: the prompt cut into blocks too (:func:`~dlmrl.models.block_attention.prompt_block_ids`; the
+            SDAR family), else one clean block.
     Returns:
         :class:`BlockSampleOutput`: ``canvas`` ``(B, L)`` long, ``token_logprobs`` ``(B, L)`` float32 (the log-prob of
         each revealed token under ``log_softmax(logits / T)`` with the mask token excluded, ``T = 1`` when greedy; 0
@@ -235,7 +239,8 @@ def block_generate(
     reveal_step = torch.full(x.shape, NOT_SAMPLED, dtype=torch.long, device=x.device)  # (B, L)
     token_logprobs = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # (B, L)
     score_t = temperature if temperature > 0 else 1.0  # (greedy rows are scored at T = 1, as generate records them)
-    fwd = _ExactBlockForward(policy.model, forward, prompt_ids, prompt_mask, gen_length, block_size, cache)
+    fwd = _ExactBlockForward(policy.model, forward, prompt_ids, prompt_mask, gen_length, block_size, cache,
+                             prompt_blocks)
     record = (x, reveal_step, token_logprobs)
     if threshold is None and threshold_factor is None:
         nfe = _decode_scheduled(fwd, record, x_all, start, mask_id, block_size, steps_per_block, temperature, score_t,
