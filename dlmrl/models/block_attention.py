@@ -328,10 +328,10 @@ class BlockCausalPolicy:
 
 
 __all__ = [
+    "PAD_BLOCK",
     "BlockCausalPolicy",
     "BlockForwardFn",
     "KeyValues",
-    "PAD_BLOCK",
     "block_bounds",
     "block_causal_mask",
     "block_ids",

@@ -24,7 +24,13 @@ from dlmrl.models.block_attention import (
 )
 from dlmrl.models.block_policy import block_policy_from
 from dlmrl.models.block_sampler import block_generate
-from tests.models.block_helpers import ATOL, RecordingForward, padded_prompts, random_tokens, tiny_block_policy
+from tests.models.block_helpers import (
+    ATOL,
+    RecordingForward,
+    padded_prompts,
+    random_tokens,
+    tiny_block_policy,
+)
 
 
 @pytest.fixture(scope="module")
