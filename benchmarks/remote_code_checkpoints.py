@@ -1,4 +1,5 @@
-"""Tiny random LLaDA and Dream checkpoints built from the model code of a local clone (for ``remote_code_check.py``).
+"""Tiny random LLaDA, Dream and SDAR checkpoints built from the model code of a local clone (for
+``remote_code_check.py`` and ``sdar_parity.py``).
 
 The clone's own ``configuration_*.py`` / ``modeling_*.py`` (and Dream's ``generation_utils.py`` and
 ``tokenization_dream.py``) are copied next to a ``config.json`` with the published checkpoint's fields, the sizes
@@ -6,8 +7,9 @@ shrunk (:data:`SHRINK`), the real vocabulary and mask id kept. Nothing of the cl
 read from the clone when the checkpoint is built. The weights are random (:func:`init_weights`), the tokenizer is
 character-level with the real special tokens at their real ids.
 
-Published fields: ``config.json`` of ``GSAI-ML/LLaDA-8B-Instruct`` (:data:`LLADA_CONFIG`) and of
-``Dream-org/Dream-v0-Instruct-7B`` (:data:`DREAM_CONFIG`); a clone that holds a ``config.json`` next to the code
+Published fields: ``config.json`` of ``GSAI-ML/LLaDA-8B-Instruct`` (:data:`LLADA_CONFIG`), of
+``Dream-org/Dream-v0-Instruct-7B`` (:data:`DREAM_CONFIG`) and of SDAR-4B-Chat (:data:`SDAR_CONFIG`, as JetAstra/SDAR
+ships it in ``training/model/SDAR-4B-Chat/``); a clone that holds a ``config.json`` next to the code
 (a ``git clone`` of the hub repository) gives its own instead.
 """
 
@@ -25,7 +27,10 @@ import torch
 CODE_FILES = {
     "llada": ("configuration_llada.py", "modeling_llada.py"),
     "dream": ("configuration_dream.py", "modeling_dream.py", "generation_utils.py", "tokenization_dream.py"),
+    "sdar": ("configuration_sdar.py", "modeling_sdar.py", "fused_linear_diffusion_cross_entropy.py"),
 }
+#: The ``transformers`` auto class each family's checkpoints load with.
+AUTO_CLASS = {"llada": "AutoModel", "dream": "AutoModel", "sdar": "AutoModelForCausalLM"}
 #: GSAI-ML/LLaDA-8B-Instruct's config.json, before :data:`SHRINK`.
 LLADA_CONFIG = {
     "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0, "architectures": ["LLaDAModelLM"],
@@ -53,11 +58,28 @@ DREAM_CONFIG = {
     "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
     "transformers_version": "4.46.2", "use_cache": False, "use_sliding_window": False, "vocab_size": 152064,
 }
+#: SDAR-4B-Chat's config.json (JetAstra/SDAR ``training/model/SDAR-4B-Chat/config.json``), before :data:`SHRINK`.
+SDAR_CONFIG = {
+    "architectures": ["SDARForCausalLM"],
+    "auto_map": {"AutoConfig": "configuration_sdar.SDARConfig", "AutoModel": "modeling_sdar.SDARModel",
+                 "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM"},
+    "attention_bias": False, "attention_dropout": 0.0, "attn_implementation": "flex_attention",
+    "bos_token_id": 151643, "debug": False, "eos_token_id": 151643, "block_size": 4, "mask_token_id": 151669,
+    "ep_size": 1, "fuse_cross_entropy": True, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2560,
+    "initializer_range": 0.02, "intermediate_size": 9728, "max_position_embeddings": 32768, "max_window_layers": 36,
+    "micro_forward": False, "model_type": "sdar", "num_attention_heads": 32, "num_hidden_layers": 36,
+    "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000,
+    "skip_checkpoint": False, "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "transformers_version": "4.52.4", "use_cache": False, "use_deepep": False, "use_sliding_window": False,
+    "vocab_size": 151936,
+}
 #: The size fields replaced (width 64, 4 heads, 2 layers); vocabulary, mask id and every other field stay.
 SHRINK = {
     "llada": {"d_model": 64, "n_heads": 4, "n_kv_heads": 4, "n_layers": 2, "mlp_hidden_size": 128},
     "dream": {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
               "num_hidden_layers": 2, "max_window_layers": 2},
+    "sdar": {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "head_dim": 16, "num_hidden_layers": 2, "max_window_layers": 2},
 }
 #: Special tokens at their ids in the real tokenizers (LLaDA-8B-Instruct's; Dream's Qwen2 vocabulary).
 SPECIALS = {
@@ -65,6 +87,7 @@ SPECIALS = {
               "<|start_header_id|>": 126346, "<|end_header_id|>": 126347, "<|eot_id|>": 126348},
     "dream": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|beginoftext|>": 151665,
               "<|mask|>": 151666},
+    "sdar": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|MASK|>": 151669},
 }
 CHAT_TEMPLATES = {  # the shape of each release's chat template (dlmrl's text tasks render prompts with it)
     "llada": "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
@@ -73,7 +96,8 @@ CHAT_TEMPLATES = {  # the shape of each release's chat template (dlmrl's text ta
     "dream": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
              "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
 }
-MASK_IDS = {"llada": 126336, "dream": 151666}
+CHAT_TEMPLATES["sdar"] = CHAT_TEMPLATES["dream"]  # (Qwen's ChatML)
+MASK_IDS = {"llada": 126336, "dream": 151666, "sdar": 151669}
 
 
 @dataclass(frozen=True)
@@ -93,11 +117,12 @@ def clone_commit(clone: Path) -> str:
     return out.stdout.strip() if out.returncode == 0 else "unknown"
 
 
-def find_code(clones: list[Path]) -> dict[str, CodeSource]:
-    """The folder of each family's model code in the clones (the first found; LLaDA and Dream)."""
+def find_code(clones: list[Path], families: tuple[str, ...] = ("llada", "dream")) -> dict[str, CodeSource]:
+    """The folder of each family's model code in the clones (the first found)."""
     found: dict[str, CodeSource] = {}
     for clone in clones:
-        for family, files in CODE_FILES.items():
+        for family in families:
+            files = CODE_FILES[family]
             for config_file in sorted(clone.rglob(files[0])):
                 folder = config_file.parent
                 if family not in found and (folder / files[1]).exists():
@@ -119,8 +144,8 @@ def find_function(clones: list[Path], file: str, name: str, param: str) -> tuple
 def checkpoint_config(source: CodeSource) -> dict:
     """The published ``config.json`` (the clone's own, when it has one) with :data:`SHRINK` applied."""
     own = source.folder / "config.json"
-    base = json.loads(own.read_text()) if own.exists() else {"llada": LLADA_CONFIG, "dream": DREAM_CONFIG}[
-        source.family]
+    base = json.loads(own.read_text()) if own.exists() else {"llada": LLADA_CONFIG, "dream": DREAM_CONFIG,
+                                                             "sdar": SDAR_CONFIG}[source.family]
     return {**base, **SHRINK[source.family]}
 
 
@@ -155,10 +180,12 @@ def save_fast_tokenizer(path: Path, family: str) -> None:
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
     names = list(SPECIALS[family])
-    roles = ({"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"}
-             if family == "llada" else
-             {"bos_token": "<|beginoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
-              "mask_token": "<|mask|>"})
+    roles = {
+        "llada": {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"},
+        "dream": {"bos_token": "<|beginoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+                  "mask_token": "<|mask|>"},
+        "sdar": {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "mask_token": "<|MASK|>"},
+    }[family]
     tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<|unk|>", padding_side="left",
                                   additional_special_tokens=[n for n in names if n not in roles.values()], **roles)
     tok.chat_template = CHAT_TEMPLATES[family]
@@ -210,8 +237,13 @@ def build_checkpoint(source: CodeSource, out: Path) -> Path:
         save_fast_tokenizer(out, source.family)
         text_ids = len(_char_vocab())
     ensure_default_rope()
+    if source.family == "sdar":
+        from dlmrl.models.sdar import ensure_loss_kwargs, install_flash_attn_fallback
+
+        ensure_loss_kwargs()
+        install_flash_attn_fallback()
     built = load_checkpoint_config(str(out), trust_remote_code=True)
-    model = checkpoint_model_class(built, str(out))(built)
+    model = checkpoint_model_class(built, str(out), AUTO_CLASS[source.family])(built)
     init_weights(model, text_ids)
     model.save_pretrained(out, safe_serialization=True)
     (out / "config.json").write_text(json.dumps(config, indent=2))  # the release's fields, as written

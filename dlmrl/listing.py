@@ -43,7 +43,9 @@ def _run_list(name: str) -> int:
             family = registry.get(key)
             text = ("sampling.cache prefix | dual" if family.cached_logits is not None
                     else f"no block cache ({family.no_cache_reason or 'not implemented'})")
-            text += "; model.kind block" if family.block_forward is not None else "; no model.kind block"
+            text += ("; no model.kind block" if family.block_forward is None else
+                     "; model.kind block (the prompt cut into blocks)" if family.prompt_blocks else
+                     "; model.kind block")
         if name == "algorithms":  # which policy kinds the preset runs on
             with warnings.catch_warnings():  # (some presets warn about their own documented choices)
                 warnings.simplefilter("ignore")

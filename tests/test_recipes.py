@@ -85,6 +85,23 @@ def test_llada_recipes_carry_the_papers_values(path, tmp_path, capsys, offline):
     assert cfg.train.learning_rate == (3e-7 if algo == "gdpo" else 3e-6)
 
 
+def test_the_sdar_recipe_carries_tracerls_values(tmp_path, capsys, offline):
+    # Gen-Verse/dLLM-RL configs/rl_sdar.yaml (TraceRL, arXiv 2509.06949), re-stated here as the test's oracle
+    plan = dry_run(CONFIGS / "sdar_tracerl_math.yaml", tmp_path, capsys)
+    model, s, a, e = plan["model"], plan["sampler"], plan["algorithm"], plan["estimator"]
+    assert (model["name_or_path"], model["family"], model["kind"], model["block_size"]) == (
+        "JetLM/SDAR-1.7B-Chat", "sdar", "block", 4)
+    assert model["trust_remote_code"] is True and model["lora"].startswith("off") and "cut into blocks" in (
+        model["attention"])
+    assert (s["gen_length"], s["blocks"], s["threshold"], s["temperature"]) == (2000, 500, 0.9, 1.0)
+    assert (a["name"], a["epsilon"], a["beta"], a["num_iterations"]) == ("tracerl", 0.2, 0.01, 1)
+    assert (e["name"], e["merge"], e["order"]) == ("trajectory", 1, "sampled")
+    assert (plan["sizes"]["num_generations"], plan["sizes"]["completions_per_step"]) == (16, 64 * 16)
+    cfg = Config()
+    load_yaml(cfg, CONFIGS / "sdar_tracerl_math.yaml")
+    assert (cfg.train.learning_rate, cfg.train.max_grad_norm, cfg.train.max_steps) == (1e-6, 1.0, 80)
+
+
 def test_dry_run_reports_the_tracker_and_refuses_a_bad_config(tmp_path, capsys, offline):
     path = CONFIGS / "llada_gdpo_gsm8k.yaml"
     plan = dry_run(path, tmp_path, capsys, "report_to=tensorboard")

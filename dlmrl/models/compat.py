@@ -49,6 +49,11 @@ that already works under ``transformers`` 5 runs untouched:
    ``rope_init_fn`` and an ``inv_freq`` buffer (4.x's rotary embeddings) gets its frequencies recomputed by its own
    ``rope_init_fn``, as its ``__init__`` computed them in 4.x.
 
+8. **Token ids no longer defaulted** (:func:`patch_config`): ``transformers`` 4's ``PretrainedConfig`` gave every
+   config ``pad_token_id``/``bos_token_id``/``eos_token_id`` (``None`` by default); 5 leaves them to each model's
+   config class, so SDAR's ``SDARModel.__init__`` (``self.padding_idx = config.pad_token_id``) dies with an
+   ``AttributeError``. The patch sets a missing one from ``config.json`` (else ``None``).
+
 What no patch can fix raises :class:`CheckpointCodeError` saying what is missing.
 """
 
@@ -109,15 +114,28 @@ def ensure_default_rope() -> bool:
     return True
 
 
+#: Token-id attributes every ``PretrainedConfig`` had in ``transformers`` 4 (default ``None``); 5 sets them only in the
+#: configs of its own model classes.
+_TOKEN_ID_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id")
+
+
 def patch_config(config, raw: dict | None = None):
-    """Give ``config`` the ``use_cache`` attribute ``transformers`` 5 popped (patch 3); in place, returns it.
+    """Give ``config`` the ``use_cache`` attribute ``transformers`` 5 popped (patch 3), and the token-id attributes
+    (``pad_token_id``, ``bos_token_id``, ``eos_token_id``) it no longer defaults to ``None`` (patch 8: SDAR's
+    ``SDARModel.__init__`` reads ``config.pad_token_id``, which its ``config.json`` does not set); in place, returns it.
 
     Args:
         config: a ``PretrainedConfig`` built from the checkpoint's code.
-        raw: the checkpoint's ``config.json`` as a dict (its ``use_cache`` wins; default ``False``).
+        raw: the checkpoint's ``config.json`` as a dict (its ``use_cache`` wins; default ``False``; its token ids
+            win, default ``None``).
     """
     if "use_cache" not in vars(config):
         config.use_cache = bool((raw or {}).get("use_cache", False))
+    for field in _TOKEN_ID_FIELDS:
+        try:
+            getattr(config, field)
+        except AttributeError:
+            setattr(config, field, (raw or {}).get(field))
     return config
 
 
@@ -199,9 +217,16 @@ def _tied_to_input_embeddings(model: nn.Module, keys: tuple[str, ...]) -> dict[s
 
 
 def _dynamic_class(reference: str, path: str) -> type:
+    """The class ``reference`` of the checkpoint's code. Importing that code may print to standard output:
+    ``transformers``' ``@auto_docstring`` prints an ``[ERROR] ... not documented`` line per undocumented parameter
+    (SDAR's ``modeling_sdar.py`` has five). Those lines go to standard error instead, so that a command whose
+    standard output is data (``dlmrl eval`` prints JSON) stays parseable."""
+    import contextlib
+
     from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
-    return get_class_from_dynamic_module(reference, path)
+    with contextlib.redirect_stdout(sys.stderr):
+        return get_class_from_dynamic_module(reference, path)
 
 
 def load_checkpoint_config(path: str, trust_remote_code: bool):

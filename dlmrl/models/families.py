@@ -9,6 +9,8 @@ Every adapter returns ``(B, T, V)`` logits in which position ``i`` predicts toke
   checkpoint's own code; logits shifted right by one, mask id 151666.
 - ``masked_lm``: any ``transformers`` ``*ForMaskedLM`` (BERT, RoBERTa, ModernBERT, ...); the
   tokenizer's mask token.
+- ``sdar`` (``JetLM/SDAR-*-Chat``, ``Gen-Verse/TraDo-*``): block diffusion on SDAR's own ``modeling_sdar.py``
+  (:mod:`dlmrl.models.sdar`); mask id 151669, block size from ``config.json``, the prompt cut into blocks.
 - ``tiny``: the shipped default, a Llama with ``is_causal=False`` (``dlmrl.models.tiny``), and any ``transformers``
   ``*ForCausalLM`` whose config sets ``is_causal: false`` (Qwen2, Mistral, ... run bidirectionally).
 
@@ -31,6 +33,7 @@ from torch import nn
 from dlmrl.models.block_attention import BlockForwardFn, hf_block_forward
 from dlmrl.models.block_cache import CachedLogitsFn, hf_cached_logits
 from dlmrl.models.compat import load_checkpoint_model
+from dlmrl.models.sdar import SDAR_MASK_TOKEN_ID, is_sdar, load_sdar, sdar_block_forward, sdar_logits
 from dlmrl.registry import Registry
 
 #: LLaDA's mask token ``<|mdm_mask|>``. Source: LLaDA's ``generate.py`` (``mask_id=126336``, "The token id
@@ -65,6 +68,8 @@ class Family:
         block_forward: a :data:`dlmrl.models.block_attention.BlockForwardFn` (a pass under an explicit 4-D mask with
             an optional key/value cache) for ``model.kind: block``, or ``None`` when the family's model code cannot run
             block-causally.
+        prompt_blocks: under ``model.kind: block``, the prompt is cut into blocks too, as the family's checkpoints
+            were trained (:func:`dlmrl.models.block_attention.prompt_block_ids`); False = one clean prompt block.
     """
 
     load: Callable[[str, bool, torch.dtype], nn.Module]
@@ -75,6 +80,7 @@ class Family:
     no_cache_reason: str = ""
     activation_checkpointing: Callable[[nn.Module], None] | None = None
     block_forward: BlockForwardFn | None = None
+    prompt_blocks: bool = False
 
 
 FAMILIES: Registry[Family] = Registry("model family")
@@ -321,6 +327,13 @@ FAMILIES.register("dream")(
     Family(load=_load_auto_model, logits=dream_logits, detect=_is_dream, default_mask_token_id=DREAM_MASK_TOKEN_ID,
            no_cache_reason="dlmrl has no cache adapter for Dream's checkpoint code (modeling_dream.py; Fast-dLLM "
                            "ships a modified copy for block caching)")
+)
+
+FAMILIES.register("sdar")(
+    Family(load=load_sdar, logits=sdar_logits, detect=is_sdar, default_mask_token_id=SDAR_MASK_TOKEN_ID,
+           block_forward=sdar_block_forward, prompt_blocks=True,
+           no_cache_reason="SDAR and TraDo are block-diffusion checkpoints: run them with model.kind block, "
+                           "whose key/value cache is exact")
 )
 
 

@@ -240,7 +240,7 @@ def load_block_policy(
         raise ValueError(f"{name_or_path}: family {policy.family!r} has no block-causal forward (its model code takes "
                          "no 4-D attention mask); model.kind block runs families "
                          f"{', '.join(n for n in FAMILIES.names() if FAMILIES.get(n).block_forward is not None)}")
-    return block_policy_from(policy, block_size, fam.block_forward)
+    return block_policy_from(policy, block_size, fam.block_forward, fam.prompt_blocks)
 
 
 def diffusion_policy_from_model(model, tokenizer, family: str = "auto",

@@ -45,15 +45,18 @@ def _model_section(cfg: Config) -> dict:
             out["remote_code"] = needs_remote_code(config)
     else:
         out["source"] = "hub id (not contacted by --dry-run; downloaded by the run)"
+    from dlmrl.models.families import FAMILIES
+
+    fam = family.split()[0]  # (the mask id a family fixes when neither tokenizer nor config names one)
     if m.kind == "block":
         out["block_size"] = m.block_size
+        prompt = ("the prompt is cut into blocks too, counted back from its end: the family's trained layout" if fam in FAMILIES and FAMILIES.get(fam).prompt_blocks else
+                  "the prompt is one clean block every block attends" if fam in FAMILIES else
+                  "the prompt's layout is the detected family's: one clean block (tiny) or cut into blocks (sdar)")
         out["attention"] = (f"block-causal: blocks of {m.block_size} tokens, bidirectional inside a block, causal "
-                            "across blocks (the prompt is one clean block every block attends)")
+                            f"across blocks ({prompt})")
     if m.kind in ("diffusion", "block"):
         out["family"] = family
-        from dlmrl.models.families import FAMILIES
-
-        fam = family.split()[0]  # (the mask id a family fixes when neither tokenizer nor config names one)
         default = FAMILIES.get(fam).default_mask_token_id if fam in FAMILIES else None
         if default is not None:
             out["mask_token_id"] = f"{default} unless the tokenizer or config.json names another"
