@@ -33,7 +33,7 @@ from torch import nn
 from dlmrl.models.block_attention import BlockForwardFn, hf_block_forward
 from dlmrl.models.block_cache import CachedLogitsFn, hf_cached_logits
 from dlmrl.models.compat import load_checkpoint_model
-from dlmrl.models.sdar import SDAR_MASK_TOKEN_ID, is_sdar, load_sdar, sdar_block_forward, sdar_logits
+from dlmrl.models.sdar import SDAR_MASK_TOKEN_ID, load_sdar, sdar_block_forward, sdar_logits
 from dlmrl.registry import Registry
 
 #: LLaDA's mask token ``<|mdm_mask|>``. Source: LLaDA's ``generate.py`` (``mask_id=126336``, "The token id
@@ -296,6 +296,13 @@ def _is_dream(config) -> bool:
     )
 
 
+def _is_sdar(config) -> bool:
+    # SDAR's and TraDo's config.json: model_type "sdar", architectures ["SDARForCausalLM"],
+    # auto_map {"AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM", ...}. SDAR's MoE models use "sdar_moe".
+    return (_model_type(config) == "sdar" or "SDARForCausalLM" in _architectures(config)
+            or any(t.endswith("modeling_sdar.SDARForCausalLM") for t in _auto_map_targets(config)))
+
+
 def _is_masked_lm(config) -> bool:
     return any(a.endswith("ForMaskedLM") for a in _architectures(config))
 
@@ -330,7 +337,7 @@ FAMILIES.register("dream")(
 )
 
 FAMILIES.register("sdar")(
-    Family(load=load_sdar, logits=sdar_logits, detect=is_sdar, default_mask_token_id=SDAR_MASK_TOKEN_ID,
+    Family(load=load_sdar, logits=sdar_logits, detect=_is_sdar, default_mask_token_id=SDAR_MASK_TOKEN_ID,
            block_forward=sdar_block_forward, prompt_blocks=True,
            no_cache_reason="SDAR and TraDo are block-diffusion checkpoints: run them with model.kind block, "
                            "whose key/value cache is exact")

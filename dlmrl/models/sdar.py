@@ -57,15 +57,6 @@ SDAR_MASK_TOKEN_ID = 151669
 _PATCHED = "_dlmrl_sdar_patched"
 
 
-def is_sdar(config) -> bool:
-    """``config.json`` of an SDAR / TraDo checkpoint: ``model_type`` ``sdar``, ``SDARForCausalLM`` in
-    ``architectures``, or ``auto_map`` pointing at ``modeling_sdar.SDARForCausalLM``."""
-    from dlmrl.models.families import _architectures, _auto_map_targets, _model_type
-
-    return (_model_type(config) == "sdar" or "SDARForCausalLM" in _architectures(config)
-            or any(t.endswith("modeling_sdar.SDARForCausalLM") for t in _auto_map_targets(config)))
-
-
 # ------------------------------------------------------------------------------------ flash-attn stand-in
 
 
@@ -286,7 +277,6 @@ __all__ = [
     "ensure_loss_kwargs",
     "flash_attn_func",
     "install_flash_attn_fallback",
-    "is_sdar",
     "load_sdar",
     "patch_sdar_classes",
     "rms_norm_fn",
