@@ -142,7 +142,7 @@ def load_policy(
             (named by the folder's ``dlmrl_base_model.json`` or ``adapter_config.json``) with these arguments
             and puts the adapter on it (a ``peft.PeftModel``, adapter frozen; ``dlmrl.models.lora``).
         family: ``auto`` (detected from ``config.json``: ``model_type`` / ``architectures`` /
-            ``auto_map``) or a name in ``FAMILIES`` (``llada``, ``dream``, ``masked_lm``, ``tiny``),
+            ``auto_map``) or a name in ``FAMILIES`` (``llada``, ``dream``, ``masked_lm``, ``tiny``, ``sdar``),
             which overrides detection.
         trust_remote_code: passed to ``from_pretrained`` only as given (never forced on); required for
             checkpoints that ship their own model code (LLaDA, Dream).
