@@ -63,14 +63,16 @@ _PATCHED = "_dlmrl_sdar_patched"
 def rms_norm_fn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-6,
                 **_: object) -> torch.Tensor:
     """flash-attn's ``flash_attn.ops.triton.layer_norm.rms_norm_fn`` in ``torch``: ``x · rsqrt(mean(x²) + ε) · w
-    (+ b)``, computed in float32 and returned in ``x``'s dtype (flash-attn's kernel also reduces in float32).
-    Only the arguments SDAR passes (no residual, no dropout) are supported."""
+    (+ b)``, computed in float32 (float64 for a float64 input, which flash-attn's kernel does not take) and returned in
+    ``x``'s dtype (flash-attn's kernel also reduces half-precision inputs in float32). Only the arguments SDAR passes
+    (no residual, no dropout) are supported."""
     dtype = x.dtype
-    h = x.float()
+    compute = torch.promote_types(dtype, torch.float32)
+    h = x.to(compute)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    out = h * weight.float()
+    out = h * weight.to(compute)
     if bias is not None:
-        out = out + bias.float()
+        out = out + bias.to(compute)
     return out.to(dtype)
 
 

@@ -2,10 +2,11 @@
 
 - BERT, RoBERTa and ModernBERT ``*ForMaskedLM`` with character-level tokenizers (RoBERTa's ``<pad>``
   is id 1, so its positions start at 2 as in the real model).
-- A LLaDA stand-in and a Dream stand-in whose model code lives next to their ``config.json`` (copied
+- A LLaDA, a Dream and an SDAR stand-in whose model code lives next to their ``config.json`` (copied
   from ``tests/models/remote_code``) and is loaded through ``auto_map`` + ``trust_remote_code``. As in the
   real checkpoints, the LLaDA tokenizer declares no mask token (the id, 126336, comes from
-  ``config.json``) and the Dream tokenizer declares ``<|mask|>``, which its config repeats.
+  ``config.json``), the Dream tokenizer declares ``<|mask|>`` and the SDAR one ``<|MASK|>``, which their configs
+  repeat (SDAR's also records its ``block_size``, 4).
 
 :func:`isolated_remote_code` keeps ``transformers``' copies of remote code inside a temporary folder
 instead of ``~/.cache/huggingface/modules``.
@@ -17,6 +18,7 @@ import contextlib
 import json
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -101,19 +103,20 @@ def save_modernbert(path: Path) -> Path:
     return _save_masked_lm(path, tok, config)
 
 
-def build_remote_model(path: Path):
-    """The random model of the checkpoint code in ``path`` (its ``config.json``'s ``auto_map["AutoModel"]``), built
+def build_remote_model(path: Path, auto_class: str = "AutoModel"):
+    """The random model of the checkpoint code in ``path`` (its ``config.json``'s ``auto_map[auto_class]``), built
     as ``dlmrl.models.compat`` loads such code under ``transformers`` 5 (the stand-ins are written for 4.x)."""
     from dlmrl.models.compat import checkpoint_model_class, ensure_default_rope, load_checkpoint_config
 
     ensure_default_rope()
     config = load_checkpoint_config(str(path), trust_remote_code=True)
-    return checkpoint_model_class(config, str(path))(config)
+    return checkpoint_model_class(config, str(path), auto_class)(config)
 
 
-def _save_remote(path: Path, code: str, config: dict, tok, extra: dict | None = None) -> Path:
+def _save_remote(path: Path, code: str, config: dict, tok, extra: dict | None = None,
+                 auto_class: str = "AutoModel") -> Path:
     """Write the stand-in's code, ``config.json``, the ``extra`` JSON files and the tokenizer, then random weights
-    built from that code."""
+    built from that code (its ``auto_class`` entry)."""
     path.mkdir(parents=True, exist_ok=True)
     for source in (REMOTE_CODE / code).glob("*.py"):
         shutil.copy(source, path / source.name)
@@ -121,7 +124,7 @@ def _save_remote(path: Path, code: str, config: dict, tok, extra: dict | None = 
         (path / name).write_text(json.dumps(content, indent=2))
     tok.save_pretrained(path)
     torch.manual_seed(0)
-    build_remote_model(path).save_pretrained(path, safe_serialization=True)
+    build_remote_model(path, auto_class).save_pretrained(path, safe_serialization=True)
     (path / "config.json").write_text(json.dumps(config, indent=2))  # exactly the fields a release has
     return path
 
@@ -169,13 +172,56 @@ def save_dream_like(path: Path) -> Path:
     return _save_remote(path, "dream", config, tok, {"generation_config.json": generation})
 
 
+def save_sdar_like(path: Path) -> Path:
+    """An SDAR/TraDo-like block-diffusion checkpoint (``AutoModelForCausalLM``): ``config.json`` with SDAR's fields
+    (``block_size`` 4, ``mask_token_id`` = the tokenizer's ``<|MASK|>``, no ``pad_token_id``), Qwen3's layout
+    shrunk (4 query heads of 8 over 2 key/value heads, width 16). The code needs dlmrl's flash-attn stand-in and
+    ``LossKwargs`` to import, as SDAR's does (:mod:`dlmrl.models.sdar`)."""
+    from dlmrl.models.sdar import ensure_loss_kwargs, install_flash_attn_fallback
+
+    tok = char_tokenizer(["<|endoftext|>", "<|im_end|>", "<|MASK|>", "<|unk|>"], eos_token="<|endoftext|>",
+                         pad_token="<|endoftext|>", mask_token="<|MASK|>", unk_token="<|unk|>")
+    config = {
+        "model_type": "sdar",
+        "architectures": ["SDARForCausalLM"],
+        "auto_map": {
+            "AutoConfig": "configuration_sdar.SDARConfig",
+            "AutoModel": "modeling_sdar.SDARModel",
+            "AutoModelForCausalLM": "modeling_sdar.SDARForCausalLM",
+        },
+        "vocab_size": len(tok),
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "initializer_range": 0.5,  # (SDAR: 0.02; larger here so that the random model's predictions are not uniform)
+        "attention_dropout": 0.0,
+        "block_size": 4,
+        "mask_token_id": 2,  # the tokenizer's <|MASK|>, as SDAR's config repeats its tokenizer's 151669
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "use_cache": False,
+        "tie_word_embeddings": False,
+    }
+    ensure_loss_kwargs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the stand-in's warning: flash_attn is not installed here)
+        install_flash_attn_fallback()
+    return _save_remote(path, "sdar", config, tok, auto_class="AutoModelForCausalLM")
+
+
 BUILDERS = {
     "bert": save_bert,
     "roberta": save_roberta,
     "modernbert": save_modernbert,
     "llada": save_llada_like,
     "dream": save_dream_like,
+    "sdar": save_sdar_like,
 }
 #: expected detected family of each checkpoint
 FAMILY_OF = {"bert": "masked_lm", "roberta": "masked_lm", "modernbert": "masked_lm", "llada": "llada",
-             "dream": "dream"}
+             "dream": "dream", "sdar": "sdar"}
