@@ -24,7 +24,8 @@ writes a tiny random checkpoint (2 layers, width 64, SDAR-4B-Chat's config other
   same trajectory replayed through the code's own forward, one uncached pass per step under SDAR's mask;
 - ``cache``: dlmrl's cached and uncached rollouts on a left-padded batch (sampled, threshold decoding);
 - ``train`` (unless ``--skip-train``): ``dlmrl train --dry-run`` and 2 steps each of ``tracerl`` and ``gdpo`` on the
-  block kind with LoRA and gradient checkpointing, then ``dlmrl eval``.
+  block kind with LoRA and gradient checkpointing, 2 steps of ``tracerl`` training every weight (the recipe's
+  setting), and ``dlmrl eval`` of the saved adapter and of the saved full model (its folder must hold the code).
 
 Prints a table (PASS, FAIL, or INFO) and writes ``benchmarks/results/sdar_parity.json``. Exit status 1 if any check
 fails. CPU, a few minutes.
@@ -216,9 +217,9 @@ def check_cache(path: Path):
                 f", log-prob gap {gap:.1e}; {a.nfe} passes over the block + {a.cache_passes} cache passes")
 
 
-def write_run_config(algorithm: str, ckpt: Path, work: Path) -> Path:
-    """A 2-step ``algorithm`` run on ``ckpt`` (block kind, LoRA, gradient checkpointing) with a 4-prompt dataset task;
-    the run folder is named after the checkpoint's folder (one per code copy)."""
+def write_run_config(algorithm: str, ckpt: Path, work: Path, lora: bool = True) -> Path:
+    """A 2-step ``algorithm`` run on ``ckpt`` (block kind, LoRA or every weight, gradient checkpointing) with a
+    4-prompt dataset task; the run folder is named after the checkpoint's folder (one per code copy)."""
     import yaml
 
     data = work / "prompts.jsonl"
@@ -227,7 +228,7 @@ def write_run_config(algorithm: str, ckpt: Path, work: Path) -> Path:
                  else {"name": "sdmc", "num_nodes": 2})
     config = {
         "model": {"kind": "block", "name_or_path": str(ckpt), "trust_remote_code": True, "dtype": "float32",
-                  "use_peft": True, "lora_r": 8, "lora_alpha": 4, "lora_target_modules": "q_proj,k_proj,v_proj",
+                  "use_peft": lora, "lora_r": 8, "lora_alpha": 4, "lora_target_modules": "q_proj,k_proj,v_proj",
                   "gradient_checkpointing": True},
         "task": {"name": "dataset", "train_file": str(data), "test_file": str(data)},
         "sampling": {"gen_length": 8, "steps": 8, "temperature": 1.0},
@@ -235,9 +236,9 @@ def write_run_config(algorithm: str, ckpt: Path, work: Path) -> Path:
         "train": {"algorithm": algorithm, "max_steps": 2, "prompts_per_step": 2, "num_generations": 2,
                   "num_iterations": 2, "save_steps": 100, "reward_funcs": ["remote_code_rewards:text_length"]},
         "eval": {"num_puzzles": 2, "steps": 8, "batch_size": 2, "before": False, "after": False},
-        "output_dir": str(work / "runs" / f"{ckpt.name}_{algorithm}"),
+        "output_dir": str(work / "runs" / f"{ckpt.name}_{algorithm}{'' if lora else '_full'}"),
     }
-    path = work / f"{ckpt.name}_{algorithm}.yaml"
+    path = work / f"{ckpt.name}_{algorithm}{'' if lora else '_full'}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
 
@@ -247,20 +248,40 @@ def check_train_block(config: Path, env: dict):
     from remote_code_check import run_cli
     from safetensors.torch import load_file
 
-    run = Path(yaml.safe_load(config.read_text())["output_dir"])
+    settings = yaml.safe_load(config.read_text())
+    run, lora = Path(settings["output_dir"]), settings["model"]["use_peft"]
     t0 = time.time()
     out = run_cli(["train", "--config", str(config), "--no-progress"], env)
     if out.returncode != 0:
         return False, f"rc {out.returncode}: {out.stderr.strip()[-300:]}"
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    adapter = load_file(str(run / "final_model" / "adapter_model.safetensors"))
-    lora_b = [v for k, v in adapter.items() if "lora_B" in k]
-    moved = sum(int(v.abs().max() > 0) for v in lora_b)
     losses = [s.get("loss") for s in steps]
     finite = all(v is None or math.isfinite(v) for v in losses) and any(v is not None for v in losses)
-    return len(steps) == 2 and finite and moved > 0, (
-        f"{len(steps)} steps in {time.time() - t0:.0f}s, loss {[v if v is None else round(v, 5) for v in losses]}, "
-        f"{moved}/{len(lora_b)} lora_B moved from 0")
+    grads = [s.get("grad_norm") for s in steps if s.get("grad_norm") is not None]
+    if lora:
+        adapter = load_file(str(run / "final_model" / "adapter_model.safetensors"))
+        lora_b = [v for k, v in adapter.items() if "lora_B" in k]
+        moved = sum(int(v.abs().max() > 0) for v in lora_b)
+        changed, what = moved > 0, f"{moved}/{len(lora_b)} lora_B moved from 0"
+    else:  # every weight trained: the saved folder holds the code and weights that differ from the start
+        final, start = run / "final_model", load_file(str(config.parent / Path(settings["model"]["name_or_path"]).name
+                                                          / "model.safetensors"))
+        saved = load_file(str(final / "model.safetensors"))
+        moved = sum(int(not torch.equal(saved[k], start[k])) for k in start if k in saved)
+        code = sorted(p.name for p in final.glob("*.py"))
+        changed, what = moved > 0 and "modeling_sdar.py" in code, f"{moved}/{len(start)} tensors changed, code {code}"
+    return len(steps) == 2 and finite and changed, (
+        f"{len(steps)} steps in {time.time() - t0:.0f}s ({'LoRA' if lora else 'every weight'}), loss "
+        f"{[v if v is None else round(v, 5) for v in losses]} (0 at the first inner step: ratio 1, advantages of mean "
+        f"0), grad norm {[round(g, 4) for g in grads]}, {what}")
+
+
+def check_full_eval(config: Path, env: dict):
+    """``dlmrl eval`` of a fully trained run's ``final_model`` (the checkpoint's code and the trained weights)."""
+    from remote_code_check import check_eval
+
+    ok, detail = check_eval(config, env)
+    return ok, detail.replace("adapter reloaded onto the base", "the saved model (its own code, trained weights) reloaded")
 
 
 def check_family(report, label: str, source, generate_fn, work: Path, env: dict, skip_train: bool) -> None:
@@ -286,8 +307,11 @@ def check_family(report, label: str, source, generate_fn, work: Path, env: dict,
     for algorithm in ("tracerl", "gdpo"):
         config = write_run_config(algorithm, ckpt, work)
         report.run(label, f"dlmrl train --dry-run ({algorithm})", lambda c=config: check_dry_run(c, env))
-        report.run(label, f"dlmrl train, 2 steps ({algorithm})", lambda c=config: check_train_block(c, env))
-    report.run(label, "dlmrl eval", lambda c=config: check_eval(c, env))
+        report.run(label, f"dlmrl train, 2 steps ({algorithm}, LoRA)", lambda c=config: check_train_block(c, env))
+    report.run(label, "dlmrl eval (LoRA adapter)", lambda c=config: check_eval(c, env))
+    config = write_run_config("tracerl", ckpt, work, lora=False)
+    report.run(label, "dlmrl train, 2 steps (tracerl, every weight)", lambda c=config: check_train_block(c, env))
+    report.run(label, "dlmrl eval (fully trained model)", lambda c=config: check_full_eval(c, env))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -113,6 +113,7 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
            f"{m.name_or_path!r} is a shipped {other} model; model.kind is {m.kind!r} (use "
            f"{' or '.join(map(repr, shipped[m.kind]))} or set model.kind {other})")
     _check_block_size(cfg)
+    _check_remote_code(cfg)
     sudoku_grid = t.name == "sudoku" and t.answer_mode != "text"  # (the tiny model's 16-cell canvas)
     _check(m.kind != "ar" or not sudoku_grid or t.answer_mode == "full", "task.answer_mode",
            "model.kind 'ar' generates the whole grid left to right: use answer_mode full (or text)")
@@ -155,8 +156,8 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
         if key == "eval.steps" and ev.preset != "none":  # (the preset's steps and blocks: check_eval_protocol)
             continue
         _check(steps >= blocks and steps % blocks == 0, key, f"{steps} steps do not split evenly over {blocks} blocks")
-    _check(s.temperature >= 0, "sampling.temperature", "must be >= 0")
-    _check(ev.temperature >= 0, "eval.temperature", "must be >= 0")
+    _check(s.temperature >= 0, "sampling.temperature", f"must be a number >= 0, got {s.temperature!r}")  # (NaN too)
+    _check(ev.temperature >= 0, "eval.temperature", f"must be a number >= 0, got {ev.temperature!r}")
     check_eval_protocol(cfg, for_training)
     from dlmrl.models.sampler import REMASKING
 
@@ -225,8 +226,8 @@ def _check_block_size(cfg: Config) -> None:
 
         m.block_size = checkpoint_block_size(m.name_or_path)
         _check(m.block_size is not None, "model.block_size",
-               f"model.kind block needs a block size, and {m.name_or_path!r} has no readable config.json block_size; "
-               "set model.block_size")
+               f"model.kind block needs a block size, and the config.json of {m.name_or_path!r} records none or "
+               "could not be read (a hub checkpoint's needs the hub); set model.block_size")
     b = m.block_size
     _check(isinstance(b, int) and not isinstance(b, bool) and b >= 1, "model.block_size",
            f"must be an integer >= 1, got {b!r}")
@@ -239,6 +240,32 @@ def _check_block_size(cfg: Config) -> None:
            f"it (got {s.block_length})")
     _check(s.cfg_scale == 0, "sampling.cfg_scale", "classifier-free guidance is not implemented for model.kind block "
                                                    "(set it 0)")
+
+
+#: Families whose checkpoints always ship their own model code (``auto_map``): loading runs it.
+CODE_SHIPPING_FAMILIES = ("llada", "dream", "sdar")
+
+
+def _check_remote_code(cfg: Config) -> None:
+    """``model.trust_remote_code`` must be on for a checkpoint that ships its own model code: a family whose
+    checkpoints all do, or a local folder whose ``config.json`` says so (read as JSON, no code runs). A hub id of an
+    undetected family is checked when it loads."""
+    m = cfg.model
+    if m.kind == "ar" or m.trust_remote_code:
+        return
+    why = None
+    if m.family in CODE_SHIPPING_FAMILIES:
+        why = f"model.family {m.family!r} checkpoints ship their own model code"
+    else:
+        from pathlib import Path
+
+        from dlmrl.models.loading import needs_remote_code, read_checkpoint_config, resolve_model_path
+
+        path = Path(resolve_model_path(m.name_or_path))
+        if (path / "config.json").is_file() and needs_remote_code(read_checkpoint_config(str(path))):
+            why = f"{m.name_or_path!r} ships its own model code (config.json auto_map)"
+    _check(why is None, "model.trust_remote_code",
+           f"{why}, and loading it runs that code: set model.trust_remote_code=true if you trust its source")
 
 
 def _is_number(value) -> bool:

@@ -151,8 +151,8 @@ def _validate(prompt_ids, prompt_mask, canvas, gen_length, block_size, steps_per
         raise ValueError(f"unknown remasking {remasking!r}; expected one of {REMASKING}")
     if thresholded and remasking != "low_confidence":
         raise ValueError(f"threshold decoding needs remasking 'low_confidence', got {remasking!r}")
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not temperature >= 0:  # (NaN included: it would decode every token as id 0)
+        raise ValueError(f"temperature must be a number >= 0, got {temperature}")
     if canvas is not None and tuple(canvas.shape) != (prompt_ids.shape[0], gen_length):
         raise ValueError(f"canvas shape {tuple(canvas.shape)} != (batch, gen_length) = "
                          f"({prompt_ids.shape[0]}, {gen_length})")

@@ -286,7 +286,16 @@ def load_checkpoint_model(path: str, trust_remote_code: bool, dtype: torch.dtype
             f"{path}: the checkpoint's own model code ({cls.__module__}.{cls.__name__}) does not load under "
             f"transformers {transformers.__version__}, and dlmrl's compatibility patches (dlmrl.models.compat) do not "
             f"cover this failure: {type(e).__name__}: {e}") from e
-    return restore_rotary_buffers(model) if remote else model
+    if not remote:
+        return model
+    # What transformers' Auto* classes do for checkpoint code (_BaseAutoModelClass.from_pretrained): register the
+    # classes for their auto class, so that save_pretrained writes the code files next to the weights
+    # (custom_object_save) and the saved folder loads like the original. Built from the class directly, a fully
+    # fine-tuned model would otherwise be saved with an auto_map pointing at files that are not there.
+    cls.register_for_auto_class(auto_class)
+    if type(config).__module__.startswith("transformers_modules"):
+        type(config).register_for_auto_class("AutoConfig")
+    return restore_rotary_buffers(model)
 
 
 def restore_rotary_buffers(model: nn.Module) -> nn.Module:

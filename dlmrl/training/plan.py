@@ -27,6 +27,7 @@ def _model_section(cfg: Config) -> dict:
                  "trust_remote_code": m.trust_remote_code}
     path = Path((resolve_ar_model_path if m.kind == "ar" else resolve_model_path)(m.name_or_path))
     family = m.family
+    config: dict = {}
     if path.is_dir():
         out["source"] = f"local folder {path}"
         if (path / "adapter_config.json").is_file():
@@ -58,7 +59,9 @@ def _model_section(cfg: Config) -> dict:
     if m.kind in ("diffusion", "block"):
         out["family"] = family
         default = FAMILIES.get(fam).default_mask_token_id if fam in FAMILIES else None
-        if default is not None:
+        if config.get("mask_token_id") is not None:  # (a local config.json, read above)
+            out["mask_token_id"] = f"{config['mask_token_id']} (config.json) unless the tokenizer names another"
+        elif default is not None:
             out["mask_token_id"] = f"{default} unless the tokenizer or config.json names another"
     if getattr(m, "use_peft", False):
         out["lora"] = {"r": m.lora_r, "alpha": m.lora_alpha, "dropout": m.lora_dropout,

@@ -89,6 +89,30 @@ def test_remote_code_is_refused_unless_trusted(kind, checkpoints):
         load_policy(str(checkpoints[kind]))
 
 
+@pytest.mark.parametrize("kind", ["llada", "dream", "sdar"])
+def test_a_fully_trained_checkpoint_saves_its_model_code_and_loads_back(kind, checkpoints, policies, tmp_path):
+    # save_pretrained of a model built from checkpoint code writes that code (as transformers' Auto classes arrange),
+    # so a fully fine-tuned model's folder loads like the original: same class, same logits
+    from dlmrl.models.lora import save_final_model
+
+    policy = policies[kind]
+    out = tmp_path / "final"
+    save_final_model(policy.model, policy.tokenizer, out)
+    code = {p.name for p in out.glob("*.py")}
+    assert {f"configuration_{kind}.py", f"modeling_{kind}.py"} <= code, sorted(code)
+    with isolated_remote_code(tmp_path / "modules"):
+        again = load_policy(str(out), trust_remote_code=True, dtype="float64")
+        assert again.family == policy.family and type(again.model).__name__ == type(policy.model).__name__
+        prompt, _, completion, _ = batch(policy)
+        ids = torch.cat([prompt, completion.masked_fill(completion > 0, policy.mask_token_id)], dim=1)
+        mask = torch.ones_like(ids, dtype=torch.bool)
+        with torch.no_grad():
+            a, b = again(ids, mask), policy(ids, mask)
+        # the same float64 weights in another model instance: equal up to summation order (kernel choice)
+        tol = forward_tol(scale=float(b.abs().max()), terms=FAMILY_TERMS)
+        torch.testing.assert_close(a, b, atol=tol, rtol=0)
+
+
 def test_family_override_wins_over_detection(checkpoints, policies):
     # The Dream stand-in loaded as LLaDA: same weights, but no shift any more.
     as_llada = load_policy(str(checkpoints["dream"]), family="llada", trust_remote_code=True, dtype="float64")
