@@ -113,7 +113,6 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
            f"{m.name_or_path!r} is a shipped {other} model; model.kind is {m.kind!r} (use "
            f"{' or '.join(map(repr, shipped[m.kind]))} or set model.kind {other})")
     _check_block_size(cfg)
-    _check_remote_code(cfg)
     sudoku_grid = t.name == "sudoku" and t.answer_mode != "text"  # (the tiny model's 16-cell canvas)
     _check(m.kind != "ar" or not sudoku_grid or t.answer_mode == "full", "task.answer_mode",
            "model.kind 'ar' generates the whole grid left to right: use answer_mode full (or text)")
@@ -165,6 +164,7 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
     _check(s.cfg_scale >= 0, "sampling.cfg_scale", "must be >= 0")
     _check_threshold(cfg)
     _check_cache(cfg)
+    _check_remote_code(cfg)  # (after the sampler's checks: a family's missing cache is the more specific error)
     name, e, chosen_by = estimator_choice(cfg, preset)
     try:
         cls = ESTIMATORS.get(name)
