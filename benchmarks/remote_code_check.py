@@ -119,11 +119,12 @@ def check_as_built(family: str, path: Path):
                                            f"kernels); keys not in the file: {sorted(missing) or 'none'}")
 
 
-def check_refused(path: Path):
+def check_refused(path: Path, loader=None):
+    """``loader(path)`` (default ``load_policy``) without ``trust_remote_code`` must refuse, naming it."""
     from dlmrl.models.loading import load_policy
 
     try:
-        load_policy(str(path))
+        (loader or load_policy)(str(path))
     except ValueError as e:
         return "trust_remote_code" in str(e), "refused: " + str(e)[:90] + "..."
     return False, "loaded without trust_remote_code"

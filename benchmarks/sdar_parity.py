@@ -90,16 +90,6 @@ def check_load(path: Path):
                 f"prompt cut into blocks {policy.prompt_blocks}, {type(policy.model).__name__}")
 
 
-def check_refused(path: Path):
-    from dlmrl.models.loading import load_block_policy
-
-    try:
-        load_block_policy(str(path))
-    except ValueError as e:
-        return "trust_remote_code" in str(e), "refused: " + str(e)[:90] + "..."
-    return False, "loaded without trust_remote_code"
-
-
 def prompt_batch(policy, texts):
     ids = policy.tokenizer(texts, add_special_tokens=False, return_tensors="pt", padding=True)
     return ids["input_ids"], ids["attention_mask"].bool()
@@ -285,12 +275,14 @@ def check_full_eval(config: Path, env: dict):
 
 
 def check_family(report, label: str, source, generate_fn, work: Path, env: dict, skip_train: bool) -> None:
-    from remote_code_check import check_dry_run, check_eval
+    from remote_code_check import check_dry_run, check_eval, check_refused
     from remote_code_checkpoints import build_checkpoint
+
+    from dlmrl.models.loading import load_block_policy
 
     ckpt = build_checkpoint(source, work / f"sdar_{source.clone.name}")
     report.run(label, "load", lambda: check_load(ckpt))
-    report.run(label, "refused without trust_remote_code", lambda: check_refused(ckpt))
+    report.run(label, "refused without trust_remote_code", lambda: check_refused(ckpt, load_block_policy))
     report.run(label, "forward (block-causal logits)", lambda: check_forward(ckpt))
     if generate_fn is None:
         report.add(label, "greedy vs generate.py", None, "no generate.py with block_diffusion_generate in the clones")
