@@ -205,28 +205,40 @@ def compare_conventions(report: Report, family: str, real: dict, stand_in: dict)
 # ----------------------------------------------------------------------------------------- training, eval
 
 
+def write_tiny_run(work: Path, name: str, prompts: list[str], model: dict, sampling: dict, estimator: dict,
+                   train: dict, eval_steps: int) -> Path:
+    """Write ``<work>/<name>.yaml``: a 2-step run of a dataset task on ``prompts`` (``<work>/prompts.jsonl``, train and
+    held-out) with a tiny batch (2 prompts x 2, mu 2) and the ``text_length`` reward, into ``<work>/runs/<name>``."""
+    import yaml
+
+    data = work / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    config = {
+        "model": model,
+        "task": {"name": "dataset", "train_file": str(data), "test_file": str(data)},
+        "sampling": sampling,
+        "estimator": estimator,
+        "train": {**train, "max_steps": 2, "prompts_per_step": 2, "num_generations": 2, "num_iterations": 2,
+                  "save_steps": 100, "reward_funcs": ["remote_code_rewards:text_length"]},
+        "eval": {"num_puzzles": 2, "steps": eval_steps, "batch_size": 2, "before": False, "after": False},
+        "output_dir": str(work / "runs" / name),
+    }
+    path = work / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
 def write_run_config(family: str, algorithm: str, ckpt: Path, work: Path) -> Path:
     """The recipe's ``model`` section (LoRA targets, dropout, dtype) on ``ckpt``, with gradient checkpointing on,
     the algorithm's recipe settings, a 4-prompt dataset task and a tiny batch."""
     import yaml
 
     recipe = yaml.safe_load((ROOT / "configs" / f"llada_{algorithm}_sudoku.yaml").read_text())
-    data = work / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
-    config = {
-        "model": {**recipe["model"], "name_or_path": str(ckpt), "family": family, "lora_r": 8, "lora_alpha": 4,
-                  "gradient_checkpointing": True},
-        "task": {"name": "dataset", "train_file": str(data), "test_file": str(data)},
-        "sampling": {**recipe["sampling"], "gen_length": 8, "block_length": 4, "steps": 4},
-        "estimator": recipe["estimator"],
-        "train": {**recipe["train"], "max_steps": 2, "prompts_per_step": 2, "num_generations": 2,
-                  "num_iterations": 2, "save_steps": 100, "reward_funcs": ["remote_code_rewards:text_length"]},
-        "eval": {"num_puzzles": 2, "steps": 4, "batch_size": 2, "before": False, "after": False},
-        "output_dir": str(work / "runs" / f"{family}_{algorithm}"),
-    }
-    path = work / f"{family}_{algorithm}.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
+    model = {**recipe["model"], "name_or_path": str(ckpt), "family": family, "lora_r": 8, "lora_alpha": 4,
+             "gradient_checkpointing": True}
+    sampling = {**recipe["sampling"], "gen_length": 8, "block_length": 4, "steps": 4}
+    return write_tiny_run(work, f"{family}_{algorithm}", PROMPTS, model, sampling, recipe["estimator"],
+                          recipe["train"], eval_steps=4)
 
 
 def check_dry_run(config: Path, env: dict):

@@ -181,14 +181,12 @@ def check_likelihood(path: Path, temperature: float):
                                                          out.reveal_step[r], policy.block_size, policy.mask_token_id)
                            for r in range(2)])
     if temperature > 0:  # (dlmrl scores a sampled token at the sampling temperature; the reference replay at T = 1)
-        ref_ok = True
         gap_sampler = float((ours.per_token - out.token_logprobs).abs().max())
         return gap_sampler <= 1e-4, (f"T {temperature}: trajectory score vs the sampler's token_logprobs, max gap "
                                      f"{gap_sampler:.1e}; {ours.nfe} composite passes for 12 tokens in 3 blocks")
     gap = float((ours.per_token - ref).abs().max())
     gap_sampler = float((ours.per_token - out.token_logprobs).abs().max())
-    ref_ok = gap <= 1e-4 and gap_sampler <= 1e-4
-    return ref_ok, (f"greedy: max |log-prob gap| {gap:.1e} vs the code's own forward replayed step by step "
+    return gap <= 1e-4 and gap_sampler <= 1e-4, (f"greedy: max |log-prob gap| {gap:.1e} vs the code's own forward replayed step by step "
                     f"({int(out.reveal_step.max()) + 1} steps), {gap_sampler:.1e} vs the sampler's token_logprobs; "
                     f"{ours.nfe} composite passes instead of {3 * 4} uncached ones")
 
@@ -210,27 +208,16 @@ def check_cache(path: Path):
 def write_run_config(algorithm: str, ckpt: Path, work: Path, lora: bool = True) -> Path:
     """A 2-step ``algorithm`` run on ``ckpt`` (block kind, LoRA or every weight, gradient checkpointing) with a
     4-prompt dataset task; the run folder is named after the checkpoint's folder (one per code copy)."""
-    import yaml
+    from remote_code_check import write_tiny_run
 
-    data = work / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPT_TEXTS))
     estimator = ({"name": "trajectory", "order": "sampled", "merge": 1} if algorithm == "tracerl"
                  else {"name": "sdmc", "num_nodes": 2})
-    config = {
-        "model": {"kind": "block", "name_or_path": str(ckpt), "trust_remote_code": True, "dtype": "float32",
-                  "use_peft": lora, "lora_r": 8, "lora_alpha": 4, "lora_target_modules": "q_proj,k_proj,v_proj",
-                  "gradient_checkpointing": True},
-        "task": {"name": "dataset", "train_file": str(data), "test_file": str(data)},
-        "sampling": {"gen_length": 8, "steps": 8, "temperature": 1.0},
-        "estimator": estimator,
-        "train": {"algorithm": algorithm, "max_steps": 2, "prompts_per_step": 2, "num_generations": 2,
-                  "num_iterations": 2, "save_steps": 100, "reward_funcs": ["remote_code_rewards:text_length"]},
-        "eval": {"num_puzzles": 2, "steps": 8, "batch_size": 2, "before": False, "after": False},
-        "output_dir": str(work / "runs" / f"{ckpt.name}_{algorithm}{'' if lora else '_full'}"),
-    }
-    path = work / f"{ckpt.name}_{algorithm}{'' if lora else '_full'}.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
+    model = {"kind": "block", "name_or_path": str(ckpt), "trust_remote_code": True, "dtype": "float32",
+             "use_peft": lora, "lora_r": 8, "lora_alpha": 4, "lora_target_modules": "q_proj,k_proj,v_proj",
+             "gradient_checkpointing": True}
+    return write_tiny_run(work, f"{ckpt.name}_{algorithm}{'' if lora else '_full'}", PROMPT_TEXTS, model,
+                          {"gen_length": 8, "steps": 8, "temperature": 1.0}, estimator, {"algorithm": algorithm},
+                          eval_steps=8)
 
 
 def check_train_block(config: Path, env: dict):

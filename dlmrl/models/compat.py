@@ -54,6 +54,10 @@ that already works under ``transformers`` 5 runs untouched:
    config class, so SDAR's ``SDARModel.__init__`` (``self.padding_idx = config.pad_token_id``) dies with an
    ``AttributeError``. The patch sets a missing one from ``config.json`` (else ``None``).
 
+9. **generation_config.json on saving** (:func:`keep_generation_config`): ``transformers`` 5's ``save_pretrained``
+   writes it only for a model that ``can_generate()``; Dream's ``DreamModel`` cannot (no ``generate``) but its
+   ``from_pretrained`` requires the file, so a fully trained Dream would not load back. It is copied from the source.
+
 What no patch can fix raises :class:`CheckpointCodeError` saying what is missing.
 """
 
@@ -61,7 +65,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import shutil
 import sys
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -298,6 +304,24 @@ def load_checkpoint_model(path: str, trust_remote_code: bool, dtype: torch.dtype
     return restore_rotary_buffers(model)
 
 
+def keep_generation_config(model: nn.Module, path: str | Path) -> None:
+    """Patch 9: copy the source checkpoint's ``generation_config.json`` into a saved folder that has none, for
+    checkpoint code whose ``from_pretrained`` requires one: Dream's ``DreamModel`` reloads it as its ``DreamGenerationConfig``, but
+    has no ``generate`` method, so ``transformers`` 5's ``save_pretrained`` (which writes it only for models that
+    ``can_generate()``) leaves it out and the saved folder would not load. Nothing happens when the source has none."""
+    if (Path(path) / "generation_config.json").exists() or not type(model).__module__.startswith("transformers_modules"):
+        return
+    source = getattr(model.config, "_name_or_path", None)
+    if not source:
+        return
+    from transformers.utils import cached_file
+
+    found = cached_file(source, "generation_config.json", _raise_exceptions_for_missing_entries=False,
+                        _raise_exceptions_for_connection_errors=False)
+    if found:
+        shutil.copyfile(found, Path(path) / "generation_config.json")
+
+
 def restore_rotary_buffers(model: nn.Module) -> nn.Module:
     """Patch 7: recompute the ``inv_freq`` buffer (and ``attention_scaling``, ``original_inv_freq``) of every
     4.x-style rotary embedding (a module with ``rope_init_fn`` and an ``inv_freq`` tensor) with its own
@@ -320,6 +344,7 @@ __all__ = [
     "checkpoint_model_class",
     "default_rope_parameters",
     "ensure_default_rope",
+    "keep_generation_config",
     "load_checkpoint_config",
     "load_checkpoint_model",
     "patch_config",

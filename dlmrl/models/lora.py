@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import shutil
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -394,7 +393,9 @@ def save_final_model(model: nn.Module, tokenizer, path: str | Path, model_cfg=No
         if block_size is not None:  # (a block-diffusion run: its block size travels with the weights' config.json)
             model.config.block_size = block_size
         model.save_pretrained(path, safe_serialization=True)
-        _keep_generation_config(model, path)
+        from dlmrl.models.compat import keep_generation_config
+
+        keep_generation_config(model, path)
     else:
         # (embeddings are never targeted; 'auto' would look the base up on the hub to compare vocabularies)
         peft_model.save_pretrained(str(path), safe_serialization=True, save_embedding_layers=False)
@@ -408,24 +409,6 @@ def save_final_model(model: nn.Module, tokenizer, path: str | Path, model_cfg=No
         (path / BASE_NOTE).write_text(json.dumps(note, indent=2) + "\n")
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
-
-
-def _keep_generation_config(model: nn.Module, path: Path) -> None:
-    """Copy the source checkpoint's ``generation_config.json`` into a saved folder that has none, for checkpoint code
-    whose ``from_pretrained`` requires one: Dream's ``DreamModel`` reloads it as its ``DreamGenerationConfig``, but
-    has no ``generate`` method, so ``transformers`` 5's ``save_pretrained`` (which writes it only for models that
-    ``can_generate()``) leaves it out and the saved folder would not load. Nothing happens when the source has none."""
-    if (path / "generation_config.json").exists() or not type(model).__module__.startswith("transformers_modules"):
-        return
-    source = getattr(model.config, "_name_or_path", None)
-    if not source:
-        return
-    from transformers.utils import cached_file
-
-    found = cached_file(source, "generation_config.json", _raise_exceptions_for_missing_entries=False,
-                        _raise_exceptions_for_connection_errors=False)
-    if found:
-        shutil.copyfile(found, path / "generation_config.json")
 
 
 # -- accelerate checkpoints --------------------------------------------------------------------------------
