@@ -136,6 +136,9 @@ def _validate(prompt_ids, prompt_mask, canvas, gen_length, block_size, steps_per
     if prompt_ids.dim() != 2 or prompt_mask.shape != prompt_ids.shape:
         raise ValueError(f"prompt_ids must be (B, P) with a prompt_mask of the same shape, got "
                          f"{tuple(prompt_ids.shape)} and {tuple(prompt_mask.shape)}")
+    from dlmrl.models.families import left_padding
+
+    left_padding(prompt_mask.bool())  # (raises on right or inner padding: positions and prompt blocks assume left)
     block_bounds(gen_length, block_size)  # (raises on gen_length or block_size < 1)
     if threshold is not None and threshold_factor is not None:
         raise ValueError("give threshold or threshold_factor, not both")
@@ -213,9 +216,9 @@ def block_generate(
         where nothing was drawn), ``reveal_step`` ``(B, L)`` long (global numbering, ``NOT_SAMPLED`` on given infill
         tokens), ``nfe``, ``row_nfe`` ``(B,)`` and ``cache_passes`` (``rows``: ``stop - start`` rows).
     Raises:
-        ValueError: on mismatched shapes, ``gen_length`` or ``block_size`` below 1, a missing ``steps_per_block``, an
-            unknown ``remasking``, a threshold outside its range, both threshold rules, a negative temperature, or a
-            policy without ``mask_token_id``.
+        ValueError: on mismatched shapes, a prompt mask that is not left-padded, ``gen_length`` or ``block_size``
+            below 1, a missing ``steps_per_block``, an unknown ``remasking``, a threshold outside its range, both
+            threshold rules, a negative temperature, or a policy without ``mask_token_id``.
     Reference: SDAR arXiv 2510.06303 (``block_diffusion_generate``); LLaDA arXiv 2502.09992 (``generate``);
     Fast-dLLM arXiv 2505.22618 (``get_transfer_index``).
     """

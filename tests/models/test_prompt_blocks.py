@@ -148,3 +148,10 @@ def test_the_trajectory_at_merge_1_is_the_samplers_log_probs(policy, prompts, te
     plan = block_trajectory_plan(mask, out.reveal_step, 4, 1, temperature=temperature if temperature > 0 else 1.0)
     est = score(blocks, *prompts, out.canvas, mask, plan)
     torch.testing.assert_close(est.per_token, out.token_logprobs, atol=ATOL, rtol=0)
+
+
+def test_a_prompt_padded_on_the_right_is_refused(policy, prompts):
+    # prompt blocks are counted back from the prompt's end and positions over real tokens: both assume left padding
+    ids, pm = prompts
+    with pytest.raises(ValueError, match="left padding"):
+        block_generate(policy, ids, pm.flip(-1), gen_length=8, block_size=4, steps_per_block=2, prompt_blocks=True)
