@@ -281,10 +281,15 @@ class TrainConfig:
               "groups whose rewards differ; null = the preset's (dapo: 3).")
     max_completions: int = doc(0, "Rollout budget: stop at the end of the step where the cumulative number of "
                                   "sampled completions (every round, every turn) reaches this (0 = off).")
-    env: str | None = doc(None, "Environment of multi-turn presets (flow_grpo): sudoku_feedback | sudoku_retry | "
-                                "multihop | multihop_react | multihop_memory (dlmrl.envs.ENVS); null = the task's "
-                                "default (sudoku: sudoku_feedback; multihop: multihop, task.options.context's mode).")
-    max_turns: int = doc(3, "Multi-turn presets: most turns (policy responses) per episode.")
+    env: str | None = doc(None, "Environment: sudoku_feedback | sudoku_retry | multihop | multihop_react | "
+                                "multihop_memory (dlmrl.envs.ENVS). Multi-turn presets (flow_grpo) play episodes in "
+                                "it, one row per turn; null = the task's default (sudoku: sudoku_feedback; multihop: "
+                                "multihop, task.options.context's mode). Any other preset with an env set runs the "
+                                "tools inside the rollout: one sequence per trajectory, the observations appended as "
+                                "context tokens (never scored), sampling.gen_length its token budget (AR; an env that "
+                                "appends its observations: multihop_react).")
+    max_turns: int = doc(3, "Multi-turn presets and tools inside the rollout: most turns (policy responses) per "
+                            "episode.")
     reward_funcs: list[str] = field(default_factory=list, metadata={"help": (
         "task.name dataset: the reward functions, each a registry name (dlmrl list rewards) or an import string "
         "module:function; TRL's signature f(prompts, completions, **columns) -> list[float | None] (None: not "
@@ -350,16 +355,19 @@ class PretrainConfig:
     num_heads: int = doc(4, "Attention heads.")
     intermediate_size: int = doc(192, "MLP width.")
     eval_puzzles: int = doc(256, "Held-out puzzles evaluated at the end (greedy, infill); multihop: held-out "
-                                 "questions (0 = all).")
+                                 "questions (0 = all); recommend: held-out users.")
     task: str = doc("sudoku", "What to SFT on: sudoku (the solutions) | multihop (the scripted agent's tool-use "
-                              "traces, dlmrl.training.pretrain_multihop).")
+                              "traces, dlmrl.training.pretrain_multihop) | recommend (users' next items as semantic "
+                              "IDs, kind ar, dlmrl.training.pretrain_recommend).")
     task_options: dict = field(default_factory=dict, metadata={"help": (
-        "multihop: the task's settings (MultiHopOptions: kb_seed, kb_scale, hops, ...), as task.options of a run.")})
+        "multihop: the task's settings (MultiHopOptions: kb_seed, kb_scale, hops, ...), as task.options of a run; "
+        "recommend: RecommendOptions (codebook_sizes, n_train, noise, ...).")})
     block_sizes: str = doc("1,2,4,8,16", "kind block: the block sizes trained on, one drawn per batch (a comma "
                                          "list); the model serves each of them.")
     sft_forms: str = doc("trace,memory", "multihop: the SFT pairs, a comma list of trace (prompt = question, "
                                          "completion = the whole trace) | react | memory (one pair per turn in that "
-                                         "episode context mode).")
+                                         "episode context mode); recommend: the modes, a comma list of direct | "
+                                         "reasoning.")
 
 
 def iter_fields(cls: type, prefix: str = ""):

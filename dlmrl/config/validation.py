@@ -453,7 +453,8 @@ def _check_algorithm(cfg: Config):
 
 
 def _check_rollout_parts(cfg: Config, preset) -> None:
-    """Dynamic sampling, anchors and episodes: combinations the trainer runs, the environment, the advantage."""
+    """Dynamic sampling, anchors, episodes and tools inside the rollout: combinations the trainer runs, the
+    environment, the advantage."""
     from dlmrl.envs import ENVS, default_env
 
     tr, algo = cfg.train, cfg.train.algorithm
@@ -468,8 +469,26 @@ def _check_rollout_parts(cfg: Config, preset) -> None:
         tasks = getattr(ENVS.get(env), "tasks", ())
         _check(cfg.task.name in tasks, "train.env", f"environment {env!r} serves tasks {tasks}, not {cfg.task.name!r}")
         _check(isinstance(tr.max_turns, int) and tr.max_turns >= 1, "train.max_turns", "must be an integer >= 1")
-    else:
-        _check(tr.env is None, "train.env", f"only multi-turn presets (flow_grpo) play episodes; {algo!r} is not one")
+    elif tr.env is not None:  # tools inside the rollout: one growing sequence per trajectory (training/tool_loop.py)
+        env = tr.env
+        _check(env in ENVS, "train.env", f"unknown environment {env!r}; known: {', '.join(ENVS.names())}")
+        tasks = getattr(ENVS.get(env), "tasks", ())
+        _check(cfg.task.name in tasks, "train.env", f"environment {env!r} serves tasks {tasks}, not {cfg.task.name!r}")
+        _check(cfg.model.kind == "ar", "train.env",
+               f"tools inside the rollout (train.env with {algo!r}) run on model.kind 'ar' for now; "
+               f"got {cfg.model.kind!r}")
+        _check(preset.anchor_threshold is None, "train.env",
+               f"{algo!r} adds off-policy anchor rows, which have no tool observations; tools inside the rollout "
+               "cannot be combined with anchors")
+        context = (cfg.task.options or {}).get("context", "react") if env == "multihop" else None
+        _check(env != "multihop_memory" and context in (None, "react"), "train.env",
+               f"tools inside the rollout append each observation to the sequence, so the context must be the "
+               f"growing transcript: use multihop_react (or multihop with task.options.context: react), not "
+               f"{'multihop_memory' if env == 'multihop_memory' else 'context ' + repr(context)}")
+        _check(env.startswith("multihop"), "train.env",
+               f"environment {env!r} rewrites its prompt every turn; tools inside the rollout need one that appends "
+               "its observations (multihop_react)")
+        _check(isinstance(tr.max_turns, int) and tr.max_turns >= 1, "train.max_turns", "must be an integer >= 1")
 
 
 def _check_data_files(t: TaskConfig, reward_functions=None) -> int | float:
@@ -547,8 +566,11 @@ def validate_pretrain(cfg: PretrainConfig) -> None:
     _check(cfg.hidden_size % cfg.num_heads == 0, "num_heads", "must divide hidden_size")
     _check(cfg.learning_rate > 0, "learning_rate", "must be > 0")
     _check(1 <= cfg.min_blanks <= cfg.max_blanks <= 12, "min_blanks", "need 1 <= min_blanks <= max_blanks <= 12")
-    _check(cfg.task in ("sudoku", "multihop"), "task", f"unknown pretraining task {cfg.task!r}; use sudoku or multihop")
-    _check(cfg.task == "multihop" or not cfg.task_options, "task_options", "only the multihop pretraining reads them")
+    _check(cfg.task in ("sudoku", "multihop", "recommend"), "task",
+           f"unknown pretraining task {cfg.task!r}; use sudoku, multihop or recommend")
+    _check(cfg.task in ("multihop", "recommend") or not cfg.task_options, "task_options",
+           "only the multihop and recommend pretrainings read them")
+    _check(cfg.task != "recommend" or cfg.kind == "ar", "kind", "the recommend pretraining builds a causal model (kind: ar)")
     _check(cfg.kind != "block" or cfg.task == "sudoku", "kind", "the block pretraining SFTs on sudoku (task: sudoku)")
     if cfg.kind == "block":
         from dlmrl.kinds import parse_block_sizes

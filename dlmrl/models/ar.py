@@ -30,6 +30,7 @@ from transformers import (
     LlamaForCausalLM,
     LogitsProcessor,
     LogitsProcessorList,
+    StoppingCriteriaList,
     TemperatureLogitsWarper,
     TopPLogitsWarper,
 )
@@ -46,13 +47,15 @@ TINY_AR_DEFAULT = "tiny-sudoku-ar"
 TemperatureFn = Callable[[torch.Tensor, torch.Tensor], "torch.Tensor | float"]
 
 
-#: shipped AR checkpoints by name: the Sudoku default, and the multi-hop tool-use base (SFT on scripted traces)
-SHIPPED_AR = {TINY_AR_DEFAULT: "tiny_sudoku_ar", "tiny-multihop-ar": "tiny_multihop_ar"}
+#: shipped AR checkpoints by name: the Sudoku default, the multi-hop tool-use base (SFT on scripted traces) and the
+#: recommender (SFT on the recommend task's users)
+SHIPPED_AR = {TINY_AR_DEFAULT: "tiny_sudoku_ar", "tiny-multihop-ar": "tiny_multihop_ar",
+              "tiny-recommend-ar": "tiny_recommend_ar"}
 
 
 def resolve_ar_model_path(name_or_path: str) -> str:
-    """A shipped name (``tiny-sudoku-ar``, ``tiny-multihop-ar``) → its checkpoint folder in ``dlmrl/assets``; anything
-    else is returned unchanged."""
+    """A shipped name (``tiny-sudoku-ar``, ``tiny-multihop-ar``, ``tiny-recommend-ar``) → its checkpoint folder in
+    ``dlmrl/assets``; anything else is returned unchanged."""
     if name_or_path in SHIPPED_AR:
         return str(resources.files("dlmrl") / "assets" / SHIPPED_AR[name_or_path])
     return name_or_path
@@ -291,6 +294,7 @@ class AutoregressivePolicy:
         generator: torch.Generator | int | None = None,
         temperature_fn: TemperatureFn | StepTemperatureProcessor | None = None,
         noise_rows: tuple[int, int] | None = None,
+        stopping_criteria: list | None = None,
     ) -> ARRollout:
         """Sample completions with ``model.generate``.
 
@@ -312,6 +316,10 @@ class AutoregressivePolicy:
                 numbers are those it has in the whole batch (:class:`RowSliceSampler`; ``generator`` must
                 then be given), so the rows come out as in one call with the whole batch. ``None``: this
                 call's rows are the batch.
+            stopping_criteria: transformers ``StoppingCriteria`` (each ``(input_ids, scores) -> (B,) bool``) that end
+                rows early besides the stop tokens (e.g. a tool call's closing line,
+                :mod:`dlmrl.training.tool_loop`); a row they end is padded with the pad id, and the caller cuts it
+                (the mask still runs to the first stop token or the end).
         Returns:
             :class:`ARRollout` ``(completion (B, L) long, completion_mask (B, L) bool)``: the mask covers
             the tokens up to and including the first stop token; pad id after it. The number of forward
@@ -345,7 +353,8 @@ class AutoregressivePolicy:
             processors.append(RowSliceSampler(seed, *noise_rows, temperature=float(temperature), top_p=float(top_p)))
         with _blank_generation_config(model), _seeded(seed, prompt_ids.device):
             out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask.long(), generation_config=gc,
-                                 logits_processor=processors or None)
+                                 logits_processor=processors or None,
+                                 stopping_criteria=StoppingCriteriaList(stopping_criteria or []))
         return self._finish(out[:, prompt_ids.shape[1] :], max_new_tokens)
 
     def _finish(self, generated: torch.Tensor, length: int) -> ARRollout:

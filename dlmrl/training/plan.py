@@ -105,6 +105,22 @@ def _algorithm_section(cfg: Config, preset) -> dict:
         value = getattr(preset, part)
         if value not in (None, False):
             out[part] = value
+    tr = cfg.train
+    if preset.multi_turn:
+        from dlmrl.envs import default_env
+
+        out["episodes"] = {"env": tr.env or default_env(cfg.task.name), "max_turns": tr.max_turns,
+                           "rows": "one per turn (context, response), the trajectory's final reward on each"}
+    elif tr.env is not None:
+        out["tools_in_rollout"] = {
+            "env": tr.env, "max_turns": tr.max_turns,
+            "token_budget": f"{cfg.sampling.gen_length + 1} tokens per trajectory (sampling.gen_length + 1, the AR "
+                            "completion width: actions and observations together)",
+            "rows": "one per trajectory: the policy's turns with the environment's observations appended between "
+                    "them",
+            "observation_tokens": "context only: not in the loss, the log-probs, the KL or entropy terms or any "
+                                  "length normalisation",
+            "logged": "turns_mean, tool_errors_mean, observation_tokens_mean per step"}
     return out
 
 
@@ -139,6 +155,8 @@ def _task_section(cfg: Config) -> dict:
         out["test_data"] = t.test_file or "the shipped 256-puzzle held-out split"
         out["primary_metric"] = "cell_accuracy"
         out["reward"] = "fraction of blank cells right (d1's Sudoku metric)"
+    elif hasattr(cls, "describe"):  # (a task that describes itself: recommend)
+        return {**out, **cls.describe(options)}
     elif not issubclass(cls, TextTask):  # (a task registered from outside: its settings as given)
         return {**out, "options": dataclasses.asdict(options), "primary_metric": cls.primary_metric}
     else:

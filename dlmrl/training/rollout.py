@@ -54,6 +54,12 @@ class Rollout:
         reward_parts: ``(B, F)`` float32, each reward function's value (NaN where it returned ``None``) when the
             task's reward is a sum of reward functions (:class:`~dlmrl.rewards.functions.ScoresEachReward`);
             ``None`` otherwise (and on rollouts with anchor rows).
+        observation_mask: ``(B, L)`` bool, the completion tokens an environment wrote (tools run inside the rollout,
+            :mod:`dlmrl.training.tool_loop`): context, never actions; ``completion_mask`` then covers only the
+            policy's own tokens. ``None`` when the environment wrote nothing in the completions.
+        turns: ``(B,)`` long policy turns of each trajectory (tools inside the rollout); ``None`` otherwise.
+        tool_errors: ``(B,)`` long turns whose observation was an error (a call that did not parse, an unknown tool,
+            invalid arguments, no action); ``None`` otherwise.
     """
 
     examples: list
@@ -72,13 +78,17 @@ class Rollout:
     token_logprobs: torch.Tensor | None = None
     row_nfe: torch.Tensor | None = None
     reward_parts: torch.Tensor | None = None
+    observation_mask: torch.Tensor | None = None
+    turns: torch.Tensor | None = None
+    tool_errors: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.completion)
 
     #: the per-row tensor fields (``None`` allowed), which :meth:`rows` and :meth:`to` map
     _TENSORS = ("prompt_ids", "prompt_mask", "completion", "completion_mask", "group_ids", "trajectory_ids",
-                "anchor", "rewards", "train_rewards", "reveal_step", "token_logprobs", "row_nfe", "reward_parts")
+                "anchor", "rewards", "train_rewards", "reveal_step", "token_logprobs", "row_nfe", "reward_parts",
+                "observation_mask", "turns", "tool_errors")
 
     def _map(self, fn, **changes) -> Rollout:
         """A copy with ``fn`` applied to every per-row tensor field and the ``changes`` made."""
@@ -118,7 +128,8 @@ class Rollout:
         width. Group and trajectory ids are renumbered so rows of different parts never share one (each part's
         group ids first made 0, 1, ... in their order, so kept rows of a sampled batch number as a fresh one); NFE
         and sampling passes add up; ``anchor`` / ``rewards`` / ``train_rewards`` / ``reveal_step`` /
-        ``token_logprobs`` / ``row_nfe`` / ``reward_parts`` must be set on every part or on none (``anchor``: a
+        ``token_logprobs`` / ``row_nfe`` / ``reward_parts`` / ``observation_mask`` / ``turns`` / ``tool_errors`` must be
+        set on every part or on none (``anchor``: a
         missing one means no anchors).
 
         Raises:
@@ -158,7 +169,8 @@ class Rollout:
             torch.cat([p.anchors() for p in parts]) if any(p.anchor is not None for p in parts) else None,
             optional("rewards"), optional("train_rewards"), sum(p.sampling_passes() for p in parts),
             optional("reveal_step"), optional("token_logprobs"), optional("row_nfe"),
-            reward_parts=optional("reward_parts"),
+            reward_parts=optional("reward_parts"), observation_mask=optional("observation_mask"),
+            turns=optional("turns"), tool_errors=optional("tool_errors"),
         )
 
 

@@ -66,7 +66,8 @@ class Run:
         own_grad_sync: DDP gradients averaged once per update by the loop, not by DDP per backward.
         delimiters: sentence delimiter token ids (presets that need ``segment_ids``), else ``None``.
         max_length: the generation budget in tokens (AR: the answer + EOS, DAPO: its overlong cache past it).
-        pad_id: prompt padding id. env: the environment of a multi-turn preset, else ``None``.
+        pad_id: prompt padding id. env: the environment of a multi-turn preset (episodes), or ``train.env`` with any
+            other preset (tools inside the rollout, :mod:`dlmrl.training.tool_loop`), else ``None``.
         gap_measured: the rollout log-prob gap is defined and logged (:func:`measures_rollout_mismatch`).
         metric: the held-out headline metric. solved: the reward meaning "fully right" (``solve_rate``), or ``None``.
     """
@@ -202,7 +203,7 @@ def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None)
                state=state, metrics_writer=metrics_writer, own_grad_sync=own_grad_sync, delimiters=delimiters,
                max_length=max_length,
                pad_id=pad_token_id(policy.tokenizer),  # (prompt padding: the pad id, else EOS, else 0)
-               env=(tr.env or default_env(cfg.task.name)) if preset.multi_turn else None,
+               env=(tr.env or default_env(cfg.task.name)) if preset.multi_turn else tr.env,  # (else: tools in the loop)
                gap_measured=not is_ar and measures_rollout_mismatch(scorer),  # (rollout_logp_gap_* logged)
                metric=primary_metric(task), solved=solved_reward(task))
 

@@ -17,6 +17,7 @@ from dlmrl.training.distributed import Processes, gather_rollout
 from dlmrl.training.dynamic_sampling import SamplingStats, example_key, fill_informative_groups, fresh_prompts
 from dlmrl.training.episodes import rollout_episodes, trajectory_reward_parts, trajectory_rewards
 from dlmrl.training.rollout import Rollout, rollout_ar, rollout_diffusion
+from dlmrl.training.tool_loop import rollout_tool_loop
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
@@ -36,8 +37,9 @@ def shaped_rewards(preset, rewards: torch.Tensor, lengths: torch.Tensor, max_len
 def sample_groups(policy, task, cfg: Config, preset, examples: list, generator: torch.Generator, max_length: int,
                   temperature_fn=None, env: str | None = None, processes: Processes | None = None,
                   pad_id: int = 0) -> Rollout:
-    """Step 1 for one batch of prompts: G completions per prompt (``env``: G episodes per prompt, one row per
-    turn, :func:`dlmrl.training.episodes.rollout_episodes`) with ``rewards`` (task) and ``train_rewards``
+    """Step 1 for one batch of prompts: G completions per prompt (``env`` with a multi-turn preset: G episodes per
+    prompt, one row per turn, :func:`dlmrl.training.episodes.rollout_episodes`; ``env`` with any other preset: G
+    trajectories with the tools run inside each sequence, :func:`dlmrl.training.tool_loop.rollout_tool_loop`) with ``rewards`` (task) and ``train_rewards``
     (plus DAPO's soft overlong punishment when the preset has it; episodes: the trajectory's final reward).
 
     With several ``processes`` each samples (and rewards) its share of the prompts, every row with the random
@@ -45,6 +47,14 @@ def sample_groups(policy, task, cfg: Config, preset, examples: list, generator: 
     (:mod:`dlmrl.training.distributed`)."""
     G = cfg.train.num_generations
     share = processes.share(len(examples)) if processes is not None and processes.count > 1 else None
+    if env is not None and not preset.multi_turn:  # tools inside the rollout: one sequence per trajectory
+        if share is not None:
+            raise NotImplementedError("tools inside the rollout (train.env with a single-turn preset) run on one "
+                                      "process for now; launch without data parallelism")
+        ro = rollout_tool_loop(policy, lambda: make_env(env, task, cfg.train.max_turns), examples, G, generator,
+                               max_length, cfg.sampling.temperature, temperature_fn)
+        ro.train_rewards = shaped_rewards(preset, ro.rewards, ro.completion_mask.sum(-1).cpu(), max_length)
+        return ro
     if env is not None:
         ro = rollout_episodes(policy, task, lambda: make_env(env, task, cfg.train.max_turns),
                               examples if share is None else examples[share[0] : share[1]], G, generator,

@@ -213,7 +213,11 @@ def step_record(run: Run, ro: Rollout, sampled: SamplingStats, batch: UpdateBatc
                                        tr.rollout_is_cap))
     if run.preset.anchor_threshold is not None:
         record["anchors"] = anchors
-    if run.env is not None:
+    if ro.turns is not None:  # tools inside the rollout: turns and tool errors per trajectory
+        record["turns_mean"] = ro.turns.float().mean().item() if len(ro) else None
+        record["tool_errors_mean"] = ro.tool_errors.float().mean().item() if len(ro) else None
+        record["observation_tokens_mean"] = ro.observation_mask.sum(-1).float().mean().item() if len(ro) else None
+    elif run.env is not None:
         record["turns_mean"] = len(ro) / max(len(sampled.rewards), 1)
     for key in (*UPDATE_METRICS, "grad_norm"):
         vals = [lg[key] for lg in result.logs if key in lg]

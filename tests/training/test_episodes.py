@@ -115,7 +115,7 @@ def test_observations_encode_like_the_task():
 @pytest.mark.parametrize(("overrides", "key", "match"), [
     (["env=sudoku_retyr"], "train.env", "unknown environment"),
     (["max_turns=0"], "train.max_turns", ">= 1"),
-    (["algorithm=grpo", "env=sudoku_retry"], "train.env", "only multi-turn presets"),
+    (["algorithm=grpo", "env=sudoku_retry"], "train.env", "tools inside the rollout need one that appends"),
     (["model.kind=diffusion", "model.name_or_path=tiny-sudoku", "task.answer_mode=infill"], "train.algorithm",
      "runs on ar"),
 ])

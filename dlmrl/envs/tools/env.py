@@ -28,7 +28,8 @@ from dlmrl.envs.tools.react import Step, Trace, format_prompt, parse_trace, sect
 from dlmrl.envs.tools.simulator import ERROR_PREFIX, ToolSimulator
 from dlmrl.envs.tools.trace_reward import MTRTraceReward, TraceScore
 
-__all__ = ["MODES", "NO_ACTION", "MultiHopEnv", "MultiHopMemoryEnv", "MultiHopReactEnv", "ToolEnv", "cut_turn"]
+__all__ = ["MODES", "NO_ACTION", "MultiHopEnv", "MultiHopMemoryEnv", "MultiHopReactEnv", "ToolEnv", "cut_turn",
+           "turn_end"]
 
 MODES = ("react", "memory")
 NO_ACTION = f"{ERROR_PREFIX} no action; write Action: tool[{{json arguments}}] or Final Answer: <answer>"
@@ -46,6 +47,23 @@ def cut_turn(text: str) -> str:
             cut = sec.end
             break
     return text[:cut].rstrip()
+
+
+def turn_end(text: str) -> int | None:
+    """Where a turn being written ends, once it has (a ReAct stop rule): the end of the line of its first
+    ``Action:`` (the call's closing line; the newline included), the end of the line of its first ``Final Answer:``
+    (newline included), or the start of an ``Observation:`` the policy began writing itself (which is cut, as a
+    stop sequence would). ``None`` while the turn may still go on (no such section yet, or its line is not
+    finished). :func:`cut_turn` of the text up to this point keeps exactly the turn."""
+    for sec in sections(text):
+        if sec.kind == "Observation":
+            return sec.start
+        if sec.kind == "Action":
+            newline = text.find("\n", sec.start)
+            return None if newline < 0 else newline + 1
+        if sec.kind == "Final Answer":  # (its section ends at its line's newline, or at the end of the text)
+            return sec.end + 1 if sec.end < len(text) else None
+    return None
 
 
 class ToolEnv:
@@ -76,6 +94,44 @@ class ToolEnv:
         self.reward = reward if reward is not None else MTRTraceReward(simulator.tools)
         self.example, self.done, self.transcript = None, False, ""
         self.score: TraceScore | None = None
+        self.last_observation: str | None = None
+
+    @property
+    def appends_observations(self) -> bool:
+        """Whether each turn's context is the previous one plus the turn and its observation (``react`` mode), so
+        that the tools can run inside one growing sequence (:mod:`dlmrl.training.tool_loop`); ``memory`` mode
+        rewrites the context every turn."""
+        return self.mode == "react"
+
+    @staticmethod
+    def turn_end(text: str) -> int | None:
+        """The stop rule of a turn being written (:func:`turn_end`)."""
+        return turn_end(text)
+
+    def observation_text(self, turn_text: str) -> str:
+        """The text the environment appends after the turn ``turn_text`` it just stepped: ``"Observation: <obs>\\n"``
+        (on a line of its own: a newline first when the turn did not end with one), or ``""`` when the turn had no
+        observation (a final answer)."""
+        if self.last_observation is None:
+            return ""
+        return ("" if turn_text.endswith("\n") else "\n") + f"Observation: {self.last_observation}\n"
+
+    @property
+    def tool_errors(self) -> int:
+        """The turns so far whose observation is an error (a call that did not parse, an unknown tool, invalid
+        arguments, no action at all): observations starting with ``Error:``."""
+        return sum(1 for s in getattr(self, "_steps", ()) if s.observation is not None
+                   and s.observation.startswith(ERROR_PREFIX))
+
+    def close(self) -> float:
+        """End the episode now, before a final answer (the policy stopped writing, or the sequence ran out of
+        tokens) and score it; returns the trace reward (the score of an episode that had already ended)."""
+        if self.example is None:
+            raise RuntimeError("close() needs reset() first")
+        if not self.done:
+            self.done = True
+            self.score = self.reward.score(self.trace, self.example.answer)
+        return self.score.reward
 
     @property
     def reward_parts(self) -> tuple[float, ...] | None:
@@ -102,6 +158,7 @@ class ToolEnv:
         self._final: str | None = None
         self._memory: list[str] = []
         self.transcript = ""
+        self.last_observation = None
         return self._context()
 
     def _context(self) -> str:
@@ -140,6 +197,7 @@ class ToolEnv:
                 steps.append(Step(observation=obs))
             self._memory.append(f"(no action) -> {obs}")
         self._steps += steps
+        self.last_observation = obs
         self.transcript += head + ("" if obs is None else f"Observation: {obs}\n")
         self.done = self._final is not None or self.turn >= self.max_turns
         reward = 0.0

@@ -1,0 +1,194 @@
+"""Tools executed inside the rollout: one growing sequence per trajectory, the environment's observations spliced in.
+
+The agent loop of Search-R1 (arXiv 2503.09516), verl's multi-turn rollout and MTR with its simulator in the loop
+(arXiv 2510.06825): the policy writes until a turn ends (a ReAct turn: the line of its first ``Action:`` or
+``Final Answer:``, :meth:`ToolEnv.turn_end <dlmrl.envs.tools.env.ToolEnv.turn_end>`), the environment runs the call
+and its observation (``Observation: ...``) is appended to the same sequence as tokens, and the policy goes on from
+there, until the episode ends (a final answer, ``env.max_turns`` turns), the policy writes a stop token, or the
+sequence's token budget (``sampling.gen_length``, actions and observations together) runs out. Rows finish
+different turns at different times; every turn samples the batch's still-active rows together.
+
+A row is one trajectory: ``completion`` holds its action and observation tokens in order, ``observation_mask`` the
+observation tokens, and ``completion_mask`` **only the action tokens** (the tokens the policy wrote). Everything the
+trainer scores reads ``completion_mask``: the AR log-probs (an observation token is attended, being in the
+sequence, but its log-prob is never taken), the ELBO plans and trajectory of the diffusion kinds (an observation
+position is clean context, like a given cell of an infill task), the KL and entropy terms and every length
+normalisation. So observation tokens are context, never actions (verl's ``response_mask`` / Search-R1's
+retrieved-token loss mask).
+
+Unlike the episode form of Flow-GRPO (:mod:`dlmrl.training.episodes`, one training row per turn) this works with
+every group preset: the trajectory is one completion with one reward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from transformers import StoppingCriteria
+
+from dlmrl.training.rollout import Rollout, consecutive_groups
+
+__all__ = ["cut_turn_tokens", "rollout_tool_loop"]
+
+
+def cut_turn_tokens(tokenizer, tokens: Sequence[int], turn_end: Callable[[str], int | None]) -> tuple[int, str]:
+    """The number of tokens of a sampled turn the environment reads, and their text.
+
+    The turn is ``tokens[:k]`` for the smallest ``k`` whose decoded text has a complete turn (``turn_end`` not
+    ``None``): the tokens after it are dropped, as a stop sequence would have stopped sampling there (for a
+    left-to-right sampler the kept tokens' distribution does not depend on the dropped ones). A token that spans
+    the end is kept whole. Without a complete turn every token is kept.
+
+    Args:
+        tokenizer: decodes ids (``decode``, special tokens skipped). tokens: the turn's sampled ids, stop token
+            included when there is one. turn_end: the environment's stop rule on text.
+    Returns:
+        ``(k, text)``: ``1 <= k <= len(tokens)`` (0 for no tokens) and ``decode(tokens[:k])``.
+    """
+    tokens = list(tokens)
+    for k in range(1, len(tokens) + 1):
+        text = tokenizer.decode(tokens[:k], skip_special_tokens=True)
+        if turn_end(text) is not None:
+            return k, text
+    return len(tokens), tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+def _left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.bool)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+            mask[i, width - len(r):] = True
+    return ids.to(device), mask.to(device)
+
+
+class _TurnStop(StoppingCriteria):
+    """A transformers ``StoppingCriteria``: a row is done once its turn is complete (only the rows whose newest
+    token could end one are decoded) — sampling then stops as soon as every row's turn has ended."""
+
+    def __init__(self, tokenizer, turn_end, start: int):
+        super().__init__()
+        self.tokenizer, self.turn_end, self.start = tokenizer, turn_end, start
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        done = torch.zeros(len(input_ids), dtype=torch.bool, device=input_ids.device)
+        for i, row in enumerate(input_ids[:, self.start:].tolist()):
+            if self.turn_end(self.tokenizer.decode(row, skip_special_tokens=True)) is not None:
+                done[i] = True
+        return done
+
+
+def rollout_tool_loop(policy, make_env: Callable[[], object], examples: Sequence, num_generations: int,
+                      generator: torch.Generator, max_length: int, temperature: float = 1.0,
+                      temperature_fn=None) -> Rollout:
+    """G trajectories per example with the environment's tools run inside each sequence (module docstring).
+
+    Trajectory ``e = prompt · G + g`` starts from ``env.reset(example)`` (the prompt text, encoded once with the
+    tokenizer's BOS as the tasks' prompts are). Each turn the active rows continue their own sequence (prompt,
+    earlier turns, observations) with ``policy.generate`` (``temperature``, the step's ``generator``) for at most
+    the row's remaining budget; the turn is cut at the environment's stop rule (:func:`cut_turn_tokens`) and given
+    to ``env.step``; unless the episode ended, ``env.observation_text(turn)`` is tokenized (no special tokens) and
+    appended. A row ends when its episode ends, when its turn ended with a stop token (EOS: the episode is then
+    closed and scored, ``env.close()``), or when the budget cannot hold the observation and one more token.
+
+    Args:
+        policy: an AR policy (``generate``, ``tokenizer``, ``device``, ``stop_token_ids``, ``pad_token_id``).
+        make_env: a fresh environment per trajectory, one that appends its observations
+            (``appends_observations``; e.g. ``multihop_react``) and has ``turn_end``, ``observation_text``,
+            ``close`` and ``tool_errors``.
+        examples: the prompts' examples. num_generations: G. generator: the step's generator.
+        max_length: ``L``, the token budget of a trajectory (actions and observations; the completion width).
+        temperature, temperature_fn: as in ``policy.generate`` (HAPO's adaptive temperature).
+    Returns:
+        A :class:`Rollout` of ``len(examples) · G`` rows in groups of G consecutive rows: ``completion`` ``(B, L)``
+        long (pad id after the trajectory), ``completion_mask`` ``(B, L)`` bool the action tokens,
+        ``observation_mask`` ``(B, L)`` bool the observation tokens, ``rewards`` = ``train_rewards`` ``(B,)``
+        float32 the trajectory's final reward, ``reward_parts`` ``(B, F)`` when every environment gives them,
+        ``turns`` / ``tool_errors`` ``(B,)`` long, ``nfe`` the sum over turns of the longest turn sampled (forward
+        passes of the sampler per sequence; observation tokens cost none) and ``passes`` the sum over turns of the
+        active rows × that turn's longest.
+    Raises:
+        ValueError: an environment whose context is not a growing transcript (``appends_observations`` False),
+            or ``max_length < 1``.
+        RuntimeError: an episode still running after its environment's ``max_turns`` turns.
+    """
+    from dlmrl.data.encoding import encode_prompts
+
+    if max_length < 1:
+        raise ValueError(f"the token budget max_length must be >= 1, got {max_length}")
+    tok, device, G = policy.tokenizer, policy.device, num_generations
+    stops = set(int(i) for i in policy.stop_token_ids)
+    envs, owners, prompts = [], [], []
+    for i, ex in enumerate(examples):
+        for _ in range(G):
+            env = make_env()
+            if not getattr(env, "appends_observations", False):
+                raise ValueError(f"{type(env).__name__} rewrites its context every turn; tools inside the rollout need "
+                                 "an environment whose observations are appended to the sequence (e.g. "
+                                 "multihop_react, or the multihop task with task.options.context: react)")
+            envs.append(env)
+            owners.append(i)
+            prompts.append(env.reset(ex))
+    E = len(envs)
+    prompt_ids, prompt_mask = encode_prompts(tok, prompts, device) if E else (
+        torch.zeros((0, 1), dtype=torch.long, device=device), torch.zeros((0, 1), dtype=torch.bool, device=device))
+    prompt_rows = [prompt_ids[e][prompt_mask[e]].tolist() for e in range(E)]
+    tokens: list[list[int]] = [[] for _ in range(E)]
+    is_obs: list[list[bool]] = [[] for _ in range(E)]
+    turns = [0] * E
+    active, nfe, passes, turn = list(range(E)), 0, 0, 0
+    max_turns = max((env.max_turns for env in envs), default=0)
+    while active:
+        if turn >= max_turns:
+            raise RuntimeError(f"episodes still running after {turn} turns: an environment must end its episodes "
+                               "within its max_turns")
+        budget = max(max_length - len(tokens[e]) for e in active)
+        ids, mask = _left_pad([prompt_rows[e] + tokens[e] for e in active], policy.pad_token_id, device)
+        comp, cmask = policy.generate(ids, mask, budget, temperature=temperature, temperature_fn=temperature_fn,
+                                      generator=generator,
+                                      stopping_criteria=[_TurnStop(tok, envs[active[0]].turn_end, ids.shape[1])])
+        longest = 0
+        still = []
+        for k, e in enumerate(active):
+            env = envs[e]
+            room = max_length - len(tokens[e])
+            sampled = comp[k][cmask[k]].tolist()[:room]
+            n, text = cut_turn_tokens(tok, sampled, env.turn_end)
+            turn_tokens = sampled[:n]
+            longest = max(longest, len(sampled))
+            tokens[e] += turn_tokens
+            is_obs[e] += [False] * len(turn_tokens)
+            turns[e] += 1
+            _, done, _ = env.step(text)
+            ended_by_stop = bool(turn_tokens) and turn_tokens[-1] in stops
+            if not done:
+                obs = tok(env.observation_text(text), add_special_tokens=False)["input_ids"]
+                if ended_by_stop or len(tokens[e]) + len(obs) + 1 > max_length:
+                    env.close()  # (the policy stopped, or no room for the observation and one more token)
+                else:
+                    tokens[e] += obs
+                    is_obs[e] += [True] * len(obs)
+                    still.append(e)
+        nfe += longest
+        passes += len(active) * longest
+        active, turn = still, turn + 1
+    completion = torch.full((E, max_length), policy.pad_token_id, dtype=torch.long)
+    action = torch.zeros((E, max_length), dtype=torch.bool)
+    observation = torch.zeros((E, max_length), dtype=torch.bool)
+    for e in range(E):
+        n = len(tokens[e])
+        completion[e, :n] = torch.tensor(tokens[e], dtype=torch.long)
+        obs = torch.tensor(is_obs[e], dtype=torch.bool)
+        observation[e, :n], action[e, :n] = obs, ~obs
+    rewards = torch.tensor([env.score.reward for env in envs], dtype=torch.float32)  # (B,)
+    parts = [getattr(env, "reward_parts", None) for env in envs]
+    reward_parts = (torch.tensor([list(p) for p in parts], dtype=torch.float32)
+                    if E and all(p is not None for p in parts) else None)
+    return Rollout([examples[i] for i in owners], prompt_ids, prompt_mask, completion.to(device), action.to(device),
+                   nfe, consecutive_groups(E, G, device), rewards=rewards, train_rewards=rewards.clone(),
+                   passes=passes, reward_parts=reward_parts, observation_mask=observation.to(device),
+                   turns=torch.tensor(turns, dtype=torch.long),
+                   tool_errors=torch.tensor([env.tool_errors for env in envs], dtype=torch.long))

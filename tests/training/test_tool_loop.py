@@ -1,0 +1,219 @@
+"""Tools executed inside the rollout (dlmrl/training/tool_loop.py): the stop rule, the splice of observations into
+one sequence per trajectory, observation tokens masked from everything the trainer scores, and every AR group
+preset training with it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dlmrl.config import ConfigError, validate
+from dlmrl.data.multihop_task import MultiHopTask
+from dlmrl.envs import make_env
+from dlmrl.envs.tools.agent import ScriptedAgent
+from dlmrl.envs.tools.env import turn_end
+from dlmrl.models.ar import AutoregressivePolicy, load_ar_policy
+from dlmrl.objectives.presets import ALGORITHMS
+from dlmrl.training.tool_loop import cut_turn_tokens, rollout_tool_loop
+from dlmrl.training.trainer import train
+from tests.training.test_multihop_train import config, rows
+
+TOOL_LOOP = {"sampling.gen_length": 64, "train.env": "multihop_react", "train.max_turns": 3,
+             "task.options.context": "react"}
+
+
+@pytest.mark.parametrize(("text", "end"), [
+    ("Thought: I need X.\nAction: lookup[{\"a\": 1}]", None),          # the call's line is not finished
+    ("Thought: I need X.\nAction: lookup[{\"a\": 1}]\n", 44),   # 19 + 24 characters and the newline
+    ("Thought: I need X.\nAction: lookup[{\"a\": 1}]\nThought: more", 44),
+    ("Thought: done.\nFinal Answer: Kukaki", None),
+    ("Thought: done.\nFinal Answer: Kukaki\nextra", 36),
+    ("Thought: hm\nObservation: made up\n", 12),                         # a policy's own observation is cut
+    ("Thought: only thinking\n", None),
+])
+def test_turn_end_is_the_end_of_the_first_action_or_final_answer_line(text, end):
+    assert turn_end(text) == end
+    if end is not None:
+        assert text[:end].endswith("\n") or text[end:].startswith("Observation")
+
+
+class _CharTokenizer:
+    """A tokenizer with one token per character, and one token ``"]\\n"`` that spans a turn's end."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join("]\n" if i == 0 else chr(i) for i in ids)
+
+
+def test_cut_turn_tokens_keeps_the_token_that_completes_the_turn_and_drops_the_rest():
+    tok = _CharTokenizer()
+    ids = [ord(c) for c in "Action: f[1"] + [0] + [ord(c) for c in "Thought: x"]
+    n, text = cut_turn_tokens(tok, ids, turn_end)
+    assert n == len("Action: f[1") + 1 and text == "Action: f[1]\n"
+    assert cut_turn_tokens(tok, [ord(c) for c in "no turn"], turn_end) == (7, "no turn")
+
+
+class _ScriptedPolicy:
+    """An AR policy stand-in that writes the scripted agent's turns (plus junk after each, which the stop rule
+    must cut), recording the contexts it was asked to continue."""
+
+    def __init__(self, real: AutoregressivePolicy, turns: dict[str, list[str]]):
+        self.tokenizer, self.device = real.tokenizer, torch.device("cpu")
+        self.pad_token_id, self.stop_token_ids = real.pad_token_id, real.stop_token_ids
+        self.turns, self.contexts = turns, []
+
+    def generate(self, ids, mask, max_new_tokens, **kwargs):
+        out = torch.full((len(ids), max_new_tokens), self.pad_token_id)
+        for k in range(len(ids)):
+            context = self.tokenizer.decode(ids[k][mask[k]], skip_special_tokens=True)
+            self.contexts.append(context)
+            question = context.split("\n", 1)[0]
+            turn = self.turns[question][context.count("Observation:")]
+            new = self.tokenizer(turn + "Thought: junk after the turn", add_special_tokens=False)["input_ids"]
+            new = new[:max_new_tokens]
+            out[k, : len(new)] = torch.tensor(new)
+        return out, torch.ones_like(out, dtype=torch.bool)
+
+
+@pytest.fixture(scope="module")
+def world():
+    policy = load_ar_policy("tiny-multihop-ar")
+    task = MultiHopTask(policy.tokenizer, None)
+    return policy, task
+
+
+def test_observations_are_spliced_in_as_context_tokens_and_the_trajectory_scores_like_the_episode(world):
+    policy, task = world
+    examples = task.train_batch(3, 0, 0)
+    agent = ScriptedAgent(task.simulator)
+    turns = {f"Question: {q.question}": agent.turns(q) for q in examples}
+    fake = _ScriptedPolicy(policy, turns)
+    ro = rollout_tool_loop(fake, lambda: make_env("multihop_react", task, 5), examples, 2,
+                           torch.Generator().manual_seed(0), 400)
+    tok = policy.tokenizer
+    assert len(ro) == 6 and ro.group_ids.tolist() == [0, 0, 1, 1, 2, 2]
+    assert not (ro.completion_mask & ro.observation_mask).any()
+    for e, q in enumerate(ro.examples):
+        # the sequence: turn 1, its observation, turn 2, ... exactly the scripted trace (the junk after each turn
+        # is cut); the observation tokens are the tokenizer's tokens of "Observation: <simulator's answer>\n"
+        trace = agent.trace(q)
+        expected_ids, expected_obs = [], []
+        for text, step in zip(agent.turns(q), trace.steps):
+            ids = tok(text, add_special_tokens=False)["input_ids"]
+            expected_ids += ids
+            expected_obs += [False] * len(ids)
+            if step.observation is not None:
+                obs = tok(f"Observation: {step.observation}\n", add_special_tokens=False)["input_ids"]
+                expected_ids += obs
+                expected_obs += [True] * len(obs)
+        n = len(expected_ids)
+        assert ro.completion[e, :n].tolist() == expected_ids
+        assert ro.observation_mask[e, :n].tolist() == expected_obs
+        assert not (ro.completion_mask[e, n:] | ro.observation_mask[e, n:]).any()
+        assert ro.completion_mask[e, :n].tolist() == [not o for o in expected_obs]
+        assert ro.turns[e] == q.hops + 1 and ro.tool_errors[e] == 0
+    # the correct trace's MTR reward: EM 1 + 0.2 × consistency 1
+    assert ro.rewards.tolist() == pytest.approx([1.2] * 6)
+    assert ro.reward_parts is not None and ro.reward_parts.shape[0] == 6
+
+
+def test_a_budget_too_small_for_the_next_observation_ends_the_row_and_scores_it(world):
+    policy, task = world
+    examples = task.train_batch(1, 0, 0)
+    agent = ScriptedAgent(task.simulator)
+    fake = _ScriptedPolicy(policy, {f"Question: {q.question}": agent.turns(q) for q in examples})
+    first = policy.tokenizer(agent.turns(examples[0])[0], add_special_tokens=False)["input_ids"]
+    ro = rollout_tool_loop(fake, lambda: make_env("multihop_react", task, 5), examples, 1,
+                           torch.Generator().manual_seed(0), len(first) + 3)
+    assert ro.turns.tolist() == [1] and not ro.observation_mask.any()
+    assert ro.completion_mask[0].sum() == len(first)
+    assert ro.rewards[0] < 1.0  # (no final answer)
+
+
+def test_a_memory_context_is_refused_with_the_key_named(tmp_path):
+    with pytest.raises(ConfigError, match="train.env.*multihop_react"):
+        config("configs/mtr_multihop_tiny_ar.yaml", "tiny-multihop-ar", tmp_path,
+               **{**TOOL_LOOP, "train.env": "multihop_memory"})
+    with pytest.raises(ConfigError, match="train.env.*context 'memory'"):
+        config("configs/mtr_multihop_tiny_ar.yaml", "tiny-multihop-ar", tmp_path,
+               **{**TOOL_LOOP, "task.options.context": "memory", "train.env": "multihop"})
+
+
+def _ar_presets():
+    import warnings
+
+    with warnings.catch_warnings():  # (a preset's own construction warnings are not this test's subject)
+        warnings.simplefilter("ignore")
+        presets = {n: ALGORITHMS.get(n)() for n in ALGORITHMS.names()}
+    return [n for n, p in presets.items() if "ar" in p.policies and not p.multi_turn and p.anchor_threshold is None]
+
+
+def _tool_loop_config(algo: str, out):
+    # (the shipped SFT'd model, which writes actions from the first step: the rollout then holds observations)
+    return config("configs/mtr_multihop_tiny_ar.yaml", "tiny-multihop-ar", out, **TOOL_LOOP,
+                  **{"train.algorithm": algo, "train.beta": 0.04, "eval.before": False, "eval.after": False})
+
+
+@pytest.fixture(scope="module")
+def tool_rollout(tmp_path_factory):
+    """One tools-in-the-loop rollout of the shipped model (2 prompts × G 2), sampled by the trainer's step 1."""
+    from dlmrl.training.run_setup import set_up_run
+    from dlmrl.training.sample_step import sample_step, step_generator
+
+    cfg = _tool_loop_config("grpo", tmp_path_factory.mktemp("rollout"))
+    run = set_up_run(cfg, validate(cfg), resume=False)
+    ro, _ = sample_step(run.policy, run.task, cfg, run.preset, 0, step_generator(0, 0), run.max_length,
+                        None, run.env, run.pad_id, run.processes)
+    assert ro.observation_mask.any(), "the rollout must hold observation tokens for the test to mean anything"
+    return ro
+
+
+@pytest.mark.parametrize("algo", _ar_presets())
+def test_changing_the_observations_log_probs_changes_no_gradient(algo, tool_rollout, tmp_path, monkeypatch):
+    """The trainer's own step 3-5 code (prepare_update, the scorer's backward) on a tools-in-the-loop rollout,
+    with the AR log-probs (policy and reference) and entropies of the observation tokens replaced by the model's
+    real, differentiable values times k: the loss and every parameter's gradient are the same for every k."""
+    from dlmrl.training.run_setup import set_up_run
+    from dlmrl.training.sample_step import step_generator
+    from dlmrl.training.update import group_loss_fn, prepare_update
+
+    cfg = _tool_loop_config(algo, tmp_path)
+    run, ro = set_up_run(cfg, validate(cfg), resume=False), tool_rollout
+    original = AutoregressivePolicy.token_logprobs
+
+    def observations(cmask):  # (the tokens between actions that are not actions: the spliced observations)
+        pos = torch.arange(cmask.shape[1])
+        last = torch.where(cmask.any(-1), (cmask * pos).argmax(-1), -1)
+        return ~cmask & (pos[None, :] < last[:, None])
+
+    def run_step(k):
+        def token_logprobs(self, p, pm, c, cm, temperature=1.0):
+            obs = observations(cm.bool())
+            logp, ent = original(self, p, pm, c, cm.bool() | obs, temperature)
+            return torch.where(obs, k * logp, logp), torch.where(obs, k * ent + (k - 1), ent)
+
+        monkeypatch.setattr(AutoregressivePolicy, "token_logprobs", token_logprobs)
+        run.policy.model.zero_grad()
+        batch = prepare_update(run, ro, step_generator(0, 1))
+        loss_fn = group_loss_fn(run.objective, batch.old.old[0], batch.advantages, batch.mine.completion_mask,
+                                batch.row_weight, logp_ref=batch.old.ref[0], **batch.inputs)
+        loss, _ = run.scorer.backward(0, loss_fn, lambda t: t.backward())
+        monkeypatch.setattr(AutoregressivePolicy, "token_logprobs", original)
+        return loss.item(), [p.grad.clone() if p.grad is not None else None for p in run.policy.model.parameters()]
+
+    loss1, grads1 = run_step(1.0)
+    loss5, grads5 = run_step(5.0)
+    assert loss1 == loss5
+    assert any(g is not None and g.abs().sum() > 0 for g in grads1) or loss1 == 0
+    for a, b in zip(grads1, grads5):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=0, atol=0)  # (the same ops on the same action values: bit for bit)
+
+
+@pytest.mark.parametrize("algo", ["grpo", *(pytest.param(a, marks=pytest.mark.slow) for a in ("dapo", "gspo", "srpo"))])
+def test_group_presets_train_two_steps_with_tools_in_the_loop(algo, tmp_path):
+    train(_tool_loop_config(algo, tmp_path), progress=False)
+    logged = rows(tmp_path)
+    assert [r["step"] for r in logged] == [1, 2]
+    for r in logged:
+        assert 1 <= r["turns_mean"] <= 3 and r["tool_errors_mean"] >= 0 and r["observation_tokens_mean"] >= 0
