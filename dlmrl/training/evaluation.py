@@ -131,6 +131,35 @@ def evaluate_ar(policy, task, num_puzzles: int = 256, batch_size: int = 256, tem
     return _summary(task, examples, texts, nfe, protocol, raw, max_new_tokens=task.gen_length + 1)
 
 
+@torch.no_grad()
+def evaluate_ranking(policy, task, num_puzzles: int = 0, batch_size: int = 256) -> dict:
+    """Held-out evaluation of a task that ranks a catalogue (``task.evaluates_ranking``, the ``recommend`` task):
+    per example one greedy completion (``task.gen_length + 1`` new tokens) and a constrained beam search of
+    ``task.options.beam_size`` items after ``task.ranking_context`` (:mod:`dlmrl.models.constrained_beam`), scored by
+    ``task.metrics(examples, texts, ranked)`` (Recall@K, NDCG@K and the greedy metrics). AR policies only.
+    """
+    from dlmrl.models.constrained_beam import constrained_beam_search
+
+    tok, ranked = task.tokenizer, []
+    bos = getattr(tok, "bos_token", None) or ""
+
+    def decode(batch, start):
+        completion, mask = policy.generate(batch.prompt_ids, batch.prompt_mask, task.gen_length + 1, temperature=0.0)
+        texts = task.decode(completion)
+        contexts = [task.ranking_context(e, t) for e, t in zip(batch.examples, texts)]
+        rows = [i for i, c in enumerate(contexts) if c is not None]  # (a reasoning chain without the marker: none)
+        ids = [tok(bos + contexts[i], add_special_tokens=False)["input_ids"] for i in rows]
+        beams = constrained_beam_search(policy, ids, task.sids, task.code_token_ids, task.options.beam_size,
+                                        task.pad_token_id, batch_size)
+        found = dict(zip(rows, beams))
+        ranked.extend([sid for sid, _ in found.get(i, [])] for i in range(len(texts)))
+        return texts, int(mask.sum(-1).max())
+
+    examples, texts, nfes = _decode_held_out(policy, task, num_puzzles, batch_size, decode)
+    return _summary(task, examples, texts, max(nfes, default=0), metrics=task.metrics(examples, texts, ranked),
+                    mode="beam", beam_size=task.options.beam_size, max_new_tokens=task.gen_length + 1)
+
+
 def evaluate_task_episodes(policy, task, num_puzzles: int = 0, batch_size: int = 256) -> dict:
     """Held-out evaluation by episodes, for a task whose answers need its environment (``task.evaluates_episodes``,
     the ``multihop`` task: test questions are about entities only its simulated tools know): one greedy episode per
@@ -171,6 +200,8 @@ def evaluate_with_config(cfg, policy, task, gen_length: int | None = None, train
     s = settings
     if getattr(task, "evaluates_episodes", False):  # (a task whose answers need its environment: multihop)
         result = evaluate_task_episodes(policy, task, num_puzzles=s.num_puzzles, batch_size=s.batch_size)
+    elif getattr(task, "evaluates_ranking", False):  # (recommend: a beam search over the catalogue; AR only)
+        result = evaluate_ranking(policy, task, num_puzzles=s.num_puzzles, batch_size=s.batch_size)
     elif cfg.model.kind == "ar":
         result = evaluate_ar(policy, task, num_puzzles=s.num_puzzles, batch_size=s.batch_size,
                              temperature=s.temperature, seed=s.seed, protocol=s.protocol)

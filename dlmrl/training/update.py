@@ -125,6 +125,9 @@ def prepare_update(run, ro: Rollout, generator: torch.Generator) -> UpdateBatch:
     adv_inputs = {"mask": ro.completion_mask, "group_ids": group_ids, "trajectory_ids": ro.trajectories()}
     if preset.advantage == "dagrpo":  # distinctiveness: token 3-gram Jaccard within each group
         adv_inputs["similarity"] = ngram_jaccard(ro.completion, ro.completion_mask, group_ids)
+    if preset.advantage == "srpo_passk" and hasattr(run.task, "exact_matches"):  # SRPO's bonus counts exact matches
+        adv_inputs["exact"] = torch.tensor(run.task.exact_matches(ro.examples, run.task.decode(ro.completion)),
+                                           dtype=torch.bool)
     keep = torch.ones(len(ro), dtype=torch.bool)
     adv = None
     if "entropy" not in needs and len(ro):
