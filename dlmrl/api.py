@@ -49,7 +49,8 @@ __all__ = ["DEFAULT_OUTPUT_DIR", "Trainer", "trainer_config"]
 #: where a Python API run writes when the config names no ``output_dir``
 DEFAULT_OUTPUT_DIR = "runs/trainer_output"
 #: the shipped models whose name says the policy kind
-_SHIPPED_KIND = {"tiny-sudoku": "diffusion", "tiny-sudoku-ar": "ar", "tiny-multihop-ar": "ar"}
+_SHIPPED_KIND = {"tiny-sudoku": "diffusion", "tiny-sudoku-ar": "ar", "tiny-multihop-ar": "ar",
+                 "tiny-recommend-ar": "ar"}
 
 
 def _model_kind(model) -> str | None:

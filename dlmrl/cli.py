@@ -42,9 +42,9 @@ def _parser() -> argparse.ArgumentParser:
         ("train", Config, ("Fine-tune a policy with a group optimizer (train.algorithm; default: GDPO on the "
                            "tiny diffusion model). Without --config, runs the tiny Sudoku recipe.")),
         ("eval", Config, "Evaluate a checkpoint on the held-out split (greedy decoding)."),
-        ("pretrain", PretrainConfig, ("SFT of a tiny default on Sudoku solutions (task=sudoku) or multi-hop "
-                                      "tool-use traces (task=multihop): masked-diffusion (kind=diffusion) or "
-                                      "next-token (kind=ar).")),
+        ("pretrain", PretrainConfig, ("SFT of a tiny default on Sudoku solutions (task=sudoku), multi-hop "
+                                      "tool-use traces (task=multihop) or next-item recommendation "
+                                      "(task=recommend): masked-diffusion (kind=diffusion) or next-token (kind=ar).")),
     ):
         sp = sub.add_parser(name, help=desc, description=desc, formatter_class=fmt,
                             epilog="config keys (set in YAML or as key=value; bare leaf names work when unique):\n"
@@ -453,6 +453,10 @@ def main(argv: list[str] | None = None) -> int:
                 from dlmrl.training.pretrain_multihop import pretrain_multihop
 
                 run = pretrain_multihop
+            elif cfg.task == "recommend":
+                from dlmrl.training.pretrain_recommend import pretrain_recommend
+
+                run = pretrain_recommend
             else:
                 from dlmrl.training.pretrain_block import pretrain_block
 

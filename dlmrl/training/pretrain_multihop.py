@@ -44,7 +44,7 @@ from dlmrl.training.pretrain import (
 )
 from dlmrl.training.pretrain_ar import ar_sft_loss
 
-__all__ = ["MAX_POSITIONS", "SFTPairs", "multihop_options", "pretrain_multihop", "sft_forms"]
+__all__ = ["MAX_POSITIONS", "SFTPairs", "completion_targets", "multihop_options", "pretrain_multihop", "sft_forms"]
 
 MAX_POSITIONS = 1024  # a ReAct prompt plus a whole trace (under 300 tokens) fits with room
 
@@ -82,7 +82,8 @@ class SFTPairs:
         return [rng.choice(self.pairs[self.forms[k % len(self.forms)]]) for k in range(n)]
 
 
-def _targets(tokenizer, completions: list[str], width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def completion_targets(tokenizer, completions: list[str],
+                       width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Completion tokens then EOS: ``(B, W)`` long (``W`` the longest, or ``width``; EOS-padded) and ``(B, W)``
     bool, True on the completion and its first EOS."""
     eos = tokenizer.eos_token_id
@@ -133,7 +134,7 @@ def pretrain_multihop(cfg: PretrainConfig, progress: bool = True) -> dict:
 
     def batch_loss(batch: list[tuple[str, str]]):
         prompt_ids, prompt_mask = encode_prompts(tokenizer, [p for p, _ in batch])  # (B, P)
-        targets, mask = _targets(tokenizer, [c for _, c in batch])  # (B, W)
+        targets, mask = completion_targets(tokenizer, [c for _, c in batch])  # (B, W)
         if ar:
             return ar_sft_loss(policy, prompt_ids, prompt_mask, targets, mask)
         return masked_diffusion_sft_loss(policy, prompt_ids, prompt_mask, targets, torch.ones_like(mask), gen)
@@ -147,7 +148,8 @@ def pretrain_multihop(cfg: PretrainConfig, progress: bool = True) -> dict:
                     for mode in ("react", "memory")}
     else:
         seq = MultiHopTask(tokenizer, tokenizer.mask_token_id, options=dataclasses.replace(options, eval_mode="sequence"))
-        seq.gen_length = width = 32 * -(-_targets(tokenizer, [c for _, c in pairs.pairs[forms[0]]])[0].shape[1] // 32)
+        longest = completion_targets(tokenizer, [c for _, c in pairs.pairs[forms[0]]])[0].shape[1]
+        seq.gen_length = width = 32 * -(-longest // 32)
         # (semi-autoregressive blocks of 32, two tokens revealed per step)
         held_out = {"sequence": _strip(evaluate(policy, seq, num_puzzles=n_eval, steps=width // 2, block_length=32))}
     tail = losses[-20:]
