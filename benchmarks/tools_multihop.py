@@ -36,11 +36,17 @@ from dlmrl.training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = {
-    "grpo_answer": ("configs/mtr_multihop_tiny_ar.yaml", ["task.options.w_cons=0.0"]),
-    "grpo_mtr": ("configs/mtr_multihop_tiny_ar.yaml", []),
+    # tools executed inside the rollout (one sequence per trajectory, observations as context)
+    "grpo_loop_answer": ("configs/grpo_tools_multihop_tiny_ar.yaml", ["task.options.w_cons=0.0"]),
+    "grpo_loop_mtr": ("configs/grpo_tools_multihop_tiny_ar.yaml", []),
+    # the episode form (one row per turn, the environment's observations in each turn's prompt)
     "flow_grpo_memory_answer": ("configs/flow_grpo_multihop_tiny_ar.yaml", ["task.options.w_cons=0.0"]),
     "flow_grpo_memory": ("configs/flow_grpo_multihop_tiny_ar.yaml", []),
+    # the single-sequence form without tools while sampling (the policy writes its own observations)
+    "grpo_answer": ("configs/mtr_multihop_tiny_ar.yaml", ["task.options.w_cons=0.0"]),
+    "grpo_mtr": ("configs/mtr_multihop_tiny_ar.yaml", []),
 }
+DEFAULT_VARIANTS = ("grpo_loop_answer", "grpo_loop_mtr", "flow_grpo_memory")
 KEYS = ("em", "f1", "tool_call_validity", "answered", "consistency", "grounded", "mean_reward")
 
 
@@ -53,19 +59,20 @@ def held_out(model_path: str) -> dict:
                    if k in KEYS} for mode in ("react", "memory")}
 
 
-def run_variant(name: str, seed: int, steps: int, base: str, out: Path) -> dict:
+def run_variant(name: str, seed: int, steps: int, base: str, out: Path, overrides: tuple = ()) -> dict:
     path, extra = VARIANTS[name]
     cfg = Config()
     load_yaml(cfg, ROOT / path)
     apply_overrides(cfg, [f"model.name_or_path={base}", f"output_dir={out}", f"train.seed={seed}",
                           f"train.max_steps={steps}", f"train.save_steps={steps}", "eval.before=false",
-                          "eval.after=false", *extra])
+                          "eval.after=false", *extra, *overrides])
     validate(cfg)
     t0 = time.time()
     train(cfg, progress=False)
     seconds = time.time() - t0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    curve = {k: [r.get(k) for r in rows] for k in ("reward_mean", "rewards/answer/mean", "rewards/consistency/mean")}
+    curve = {k: [r.get(k) for r in rows] for k in ("reward_mean", "rewards/answer/mean", "rewards/consistency/mean",
+                                                 "turns_mean", "tool_errors_mean")}
     return {"seed": seed, "train_seconds": round(seconds, 1), "held_out": held_out(str(out / "final_model")),
             "curve": curve}
 
@@ -86,15 +93,16 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = ["sft_base", *VARIANTS]
+    variants = list(result["variants"])
+    names = ["sft_base", *variants]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     for ax, key in zip(axes, ("em", "tool_call_validity")):
         for j, mode in enumerate(("react", "memory")):
             xs = [i + (j - 0.5) * 0.35 for i in range(len(names))]
             means = [result["sft_base"][mode][key]] + [result["variants"][n]["summary"][f"{mode}/{key}"]["mean"]
-                                                        for n in VARIANTS]
+                                                        for n in variants]
             ax.bar(xs, means, width=0.35, label=f"{mode} episodes")
-            for i, n in enumerate(VARIANTS, start=1):
+            for i, n in enumerate(variants, start=1):
                 pts = [r["held_out"][mode][key] for r in result["variants"][n]["runs"]]
                 ax.scatter([xs[i]] * len(pts), pts, color="black", s=10, zorder=3)
         ax.set_xticks(range(len(names)), names, rotation=15)
@@ -110,19 +118,21 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--base", default=str(ROOT / "dlmrl/assets/tiny_multihop_ar"))
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
+    ap.add_argument("overrides", nargs="*", metavar="key=value", help="extra overrides for every run")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/tools_multihop.json"))
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     t0 = time.time()
-    result = {"base": args.base, "steps": args.steps, "seeds": seeds, "torch_num_threads": torch.get_num_threads(),
+    result = {"base": args.base, "steps": args.steps, "seeds": seeds, "overrides": args.overrides, "torch_num_threads": torch.get_num_threads(),
               "sft_base": held_out(args.base), "variants": {}}
     print("sft_base", json.dumps(result["sft_base"]), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.variants.split(","):
             runs = []
             for seed in seeds:
-                runs.append(run_variant(name, seed, args.steps, args.base, Path(tmp) / f"{name}-{seed}"))
+                runs.append(run_variant(name, seed, args.steps, args.base, Path(tmp) / f"{name}-{seed}",
+                                        tuple(args.overrides)))
                 print(name, seed, json.dumps(runs[-1]["held_out"]), f"{runs[-1]['train_seconds']}s", flush=True)
             result["variants"][name] = {"config": VARIANTS[name][0], "overrides": VARIANTS[name][1], "runs": runs,
                                         "summary": summarise(runs)}

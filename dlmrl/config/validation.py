@@ -474,9 +474,10 @@ def _check_rollout_parts(cfg: Config, preset) -> None:
         _check(env in ENVS, "train.env", f"unknown environment {env!r}; known: {', '.join(ENVS.names())}")
         tasks = getattr(ENVS.get(env), "tasks", ())
         _check(cfg.task.name in tasks, "train.env", f"environment {env!r} serves tasks {tasks}, not {cfg.task.name!r}")
-        _check(cfg.model.kind == "ar", "train.env",
-               f"tools inside the rollout (train.env with {algo!r}) run on model.kind 'ar' for now; "
-               f"got {cfg.model.kind!r}")
+        _check(cfg.model.kind in ("ar", "block"), "train.env",
+               f"tools inside the rollout (train.env with {algo!r}) need model.kind 'ar' or 'block', got "
+               f"{cfg.model.kind!r}: under bidirectional attention the turns decoded before an observation attended "
+               "masks where it now stands, so no likelihood of the trajectory is exact")
         _check(preset.anchor_threshold is None, "train.env",
                f"{algo!r} adds off-policy anchor rows, which have no tool observations; tools inside the rollout "
                "cannot be combined with anchors")

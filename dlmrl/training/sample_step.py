@@ -17,7 +17,7 @@ from dlmrl.training.distributed import Processes, gather_rollout
 from dlmrl.training.dynamic_sampling import SamplingStats, example_key, fill_informative_groups, fresh_prompts
 from dlmrl.training.episodes import rollout_episodes, trajectory_reward_parts, trajectory_rewards
 from dlmrl.training.rollout import Rollout, rollout_ar, rollout_diffusion
-from dlmrl.training.tool_loop import rollout_tool_loop
+from dlmrl.training.tool_loop import rollout_tool_loop, rollout_tool_loop_blocks
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
@@ -51,8 +51,10 @@ def sample_groups(policy, task, cfg: Config, preset, examples: list, generator: 
         if share is not None:
             raise NotImplementedError("tools inside the rollout (train.env with a single-turn preset) run on one "
                                       "process for now; launch without data parallelism")
-        ro = rollout_tool_loop(policy, lambda: make_env(env, task, cfg.train.max_turns), examples, G, generator,
-                               max_length, cfg.sampling.temperature, temperature_fn)
+        envs = lambda: make_env(env, task, cfg.train.max_turns)  # noqa: E731
+        ro = (rollout_tool_loop(policy, envs, examples, G, generator, max_length, cfg.sampling.temperature,
+                                temperature_fn) if cfg.model.kind == "ar" else
+              rollout_tool_loop_blocks(policy, envs, examples, G, generator, cfg.sampling, task.gen_length))
         ro.train_rewards = shaped_rewards(preset, ro.rewards, ro.completion_mask.sum(-1).cpu(), max_length)
         return ro
     if env is not None:

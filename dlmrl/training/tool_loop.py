@@ -8,6 +8,10 @@ there, until the episode ends (a final answer, ``env.max_turns`` turns), the pol
 sequence's token budget (``sampling.gen_length``, actions and observations together) runs out. Rows finish
 different turns at different times; every turn samples the batch's still-active rows together.
 
+Block-diffusion policies (:func:`rollout_tool_loop_blocks`) do the same on their canvas, a turn stopping at the end
+of the block where its text ends; the full-diffusion kind is not supported (its bidirectional attention makes the
+turns before an observation depend on masks where the observation now stands).
+
 A row is one trajectory: ``completion`` holds its action and observation tokens in order, ``observation_mask`` the
 observation tokens, and ``completion_mask`` **only the action tokens** (the tokens the policy wrote). Everything the
 trainer scores reads ``completion_mask``: the AR log-probs (an observation token is attended, being in the
@@ -29,10 +33,11 @@ from transformers import StoppingCriteria
 
 from dlmrl.training.rollout import Rollout, consecutive_groups
 
-__all__ = ["cut_turn_tokens", "rollout_tool_loop"]
+__all__ = ["cut_turn_tokens", "rollout_tool_loop", "rollout_tool_loop_blocks"]
 
 
-def cut_turn_tokens(tokenizer, tokens: Sequence[int], turn_end: Callable[[str], int | None]) -> tuple[int, str]:
+def cut_turn_tokens(tokenizer, tokens: Sequence[int],
+                    turn_end: Callable[[str], int | None]) -> tuple[int, str, bool]:
     """The number of tokens of a sampled turn the environment reads, and their text.
 
     The turn is ``tokens[:k]`` for the smallest ``k`` whose decoded text has a complete turn (``turn_end`` not
@@ -44,14 +49,15 @@ def cut_turn_tokens(tokenizer, tokens: Sequence[int], turn_end: Callable[[str], 
         tokenizer: decodes ids (``decode``, special tokens skipped). tokens: the turn's sampled ids, stop token
             included when there is one. turn_end: the environment's stop rule on text.
     Returns:
-        ``(k, text)``: ``1 <= k <= len(tokens)`` (0 for no tokens) and ``decode(tokens[:k])``.
+        ``(k, text, complete)``: ``1 <= k <= len(tokens)`` (0 for no tokens), ``decode(tokens[:k])``, and whether the
+        turn is complete (else ``k = len(tokens)``).
     """
     tokens = list(tokens)
     for k in range(1, len(tokens) + 1):
         text = tokenizer.decode(tokens[:k], skip_special_tokens=True)
         if turn_end(text) is not None:
-            return k, text
-    return len(tokens), tokenizer.decode(tokens, skip_special_tokens=True)
+            return k, text, True
+    return len(tokens), tokenizer.decode(tokens, skip_special_tokens=True), False
 
 
 def _left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,36 +121,20 @@ def rollout_tool_loop(policy, make_env: Callable[[], object], examples: Sequence
             or ``max_length < 1``.
         RuntimeError: an episode still running after its environment's ``max_turns`` turns.
     """
-    from dlmrl.data.encoding import encode_prompts
-
     if max_length < 1:
         raise ValueError(f"the token budget max_length must be >= 1, got {max_length}")
     tok, device, G = policy.tokenizer, policy.device, num_generations
     stops = set(int(i) for i in policy.stop_token_ids)
-    envs, owners, prompts = [], [], []
-    for i, ex in enumerate(examples):
-        for _ in range(G):
-            env = make_env()
-            if not getattr(env, "appends_observations", False):
-                raise ValueError(f"{type(env).__name__} rewrites its context every turn; tools inside the rollout need "
-                                 "an environment whose observations are appended to the sequence (e.g. "
-                                 "multihop_react, or the multihop task with task.options.context: react)")
-            envs.append(env)
-            owners.append(i)
-            prompts.append(env.reset(ex))
+    envs, owners, prompt_ids, prompt_mask = _start(make_env, examples, G, tok, device)
     E = len(envs)
-    prompt_ids, prompt_mask = encode_prompts(tok, prompts, device) if E else (
-        torch.zeros((0, 1), dtype=torch.long, device=device), torch.zeros((0, 1), dtype=torch.bool, device=device))
     prompt_rows = [prompt_ids[e][prompt_mask[e]].tolist() for e in range(E)]
     tokens: list[list[int]] = [[] for _ in range(E)]
     is_obs: list[list[bool]] = [[] for _ in range(E)]
-    turns = [0] * E
+    turns, final = [0] * E, [0.0] * E
     active, nfe, passes, turn = list(range(E)), 0, 0, 0
     max_turns = max((env.max_turns for env in envs), default=0)
     while active:
-        if turn >= max_turns:
-            raise RuntimeError(f"episodes still running after {turn} turns: an environment must end its episodes "
-                               "within its max_turns")
+        _check_turns(turn, max_turns)
         budget = max(max_length - len(tokens[e]) for e in active)
         ids, mask = _left_pad([prompt_rows[e] + tokens[e] for e in active], policy.pad_token_id, device)
         comp, cmask = policy.generate(ids, mask, budget, temperature=temperature, temperature_fn=temperature_fn,
@@ -156,18 +146,18 @@ def rollout_tool_loop(policy, make_env: Callable[[], object], examples: Sequence
             env = envs[e]
             room = max_length - len(tokens[e])
             sampled = comp[k][cmask[k]].tolist()[:room]
-            n, text = cut_turn_tokens(tok, sampled, env.turn_end)
+            n, text, _ = cut_turn_tokens(tok, sampled, env.turn_end)
             turn_tokens = sampled[:n]
             longest = max(longest, len(sampled))
             tokens[e] += turn_tokens
             is_obs[e] += [False] * len(turn_tokens)
             turns[e] += 1
-            _, done, _ = env.step(text)
+            _, done, final[e] = env.step(text)
             ended_by_stop = bool(turn_tokens) and turn_tokens[-1] in stops
             if not done:
                 obs = tok(env.observation_text(text), add_special_tokens=False)["input_ids"]
                 if ended_by_stop or len(tokens[e]) + len(obs) + 1 > max_length:
-                    env.close()  # (the policy stopped, or no room for the observation and one more token)
+                    final[e] = env.close()  # (the policy stopped, or no room for the observation and one more token)
                 else:
                     tokens[e] += obs
                     is_obs[e] += [True] * len(obs)
@@ -183,12 +173,133 @@ def rollout_tool_loop(policy, make_env: Callable[[], object], examples: Sequence
         completion[e, :n] = torch.tensor(tokens[e], dtype=torch.long)
         obs = torch.tensor(is_obs[e], dtype=torch.bool)
         observation[e, :n], action[e, :n] = obs, ~obs
-    rewards = torch.tensor([env.score.reward for env in envs], dtype=torch.float32)  # (B,)
+    return _trajectories(examples, owners, envs, final, turns, G, prompt_ids, prompt_mask, completion.to(device),
+                         action.to(device), observation.to(device), nfe, passes)
+
+
+def _check_turns(turn: int, max_turns: int) -> None:
+    if turn >= max_turns:
+        raise RuntimeError(f"episodes still running after {turn} turns: an environment must end its episodes "
+                           "within its max_turns")
+
+
+def _start(make_env, examples, G, tokenizer, device):
+    """A fresh environment per trajectory (checked to append its observations), its first prompt encoded."""
+    from dlmrl.data.encoding import encode_prompts
+
+    envs, owners, prompts = [], [], []
+    for i, ex in enumerate(examples):
+        for _ in range(G):
+            env = make_env()
+            if not getattr(env, "appends_observations", False):
+                raise ValueError(f"{type(env).__name__} rewrites its context every turn; tools inside the rollout need "
+                                 "an environment whose observations are appended to the sequence (e.g. "
+                                 "multihop_react, or the multihop task with task.options.context: react)")
+            envs.append(env)
+            owners.append(i)
+            prompts.append(env.reset(ex))
+    if not envs:
+        empty = torch.zeros((0, 1), dtype=torch.long, device=device)
+        return envs, owners, empty, empty.bool()
+    return (envs, owners, *encode_prompts(tokenizer, prompts, device))
+
+
+def _trajectories(examples, owners, envs, final, turns, G, prompt_ids, prompt_mask, completion, action, observation,
+                  nfe, passes, **sampler_record) -> Rollout:
+    """The rollout of finished trajectories: one row each, the final rewards, reward parts, turns and tool errors."""
+    E, device = len(envs), completion.device
+    rewards = torch.tensor(final, dtype=torch.float32)  # (B,)
     parts = [getattr(env, "reward_parts", None) for env in envs]
     reward_parts = (torch.tensor([list(p) for p in parts], dtype=torch.float32)
                     if E and all(p is not None for p in parts) else None)
-    return Rollout([examples[i] for i in owners], prompt_ids, prompt_mask, completion.to(device), action.to(device),
-                   nfe, consecutive_groups(E, G, device), rewards=rewards, train_rewards=rewards.clone(),
-                   passes=passes, reward_parts=reward_parts, observation_mask=observation.to(device),
-                   turns=torch.tensor(turns, dtype=torch.long),
-                   tool_errors=torch.tensor([env.tool_errors for env in envs], dtype=torch.long))
+    return Rollout([examples[i] for i in owners], prompt_ids, prompt_mask, completion, action, nfe,
+                   consecutive_groups(E, G, device), rewards=rewards, train_rewards=rewards.clone(), passes=passes,
+                   reward_parts=reward_parts, observation_mask=observation, turns=torch.tensor(turns, dtype=torch.long),
+                   tool_errors=torch.tensor([getattr(env, "tool_errors", 0) for env in envs], dtype=torch.long),
+                   **sampler_record)
+
+
+def rollout_tool_loop_blocks(policy, make_env: Callable[[], object], examples: Sequence, num_generations: int,
+                             generator: torch.Generator, sampling, gen_length: int) -> Rollout:
+    """G trajectories per example from a block-diffusion policy with the environment's tools run inside each canvas.
+
+    The canvas of ``gen_length`` tokens after the prompt is decoded block by block as in an ordinary rollout
+    (:func:`dlmrl.models.sampler.generate` with the ``sampling`` settings), but turn by turn: each call decodes the
+    row's canvas from its current turn on (earlier turns and observations are clean tokens of the canvas, the rest
+    masks); the turn is the text up to the environment's stop rule, **rounded up to the end of its block** (a block is
+    denoised as a whole, so the block holding the turn's end is kept whole, its tokens after the end included; the
+    turn stops at a block boundary), the environment steps on the turn's text, and its observation is written as clean
+    tokens from the next block boundary; everything after is masked again for the next call. The blocks decoded past
+    the turn are dropped: under block-causal attention no kept token attended them, so every kept token's recorded
+    log-prob and reveal step are those of one block-by-block decode of the final canvas, in which the observation
+    tokens are given tokens (an infill canvas's) — and the block trajectory likelihood replays them exactly. A row ends
+    when its episode ends, the turn is not complete by the end of the canvas, or the observation and one more token do
+    not fit; its last call's decode of the rest of the canvas is kept (the canvas a single-turn rollout would have).
+
+    Args:
+        policy: a block-diffusion policy (:class:`~dlmrl.models.block_policy.BlockDiffusionPolicy`).
+        make_env, examples, num_generations, generator: as in :func:`rollout_tool_loop`.
+        sampling: the ``sampling`` config section (steps, temperature, remasking, threshold, ...).
+        gen_length: ``L``, the canvas (actions and observations together).
+    Returns:
+        A :class:`Rollout` as :func:`rollout_tool_loop`'s, with the sampler's record over the final canvas:
+        ``reveal_step`` ``(B, L)`` long (global block numbering, ``NOT_SAMPLED`` on observation tokens),
+        ``token_logprobs`` ``(B, L)`` float32 (0 on observation tokens) and ``row_nfe`` ``(B,)`` (passes summed over
+        the row's calls; ``nfe`` their mean, ``passes`` their sum).
+    Raises:
+        ValueError: as :func:`rollout_tool_loop`, or a policy without block-causal attention (``block_size``).
+    """
+    from dlmrl.models.sampler import NOT_SAMPLED, generate
+    from dlmrl.training.rollout import mean_nfe
+
+    B = getattr(policy, "block_size", None)
+    if B is None:
+        raise ValueError("tools inside a diffusion rollout need a block-causal policy (model.kind block): under "
+                         "bidirectional attention the turns decoded before an observation attended masks where it "
+                         "now stands")
+    tok, device, G, L = policy.tokenizer, policy.device, num_generations, gen_length
+    envs, owners, prompt_ids, prompt_mask = _start(make_env, examples, G, tok, device)
+    E, s = len(envs), sampling
+    canvas = torch.full((E, L), policy.mask_token_id, dtype=torch.long, device=device)
+    reveal = torch.full((E, L), NOT_SAMPLED, dtype=torch.long, device=device)
+    logp = torch.zeros((E, L), dtype=torch.float32, device=device)
+    action = torch.zeros((E, L), dtype=torch.bool, device=device)
+    observation = torch.zeros((E, L), dtype=torch.bool, device=device)
+    row_nfe = torch.zeros(E, dtype=torch.long)
+    start, turns, final = [0] * E, [0] * E, [0.0] * E
+    active, turn = list(range(E)), 0
+    max_turns = max((env.max_turns for env in envs), default=0)
+    while active:
+        _check_turns(turn, max_turns)
+        idx = torch.tensor(active, dtype=torch.long, device=device)
+        out = generate(policy, prompt_ids[idx], prompt_mask[idx], gen_length=L, block_length=s.block_length,
+                       steps=s.steps, temperature=s.temperature, remasking=s.remasking, cfg_scale=s.cfg_scale,
+                       canvas=canvas[idx], generator=generator, threshold=s.threshold,
+                       threshold_factor=s.threshold_factor, cache=s.cache)
+        still = []
+        for k, e in enumerate(active):
+            env, lo = envs[e], start[e]
+            row_nfe[e] += int(out.row_nfe[k])
+            n, text, complete = cut_turn_tokens(tok, out.canvas[k, lo:].tolist(), env.turn_end)
+            end = min(L, -(-(lo + n) // B) * B) if complete else L  # (the turn's end, up to its block's end)
+            turns[e] += 1
+            _, done, final[e] = env.step(text)
+            obs = ([] if done or not complete else
+                   tok(env.observation_text(text), add_special_tokens=False)["input_ids"])
+            if not done and (not complete or end + len(obs) + 1 > L):
+                final[e], done = env.close(), True  # (no complete turn, or no room for the observation)
+            keep = slice(lo, L if done else end)  # (a finished row keeps its last decode of the whole canvas)
+            sampled = out.reveal_step[k, keep] != NOT_SAMPLED
+            canvas[e, keep] = out.canvas[k, keep]
+            reveal[e, keep] = out.reveal_step[k, keep]
+            logp[e, keep] = out.token_logprobs[k, keep]
+            action[e, keep] = sampled
+            if not done:
+                canvas[e, end:end + len(obs)] = torch.tensor(obs, dtype=torch.long, device=device)
+                observation[e, end:end + len(obs)] = True
+                start[e] = end + len(obs)
+                still.append(e)
+        active, turn = still, turn + 1
+    return _trajectories(examples, owners, envs, final, turns, G, prompt_ids, prompt_mask, canvas, action,
+                         observation, mean_nfe(row_nfe), int(row_nfe.sum()), reveal_step=reveal, token_logprobs=logp,
+                         row_nfe=row_nfe.to(device))

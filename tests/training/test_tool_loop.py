@@ -47,9 +47,9 @@ class _CharTokenizer:
 def test_cut_turn_tokens_keeps_the_token_that_completes_the_turn_and_drops_the_rest():
     tok = _CharTokenizer()
     ids = [ord(c) for c in "Action: f[1"] + [0] + [ord(c) for c in "Thought: x"]
-    n, text = cut_turn_tokens(tok, ids, turn_end)
-    assert n == len("Action: f[1") + 1 and text == "Action: f[1]\n"
-    assert cut_turn_tokens(tok, [ord(c) for c in "no turn"], turn_end) == (7, "no turn")
+    n, text, complete = cut_turn_tokens(tok, ids, turn_end)
+    assert n == len("Action: f[1") + 1 and text == "Action: f[1]\n" and complete
+    assert cut_turn_tokens(tok, [ord(c) for c in "no turn"], turn_end) == (7, "no turn", False)
 
 
 class _ScriptedPolicy:
@@ -217,3 +217,126 @@ def test_group_presets_train_two_steps_with_tools_in_the_loop(algo, tmp_path):
     assert [r["step"] for r in logged] == [1, 2]
     for r in logged:
         assert 1 <= r["turns_mean"] <= 3 and r["tool_errors_mean"] >= 0 and r["observation_tokens_mean"] >= 0
+
+
+# -- block diffusion: the turns stop at block boundaries, the trajectory likelihood replays the canvas exactly -------
+
+class _CountingEnv:
+    """A test environment with a position rule: a turn ends once its text has ``turn_chars`` characters; the
+    observation is a fixed line; the episode ends after ``max_turns`` turns with reward = turns / 10."""
+
+    appends_observations, tool_errors = True, 0
+
+    def __init__(self, max_turns=3, turn_chars=5):
+        self.max_turns, self.turn_chars = max_turns, turn_chars
+        self.texts: list[str] = []
+
+    def reset(self, example):
+        self.turn, self.done = 0, False
+        return f"Question: {example}\n"
+
+    def turn_end(self, text):
+        return len(text) if len(text) >= self.turn_chars else None
+
+    def step(self, text):
+        self.turn += 1
+        self.texts.append(text)
+        self.done = self.turn >= self.max_turns
+        return "", self.done, self.turn / 10 if self.done else 0.0
+
+    def observation_text(self, text):
+        return "Observation: Kavoni\n"
+
+    def close(self):
+        self.done = True
+        return self.turn / 10
+
+
+def _block_multihop_policy(block_size: int):
+    from dlmrl.data.multihop_task import multihop_tokenizer
+    from dlmrl.models.block_policy import block_policy_from
+    from dlmrl.models.families import FAMILIES
+    from dlmrl.models.policy import MaskedDiffusionPolicy
+    from dlmrl.models.tiny import build_tiny_model
+
+    tok = multihop_tokenizer()
+    model = build_tiny_model(len(tok), hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32, seed=0).eval()
+    base = MaskedDiffusionPolicy(model, tok, tok.mask_token_id, "tiny", FAMILIES.get("tiny").logits, tok.eos_token_id,
+                                 tok.pad_token_id)
+    return block_policy_from(base, block_size)
+
+
+@pytest.mark.parametrize(("temperature", "threshold"), [(1.0, None), (0.0, None), (1.0, 0.3)])
+def test_block_turns_stop_at_block_boundaries_and_the_trajectory_likelihood_is_exact(temperature, threshold):
+    from dlmrl.config import Config
+    from dlmrl.estimators import score
+    from dlmrl.estimators.block_plans import block_trajectory_plan
+    from dlmrl.models.sampler import NOT_SAMPLED
+    from dlmrl.training.tool_loop import rollout_tool_loop_blocks
+    from tests.models.block_helpers import ATOL
+
+    B, L = 4, 48
+    policy = _block_multihop_policy(B)
+    sampling = Config().sampling
+    sampling.steps, sampling.block_length, sampling.temperature = L // 2, L, temperature
+    sampling.threshold = threshold
+    envs = []
+
+    def make():
+        envs.append(_CountingEnv())
+        return envs[-1]
+
+    ro = rollout_tool_loop_blocks(policy, make, ["Kavoni", "Tesu Rabelo"], 2, torch.Generator().manual_seed(0),
+                                  sampling, L)
+    obs_ids = policy.tokenizer("Observation: Kavoni\n", add_special_tokens=False)["input_ids"]
+    for e in range(4):
+        obs = ro.observation_mask[e]
+        assert ro.turns[e] == 3 and obs.sum() == 2 * len(obs_ids)
+        starts = [i for i in range(L) if obs[i] and (i == 0 or not obs[i - 1])]
+        assert len(starts) == 2 and all(i % B == 0 for i in starts)  # (each turn stopped at a block boundary)
+        for i in starts:
+            assert ro.completion[e, i:i + len(obs_ids)].tolist() == obs_ids
+        assert torch.equal(ro.completion_mask[e], ~obs)  # (every other position the policy decoded)
+        assert (ro.reveal_step[e][obs] == NOT_SAMPLED).all() and (ro.token_logprobs[e][obs] == 0).all()
+        assert (ro.reveal_step[e][~obs] != NOT_SAMPLED).all()
+        assert (ro.completion[e] != policy.mask_token_id).all()
+    assert ro.rewards.tolist() == pytest.approx([0.3] * 4)
+    # the block trajectory likelihood (one composite pass per step index) replays the sampler's draws exactly; no
+    # plan canvas ever masks an observation token
+    t = temperature if temperature > 0 else 1.0
+    plan = block_trajectory_plan(ro.completion_mask, ro.reveal_step, B, 1, temperature=t)
+    assert not any((m & ro.observation_mask).any() for m in plan.masks)
+    est = score(policy, ro.prompt_ids, ro.prompt_mask, ro.completion, ro.completion_mask, plan)
+    torch.testing.assert_close(est.per_token, ro.token_logprobs, atol=ATOL, rtol=0)
+
+
+def test_the_full_diffusion_kind_is_refused_and_a_bidirectional_policy_too(tmp_path):
+    from dlmrl.config import Config
+    from dlmrl.models.policy import MaskedDiffusionPolicy
+    from dlmrl.training.tool_loop import rollout_tool_loop_blocks
+
+    with pytest.raises(ConfigError, match="train.env.*'ar' or 'block'"):
+        config("configs/mtr_multihop_tiny_ar.yaml", "tiny-multihop-ar", tmp_path,
+               **TOOL_LOOP, **{"model.kind": "diffusion"})
+    block = _block_multihop_policy(4)
+    bidirectional = MaskedDiffusionPolicy(block.model, block.tokenizer, block.mask_token_id, "tiny", block.logits_fn,
+                                          block.eos_token_id, block.pad_token_id)
+    with pytest.raises(ValueError, match="block-causal policy"):
+        rollout_tool_loop_blocks(bidirectional, _CountingEnv, ["x"], 1, torch.Generator(), Config().sampling, 8)
+
+
+@pytest.mark.parametrize("algo", ["gdpo", "tracerl"])
+def test_a_block_policy_trains_two_steps_with_tools_in_the_loop(algo, tmp_path):
+    """The trainer end to end on a block-diffusion checkpoint saved here (random weights, the multihop tokenizer)."""
+    policy = _block_multihop_policy(4)
+    policy.model.save_pretrained(tmp_path / "base")
+    policy.tokenizer.save_pretrained(tmp_path / "base")
+    cfg = config("configs/mtr_multihop_tiny_ar.yaml", str(tmp_path / "base"), tmp_path / "run",
+                 **{**TOOL_LOOP, "model.kind": "block", "model.block_size": 4, "train.algorithm": algo,
+                    "sampling.gen_length": 32, "sampling.block_length": 4, "sampling.steps": 16,
+                    "task.options.eval_mode": "sequence", "eval.before": False, "eval.after": False})
+    train(cfg, progress=False)
+    logged = rows(tmp_path / "run")
+    assert [r["step"] for r in logged] == [1, 2] and all(r["turns_mean"] >= 1 for r in logged)
+    if algo == "tracerl":  # (the trajectory at merge 1: the old-policy scores are the sampler's log-probs)
+        assert logged[0]["rollout_logp_gap_max"] < 1e-4
