@@ -42,7 +42,7 @@ def _run_list(name: str) -> int:
         if name == "families":  # (a Family is an instance: say what it offers instead of its class's docstring)
             family = registry.get(key)
             text = ("sampling.cache prefix | dual" if family.cached_logits is not None
-                    else f"no block cache ({family.no_cache_reason or 'not implemented'})")
+                    else f"sampling.cache none only ({family.no_cache_reason or 'no cache adapter'})")
             text += ("; no model.kind block" if family.block_forward is None else
                      "; model.kind block (the prompt cut into blocks)" if family.prompt_blocks else
                      "; model.kind block")

@@ -151,7 +151,8 @@ def check_process_split(cfg: Config, num_processes: int, preset=None) -> None:
     The rule: each process samples ``prompts_per_step / W`` prompts and all their G completions, so
     ``train.prompts_per_step`` must be a multiple of W and G >= 2. Presets whose loss ranks or normalises
     token entropies over the whole batch (SSPO's sentence-entropy rank, HAPO's entropy normalisation) are
-    refused with W > 1 (``GroupObjective.needs_whole_batch``): each process would see only its share.
+    refused with W > 1 (``GroupObjective.needs_whole_batch``): each process would see only its share. So are tools
+    inside the rollout (``train.env`` with a single-turn preset), which run on one process for now.
 
     Raises:
         ConfigError: naming the key and the process count.
@@ -168,7 +169,11 @@ def check_process_split(cfg: Config, num_processes: int, preset=None) -> None:
             f"processes (each process samples prompts_per_step / num_processes prompts and all their "
             f"num_generations = {tr.num_generations} completions); use a multiple of {num_processes} "
             f"(e.g. {', '.join(map(str, ok[:3]))}) or launch a number of processes that divides it")
-    objective = (preset or build_preset(cfg)).objective  # (preset: the run's resolved one, RunSpec.preset)
+    preset = preset or build_preset(cfg)  # (the run's resolved one, RunSpec.preset)
+    if tr.env is not None and not preset.multi_turn:
+        raise ConfigError(f"config key 'train.env': tools inside the rollout run on one process for now "
+                          f"({num_processes} launched); launch one process")
+    objective = preset.objective
     if objective.needs_whole_batch:
         raise ConfigError(
             f"config key 'train.algorithm': {tr.algorithm!r} ranks or normalises token entropies over the whole "

@@ -340,3 +340,12 @@ def test_a_block_policy_trains_two_steps_with_tools_in_the_loop(algo, tmp_path):
     assert [r["step"] for r in logged] == [1, 2] and all(r["turns_mean"] >= 1 for r in logged)
     if algo == "tracerl":  # (the trajectory at merge 1: the old-policy scores are the sampler's log-probs)
         assert logged[0]["rollout_logp_gap_max"] < 1e-4
+
+
+def test_a_data_parallel_launch_is_refused_naming_the_key(tmp_path):
+    from dlmrl.training.distributed import check_process_split
+
+    cfg = _tool_loop_config("grpo", tmp_path)
+    check_process_split(cfg, 1)
+    with pytest.raises(ConfigError, match="train.env.*one process"):
+        check_process_split(cfg, 2)
