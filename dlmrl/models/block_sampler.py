@@ -161,6 +161,17 @@ def _validate(prompt_ids, prompt_mask, canvas, gen_length, block_size, steps_per
                          f"({prompt_ids.shape[0]}, {gen_length})")
 
 
+def _check_token_ids(policy, prompt_ids: torch.Tensor) -> None:
+    """Integer ids inside the model's vocabulary, padding included (padding positions are embedded too, then masked)
+    (``ValueError`` naming ``prompt_ids``; torch would fail later with a bare index error)."""
+    if prompt_ids.dtype.is_floating_point or prompt_ids.dtype == torch.bool or prompt_ids.is_complex():
+        raise ValueError(f"prompt_ids must be integer token ids, got dtype {prompt_ids.dtype}")
+    vocab = getattr(getattr(getattr(policy, "model", None), "config", None), "vocab_size", None)
+    if isinstance(vocab, int) and prompt_ids.numel() and (int(prompt_ids.min()) < 0 or int(prompt_ids.max()) >= vocab):
+        raise ValueError(f"prompt_ids holds token ids outside the model's vocabulary [0, {vocab}): "
+                         f"min {int(prompt_ids.min())}, max {int(prompt_ids.max())}")
+
+
 @torch.no_grad()
 def block_generate(
     policy,
@@ -226,6 +237,7 @@ def block_generate(
               threshold, threshold_factor)
     if getattr(policy, "mask_token_id", None) is None:
         raise ValueError("policy must have a mask_token_id attribute")
+    _check_token_ids(policy, prompt_ids)
     mask_id = int(policy.mask_token_id)
     prompt_mask = prompt_mask.bool()
     total = prompt_ids.shape[0]

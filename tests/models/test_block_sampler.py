@@ -159,3 +159,21 @@ def test_a_share_of_the_rows_decodes_as_in_the_whole_batch(temperature, threshol
         assert torch.equal(part_state, state)
     with pytest.raises(ValueError, match="rows"):
         run((2, 2))
+
+
+def test_float_or_out_of_vocabulary_prompt_ids_are_refused_naming_them():
+    from tests.models.block_helpers import padded_prompts, tiny_block_policy
+
+    policy = tiny_block_policy()
+    ids, mask = padded_prompts(policy, [3, 5])
+    kw = {"gen_length": 4, "block_size": 2, "steps_per_block": 2}
+    with pytest.raises(ValueError, match="prompt_ids must be integer"):
+        block_generate(policy, ids.float(), mask, **kw)
+    bad = ids.clone()
+    bad[1, -1] = policy.model.config.vocab_size
+    with pytest.raises(ValueError, match="prompt_ids holds token ids outside the model's vocabulary"):
+        block_generate(policy, bad, mask, **kw)
+    bad[1, -1] = 5
+    bad[0, 0] = -1  # (padding positions are embedded too)
+    with pytest.raises(ValueError, match="min -1"):
+        block_generate(policy, bad, mask, **kw)
