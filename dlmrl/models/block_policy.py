@@ -98,7 +98,9 @@ class BlockDiffusionPolicy(MaskedDiffusionPolicy):
             ValueError: if ``steps`` is not a positive multiple of the number of blocks, or as ``block_generate``.
         """
         blocks = check_block_size(gen_length, self.block_size)
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < blocks or steps % blocks:
+        if isinstance(steps, bool) or not isinstance(steps, int):
+            raise ValueError(f"steps must be an integer, got {steps!r}")
+        if steps < blocks or steps % blocks:
             raise ValueError(f"{steps} steps do not split evenly over {blocks} blocks of {self.block_size} tokens")
         adaptive = threshold is not None or threshold_factor is not None
         return block_generate(self, prompt_ids, prompt_mask, gen_length=gen_length, block_size=self.block_size,
