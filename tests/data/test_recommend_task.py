@@ -159,3 +159,10 @@ def test_describe_for_the_dry_run():
     d = RecommendTask.describe(dataclasses.replace(RecommendOptions(), **SMALL))
     assert d["primary_metric"] == "ndcg@10" and d["users"].startswith("64 train, 8 held-out")
     assert d["catalogue"] == "256 items in 8 categories" and d["semantic_ids"].startswith("4 levels")
+
+
+def test_a_canvas_too_short_for_the_mode_names_sampling_gen_length():
+    tok = recommend_tokenizer()
+    with pytest.raises(ValueError, match=r"sampling\.gen_length: 8 .* set sampling\.gen_length >= 19"):
+        RecommendTask(tok, None, gen_length=8, mode="reasoning", **SMALL)
+    assert RecommendTask(tok, None, gen_length=16, **SMALL).gen_length == 16  # (longer: EOS ends the answer)
