@@ -30,8 +30,11 @@ import torch
 
 from dlmrl.config import Config, apply_overrides, load_yaml, validate
 from dlmrl.data.multihop_task import MultiHopTask
+from dlmrl.envs import make_env
+from dlmrl.envs.tools.trace_reward import COMPONENTS
 from dlmrl.models.ar import load_ar_policy
 from dlmrl.training.evaluation import evaluate_task_episodes
+from dlmrl.training.tool_loop import rollout_tool_loop
 from dlmrl.training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,16 +50,30 @@ VARIANTS = {
     "grpo_mtr": ("configs/mtr_multihop_tiny_ar.yaml", []),
 }
 DEFAULT_VARIANTS = ("grpo_loop_answer", "grpo_loop_mtr", "flow_grpo_memory")
-KEYS = ("em", "f1", "tool_call_validity", "answered", "consistency", "grounded", "mean_reward")
+KEYS = ("em", "f1", "tool_call_validity", "answered", "consistency", "grounded", "mean_reward")  # (episodes)
 
 
 def held_out(model_path: str) -> dict:
     """Greedy held-out episodes of a saved model in both context modes (the configs' world: the task's default
-    options): ``{mode: {metric: value}}``."""
+    options), and greedy trajectories with the tools inside the rollout (``loop``: the form the tools-in-the-loop
+    variants train on, observations spliced in as tokens): ``{mode: {metric: value}}``."""
     policy = load_ar_policy(model_path)
     task = MultiHopTask(policy.tokenizer, None)
-    return {mode: {k: round(v, 4) for k, v in evaluate_task_episodes(policy, task.in_context(mode)).items()
-                   if k in KEYS} for mode in ("react", "memory")}
+    out = {mode: {k: round(v, 4) for k, v in evaluate_task_episodes(policy, task.in_context(mode)).items()
+                  if k in KEYS} for mode in ("react", "memory")}
+    out["loop"] = loop_eval(policy, task)
+    return out
+
+
+def loop_eval(policy, task, max_turns: int = 5, budget: int = 161) -> dict:
+    """One greedy trajectory per held-out question with the tools inside the rollout (``multihop_react``, the shipped
+    tools config's turns and budget): EM, the mean reward components, turns and tool errors per trajectory."""
+    ro = rollout_tool_loop(policy, lambda: make_env("multihop_react", task, max_turns), task.test_examples, 1,
+                           torch.Generator().manual_seed(0), budget, temperature=0.0)
+    parts = ro.reward_parts.double().mean(0).tolist()  # (COMPONENTS order: answer, consistency, valid, ...)
+    out = {("em" if name == "answer" else name): round(v, 4) for name, v in zip(COMPONENTS, parts)}
+    return {**out, "mean_reward": round(float(ro.rewards.double().mean()), 4),
+            "turns": round(float(ro.turns.double().mean()), 3), "tool_errors": round(float(ro.tool_errors.double().mean()), 3)}
 
 
 def run_variant(name: str, seed: int, steps: int, base: str, out: Path, overrides: tuple = ()) -> dict:
@@ -72,15 +89,15 @@ def run_variant(name: str, seed: int, steps: int, base: str, out: Path, override
     seconds = time.time() - t0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     curve = {k: [r.get(k) for r in rows] for k in ("reward_mean", "rewards/answer/mean", "rewards/consistency/mean",
-                                                 "turns_mean", "tool_errors_mean")}
+                                                 "turns_mean", "tool_errors_mean", "rows_scored", "kl")}
     return {"seed": seed, "train_seconds": round(seconds, 1), "held_out": held_out(str(out / "final_model")),
             "curve": curve}
 
 
 def summarise(runs: list[dict]) -> dict:
     out = {}
-    for mode in ("react", "memory"):
-        for k in KEYS:
+    for mode in ("react", "memory", "loop"):
+        for k in runs[0]["held_out"][mode]:
             vals = [r["held_out"][mode][k] for r in runs]
             out[f"{mode}/{k}"] = {"mean": round(statistics.fmean(vals), 4),
                                   "std": round(statistics.stdev(vals), 4) if len(vals) > 1 else 0.0}
@@ -88,6 +105,8 @@ def summarise(runs: list[dict]) -> dict:
 
 
 def plot(result: dict, path: Path) -> None:
+    """Left: held-out EM per variant in the three evaluation forms (bars: mean over seeds; dots: seeds). Right: the
+    training reward per step (mean over seeds) of each variant."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -95,20 +114,27 @@ def plot(result: dict, path: Path) -> None:
 
     variants = list(result["variants"])
     names = ["sft_base", *variants]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    for ax, key in zip(axes, ("em", "tool_call_validity")):
-        for j, mode in enumerate(("react", "memory")):
-            xs = [i + (j - 0.5) * 0.35 for i in range(len(names))]
-            means = [result["sft_base"][mode][key]] + [result["variants"][n]["summary"][f"{mode}/{key}"]["mean"]
-                                                        for n in variants]
-            ax.bar(xs, means, width=0.35, label=f"{mode} episodes")
-            for i, n in enumerate(variants, start=1):
-                pts = [r["held_out"][mode][key] for r in result["variants"][n]["runs"]]
-                ax.scatter([xs[i]] * len(pts), pts, color="black", s=10, zorder=3)
-        ax.set_xticks(range(len(names)), names, rotation=15)
-        ax.set_title(f"held-out {key}")
-        ax.set_ylim(0, 1)
-    axes[0].legend()
+    modes = ("react", "memory", "loop")
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(14, 4.5))
+    width = 0.8 / len(modes)
+    for j, mode in enumerate(modes):
+        xs = [i + (j - 1) * width for i in range(len(names))]
+        means = [result["sft_base"][mode]["em"]] + [result["variants"][n]["summary"][f"{mode}/em"]["mean"]
+                                                    for n in variants]
+        ax.bar(xs, means, width=width, label={"loop": "tools in the rollout"}.get(mode, f"{mode} episodes"))
+        for i, n in enumerate(variants, start=1):
+            pts = [r["held_out"][mode]["em"] for r in result["variants"][n]["runs"]]
+            ax.scatter([xs[i]] * len(pts), pts, color="black", s=10, zorder=3)
+    ax.set_xticks(range(len(names)), names, rotation=15)
+    ax.set_title("held-out EM (greedy)")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=8)
+    for n in variants:
+        curves = [r["curve"]["reward_mean"] for r in result["variants"][n]["runs"]]
+        ax2.plot([statistics.fmean(v) for v in zip(*curves)], label=n)
+    ax2.set_xlabel("step")
+    ax2.set_title("training reward (sampled, mean over seeds)")
+    ax2.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -147,14 +147,18 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
     _check(s.gen_length >= 1 and s.block_length >= 1, "sampling.gen_length", "lengths must be >= 1")
     if m.kind == "block":  # (the sampler decodes in the model's blocks; the last may be shorter)
         blocks = -(-s.gen_length // m.block_size)
+        where = f"⌈sampling.gen_length {s.gen_length} / model.block_size {m.block_size}⌉"
     else:
         _check(s.gen_length % s.block_length == 0, "sampling.block_length",
                f"gen_length {s.gen_length} is not divisible by block_length {s.block_length}")
         blocks = s.gen_length // s.block_length
+        where = f"sampling.gen_length {s.gen_length} / sampling.block_length {s.block_length}"
     for key, steps in (("sampling.steps", s.steps), ("eval.steps", ev.steps)):
         if key == "eval.steps" and ev.preset != "none":  # (the preset's steps and blocks: check_eval_protocol)
             continue
-        _check(steps >= blocks and steps % blocks == 0, key, f"{steps} steps do not split evenly over {blocks} blocks")
+        _check(isinstance(steps, int) and not isinstance(steps, bool), key, f"must be an integer, got {steps!r}")
+        _check(steps >= blocks and steps % blocks == 0, key,
+               f"{steps} steps do not split evenly over {blocks} blocks ({where}); use a multiple of {blocks}")
     _check(s.temperature >= 0, "sampling.temperature", f"must be a number >= 0, got {s.temperature!r}")  # (NaN too)
     _check(ev.temperature >= 0, "eval.temperature", f"must be a number >= 0, got {ev.temperature!r}")
     check_eval_protocol(cfg, for_training)

@@ -98,8 +98,8 @@ class BlockDiffusionPolicy(MaskedDiffusionPolicy):
             ValueError: if ``steps`` is not a positive multiple of the number of blocks, or as ``block_generate``.
         """
         blocks = check_block_size(gen_length, self.block_size)
-        if isinstance(steps, bool) or not isinstance(steps, int):
-            raise ValueError(f"steps must be an integer, got {steps!r}")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
         if steps < blocks or steps % blocks:
             raise ValueError(f"{steps} steps do not split evenly over {blocks} blocks of {self.block_size} tokens")
         adaptive = threshold is not None or threshold_factor is not None

@@ -98,8 +98,8 @@ def _validate(
     if gen_length % block_length != 0:
         raise ValueError(f"gen_length ({gen_length}) must be divisible by block_length ({block_length})")
     num_blocks = gen_length // block_length
-    if isinstance(steps, bool) or not isinstance(steps, int):
-        raise ValueError(f"steps must be an integer, got {steps!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int):  # (a ValueError, as every other bad setting here)
+        raise ValueError(f"steps must be an integer, got {steps!r}")  # noqa: TRY004
     if steps % num_blocks != 0:
         raise ValueError(
             f"steps ({steps}) must be divisible by the number of blocks "

@@ -51,7 +51,7 @@ def sample_groups(policy, task, cfg: Config, preset, examples: list, generator: 
         if share is not None:
             raise NotImplementedError("tools inside the rollout (train.env with a single-turn preset) run on one "
                                       "process for now; launch without data parallelism")
-        envs = lambda: make_env(env, task, cfg.train.max_turns)  # noqa: E731
+        envs = lambda: make_env(env, task, cfg.train.max_turns)
         ro = (rollout_tool_loop(policy, envs, examples, G, generator, max_length, cfg.sampling.temperature,
                                 temperature_fn) if cfg.model.kind == "ar" else
               rollout_tool_loop_blocks(policy, envs, examples, G, generator, cfg.sampling, task.gen_length))

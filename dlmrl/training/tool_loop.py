@@ -124,7 +124,7 @@ def rollout_tool_loop(policy, make_env: Callable[[], object], examples: Sequence
     if max_length < 1:
         raise ValueError(f"the token budget max_length must be >= 1, got {max_length}")
     tok, device, G = policy.tokenizer, policy.device, num_generations
-    stops = set(int(i) for i in policy.stop_token_ids)
+    stops = {int(i) for i in policy.stop_token_ids}
     envs, owners, prompt_ids, prompt_mask = _start(make_env, examples, G, tok, device)
     E = len(envs)
     prompt_rows = [prompt_ids[e][prompt_mask[e]].tolist() for e in range(E)]

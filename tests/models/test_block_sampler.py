@@ -180,12 +180,12 @@ def test_float_or_out_of_vocabulary_prompt_ids_are_refused_naming_them():
 
 
 def test_a_float_step_count_is_refused_as_not_an_integer():
-    from tests.models.block_helpers import padded_prompts, tiny_block_policy
     from dlmrl.models.block_policy import block_policy_from
+    from tests.models.block_helpers import padded_prompts, tiny_block_policy
 
     policy = tiny_block_policy()
     ids, mask = padded_prompts(policy, [3, 5])
-    with pytest.raises(ValueError, match="steps must be an integer, got 2.0"):
+    with pytest.raises(ValueError, match="steps must be an integer >= 1, got 2.0"):
         generate(block_policy_from(policy, 2), ids, mask, gen_length=4, block_length=4, steps=2.0)
     with pytest.raises(ValueError, match="steps must be an integer, got 2.0"):
         generate(policy, ids, mask, gen_length=4, block_length=4, steps=2.0)

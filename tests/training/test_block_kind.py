@@ -110,3 +110,12 @@ def test_the_block_pretraining_records_its_block_sizes(tmp_path):
     with pytest.raises(ValueError, match="block_sizes"):
         from dlmrl.training.pretrain_block import parse_block_sizes
         parse_block_sizes("2,x")
+
+
+def test_a_step_count_that_does_not_split_names_the_block_size_it_was_split_by():
+    cfg = Config()
+    apply_overrides(cfg, ["model.kind=block", "model.name_or_path=tiny-sudoku-block", "task.answer_mode=full",
+                          "model.block_size=3", "sampling.steps=16"])
+    with pytest.raises(ConfigError,
+                       match=r"sampling.steps.*over 6 blocks \(⌈sampling.gen_length 16 / model.block_size 3⌉\)"):
+        validate(cfg)
