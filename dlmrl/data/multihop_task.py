@@ -33,7 +33,6 @@ the reward's components averaged over the traces (``consistency``, ``valid``, ``
 from __future__ import annotations
 
 import copy
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
@@ -41,7 +40,7 @@ from typing import ClassVar
 import torch
 
 from dlmrl.data.encoding import encode_prompts, pad_token_id
-from dlmrl.data.task import TASKS, Task, TaskBatch
+from dlmrl.data.task import TASKS, Task, TaskBatch, epoch_batch
 from dlmrl.envs.tools.agent import ScriptedAgent
 from dlmrl.envs.tools.env import MODES
 from dlmrl.envs.tools.knowledge_base import KnowledgeBase
@@ -262,14 +261,7 @@ class MultiHopTask(Task):
         qs = self.train_examples
         if not qs:
             raise ValueError("the multihop task has no training questions (raise task.options.kb_scale)")
-        out, orders = [], {}
-        for k in range(step * n, step * n + n):
-            epoch, pos = divmod(k, len(qs))
-            if epoch not in orders:
-                orders[epoch] = list(range(len(qs)))
-                random.Random(f"{seed}-multihop-{epoch}").shuffle(orders[epoch])
-            out.append(qs[orders[epoch][pos]])
-        return out
+        return epoch_batch(qs, n, seed, step, "multihop")
 
     def test_batch(self, n: int) -> list[MultiHopQuestion]:
         """The first ``n`` held-out questions (``ValueError`` when fewer exist)."""

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -65,7 +64,7 @@ from dlmrl.data.semantic_ids import (
     semantic_ids,
     sid_pieces,
 )
-from dlmrl.data.task import TASKS, Task, TaskBatch
+from dlmrl.data.task import TASKS, Task, TaskBatch, epoch_batch
 from dlmrl.errors import OptionError
 from dlmrl.objectives.shaping import srpo_graded_reward
 
@@ -326,14 +325,7 @@ class RecommendTask(Task):
     def train_batch(self, n: int, seed: int, step: int) -> list[UserHistory]:
         """Positions ``step·n .. step·n + n − 1`` of per-epoch permutations of the training users, each a function
         of ``(seed, epoch)`` (so of ``(seed, step)``: resumes see the same data)."""
-        users, out, orders = self.train_examples, [], {}
-        for k in range(step * n, step * n + n):
-            epoch, pos = divmod(k, len(users))
-            if epoch not in orders:
-                orders[epoch] = list(range(len(users)))
-                random.Random(f"{seed}-recommend-{epoch}").shuffle(orders[epoch])
-            out.append(users[orders[epoch][pos]])
-        return out
+        return epoch_batch(self.train_examples, n, seed, step, "recommend")
 
     def test_batch(self, n: int) -> list[UserHistory]:
         """The first ``n`` held-out users (``ValueError`` when fewer exist)."""

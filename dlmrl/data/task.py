@@ -21,6 +21,7 @@ imported by ``dlmrl train --import my_pkg.tasks`` or the ``dlmrl.plugins`` entry
 
 from __future__ import annotations
 
+import random
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -183,3 +184,17 @@ class Task(ABC):
 
 
 TASKS: Registry[type[Task]] = Registry("task")
+
+
+def epoch_batch(items: Sequence, n: int, seed: int, step: int, salt: str) -> list:
+    """The ``n`` items of training step ``step``: positions ``step·n .. step·n + n − 1`` of per-epoch permutations of
+    ``items``, each shuffled by ``random.Random(f"{seed}-{salt}-{epoch}")`` (so a function of ``(seed, step)``: a
+    resumed run sees the same data). ``items`` must not be empty."""
+    out, orders = [], {}
+    for k in range(step * n, step * n + n):
+        epoch, pos = divmod(k, len(items))
+        if epoch not in orders:
+            orders[epoch] = list(range(len(items)))
+            random.Random(f"{seed}-{salt}-{epoch}").shuffle(orders[epoch])
+        out.append(items[orders[epoch][pos]])
+    return out
