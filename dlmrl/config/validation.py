@@ -105,6 +105,8 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
 
     _check(m.family == "auto" or m.family in FAMILIES, "model.family",
            f"unknown family {m.family!r}; known: auto, {', '.join(FAMILIES.names())}")
+    if m.kind != "ar" and m.family != "auto":
+        _check_family_matches(m.name_or_path, m.family)
     from dlmrl.models.ar import SHIPPED_AR
 
     shipped = {"diffusion": ("tiny-sudoku",), "block": ("tiny-sudoku-block",), "ar": tuple(SHIPPED_AR)}
@@ -248,6 +250,25 @@ def _check_block_size(cfg: Config) -> None:
 
 #: Families whose checkpoints always ship their own model code (``auto_map``): loading runs it.
 CODE_SHIPPING_FAMILIES = ("llada", "dream", "sdar")
+
+
+def _check_family_matches(name_or_path: str, family: str) -> None:
+    """An explicit ``model.family`` must not contradict a local checkpoint's ``config.json`` (read as JSON, no code
+    runs): a config that one other family recognises, and this one does not, would load with the wrong adapter and
+    fail inside it (or, worse, run). Hub ids and configs no family or several recognise are left to the load."""
+    from pathlib import Path
+
+    from dlmrl.models.families import FAMILIES
+    from dlmrl.models.loading import read_checkpoint_config, resolve_model_path
+
+    path = Path(resolve_model_path(name_or_path))
+    if not (path / "config.json").is_file():
+        return
+    config = read_checkpoint_config(str(path))
+    found = [name for name in FAMILIES.names() if FAMILIES.get(name).detect(config)]
+    _check(len(found) != 1 or found[0] == family, "model.family",
+           f"{family!r} does not match {name_or_path!r}, whose config.json is a {found[0] if found else ''!r} "
+           f"checkpoint; use model.family auto (or {found[0] if found else ''!r})")
 
 
 def _check_remote_code(cfg: Config) -> None:

@@ -260,3 +260,24 @@ def test_left_padding_changes_nothing(kind, policies):
     a = generate(policy, alone["input_ids"], alone["attention_mask"].bool(), **kw).canvas
     b = generate(policy, both["input_ids"], both["attention_mask"].bool(), **kw).canvas
     assert torch.equal(a[0], b[0])
+
+
+@pytest.mark.parametrize("name", ["bert", "sdar"])
+def test_an_explicit_family_that_contradicts_a_local_config_is_refused_before_loading(name, tmp_path):
+    from dlmrl.config import Config, ConfigError, apply_overrides, validate
+
+    path = BUILDERS[name](tmp_path / name)
+    wrong = "tiny"
+
+    def config(family):
+        cfg = Config()
+        apply_overrides(cfg, ["task.name=text", f"model.name_or_path={path}", f"model.family={family}",
+                              "model.trust_remote_code=true", "model.kind=diffusion"])
+        return cfg
+
+    with pytest.raises(ConfigError, match=f"model.family.*'{wrong}' does not match.*'{FAMILY_OF[name]}' checkpoint"):
+        validate(config(wrong), for_training=False)
+    try:
+        validate(config(FAMILY_OF[name]), for_training=False)
+    except ConfigError as e:  # (other settings of this bare config may be refused, never the family)
+        assert "model.family" not in str(e)
