@@ -1,20 +1,31 @@
-"""Multi-hop QA with simulated tools on the tiny AR model: the SFT base, then GRPO with the answer-only reward vs
-MTR's composite trace reward (arXiv 2510.06825), and Flow-GRPO with AgentFlow-memory episodes (arXiv 2510.05592).
+"""Multi-hop QA with simulated tools on the tiny AR model: the SFT base vs RL with the tools executed while sampling
+(MTR arXiv 2510.06825 with its ToolActor in the loop; Search-R1 arXiv 2503.09516), in one sequence per trajectory
+or in AgentFlow's episodes (Flow-GRPO arXiv 2510.05592).
 
-For each seed and variant this trains the shipped configs from the SFT base (``--base``, default
-``dlmrl/assets/tiny_multihop_ar``) and evaluates the final model on every held-out question by greedy episodes
-against the simulator, in both context modes (EM, F1, tool-call validity, answered, reward components):
+For each seed and variant this trains a shipped config from the SFT base (``--base``, default
+``dlmrl/assets/tiny_multihop_ar``) and evaluates the final model on every held-out question greedily, three ways:
+ReAct episodes and memory episodes (EM, F1, tool-call validity, answered, reward components) and trajectories with
+the tools inside the rollout (``loop``: EM, reward components, turns, tool errors). Variants (default: the first
+three):
 
-- ``grpo_answer``: ``configs/mtr_multihop_tiny_ar.yaml`` with ``task.options.w_cons: 0`` (reward = EM);
-- ``grpo_mtr``: the same config as shipped (reward = EM + 0.2 · consistency);
-- ``flow_grpo_memory_answer``: ``configs/flow_grpo_multihop_tiny_ar.yaml`` with ``w_cons: 0`` (the answer-only
-  reward in the episode form, where the observations are the simulator's);
-- ``flow_grpo_memory``: ``configs/flow_grpo_multihop_tiny_ar.yaml`` (memory episodes, final MTR reward per turn).
+- ``grpo_loop_answer``: ``configs/grpo_tools_multihop_tiny_ar.yaml`` (grpo, tools inside the rollout) with
+  ``task.options.w_cons: 0`` (reward = EM);
+- ``grpo_loop_mtr``: the same config as shipped (MTR's reward EM + 0.2 · consistency);
+- ``flow_grpo_memory``: ``configs/flow_grpo_multihop_tiny_ar.yaml`` (memory episodes, final MTR reward per turn);
+- ``flow_grpo_memory_answer``: the same with ``w_cons: 0``;
+- ``grpo_answer`` / ``grpo_mtr``: ``configs/mtr_multihop_tiny_ar.yaml``, the single-sequence form *without* tools
+  while sampling (the policy writes its own observations; the reward re-simulates them).
 
-The base is evaluated once (greedy decoding is deterministic). Writes ``benchmarks/results/tools_multihop.json``
-and ``tools_multihop.png`` (held-out EM and tool-call validity per variant, mean and per-seed points)::
+Extra ``key=value`` arguments override every run's config. The base is evaluated once (greedy decoding is
+deterministic). Writes ``--out`` (default ``benchmarks/results/tools_multihop.json``) and its ``.png`` (held-out EM per
+variant and evaluation form, mean and per-seed points; the training reward per step)::
 
     OMP_NUM_THREADS=1 python benchmarks/tools_multihop.py --seeds 0,1,2 --steps 20
+    # a longer budget, the seeds side by side as three processes, then merged:
+    for s in 0 1 2; do OMP_NUM_THREADS=1 python benchmarks/tools_multihop.py --seeds $s --steps 300 \
+        --variants grpo_loop_answer,grpo_loop_mtr --out /tmp/long_$s.json train.num_generations=8 \
+        train.learning_rate=3e-4 & done; wait
+    python benchmarks/tools_multihop.py --merge /tmp/long_{0,1,2}.json --out benchmarks/results/tools_multihop_long.json
 """
 
 from __future__ import annotations
@@ -139,6 +150,25 @@ def plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def merge(paths: list[str], out: Path) -> None:
+    """One result file from several of the same settings (their runs pooled per variant, summaries recomputed)."""
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    first = parts[0]
+    for other in parts[1:]:
+        for key in ("base", "steps", "overrides", "sft_base"):
+            if other.get(key) != first.get(key):
+                raise SystemExit(f"cannot merge: {key!r} differs between {paths[0]} and another file")
+    result = {**first, "seeds": sorted(s for p in parts for s in p["seeds"]), "variants": {}, "merged_from": paths,
+              "total_seconds": round(sum(p["total_seconds"] for p in parts), 1)}
+    for name in first["variants"]:
+        runs = sorted((r for p in parts for r in p["variants"][name]["runs"]), key=lambda r: r["seed"])
+        result["variants"][name] = {**first["variants"][name], "runs": runs, "summary": summarise(runs)}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    plot(result, out.with_suffix(".png"))
+    print(f"wrote {out} and {out.with_suffix('.png')} from {len(parts)} files")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="0,1,2")
@@ -147,7 +177,12 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help=f"comma list of {', '.join(VARIANTS)}")
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="extra overrides for every run")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/tools_multihop.json"))
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+                    help="merge these result files (one seed each, the same settings, e.g. seeds run side by side as "
+                         "separate processes) into --out; trains nothing")
     args = ap.parse_args()
+    if args.merge:
+        return merge(args.merge, Path(args.out))
     seeds = [int(s) for s in args.seeds.split(",")]
     t0 = time.time()
     result = {"base": args.base, "steps": args.steps, "seeds": seeds, "overrides": args.overrides, "torch_num_threads": torch.get_num_threads(),
