@@ -23,8 +23,7 @@ variant and evaluation form, mean and per-seed points; the training reward per s
     OMP_NUM_THREADS=1 python benchmarks/tools_multihop.py --seeds 0,1,2 --steps 20
     # a longer budget, the seeds side by side as three processes, then merged:
     for s in 0 1 2; do OMP_NUM_THREADS=1 python benchmarks/tools_multihop.py --seeds $s --steps 300 \
-        --variants grpo_loop_answer,grpo_loop_mtr --out /tmp/long_$s.json train.num_generations=8 \
-        train.learning_rate=3e-4 & done; wait
+        --variants grpo_loop_answer --out /tmp/long_$s.json train.num_generations=8 train.learning_rate=3e-4 & done; wait
     python benchmarks/tools_multihop.py --merge /tmp/long_{0,1,2}.json --out benchmarks/results/tools_multihop_long.json
 """
 
