@@ -286,8 +286,9 @@ class TrainConfig:
                                 "it, one row per turn; null = the task's default (sudoku: sudoku_feedback; multihop: "
                                 "multihop, task.options.context's mode). Any other preset with an env set runs the "
                                 "tools inside the rollout: one sequence per trajectory, the observations appended as "
-                                "context tokens (never scored), sampling.gen_length its token budget (AR; an env that "
-                                "appends its observations: multihop_react).")
+                                "context tokens (never scored), sampling.gen_length its token budget (AR, block, or "
+                                "full diffusion in segment rounds; an env that appends its observations: "
+                                "multihop_react).")
     max_turns: int = doc(3, "Multi-turn presets and tools inside the rollout: most turns (policy responses) per "
                             "episode.")
     reward_funcs: list[str] = field(default_factory=list, metadata={"help": (

@@ -499,10 +499,14 @@ def _check_rollout_parts(cfg: Config, preset) -> None:
         _check(env in ENVS, "train.env", f"unknown environment {env!r}; known: {', '.join(ENVS.names())}")
         tasks = getattr(ENVS.get(env), "tasks", ())
         _check(cfg.task.name in tasks, "train.env", f"environment {env!r} serves tasks {tasks}, not {cfg.task.name!r}")
-        _check(cfg.model.kind in ("ar", "block"), "train.env",
-               f"tools inside the rollout (train.env with {algo!r}) need model.kind 'ar' or 'block', got "
-               f"{cfg.model.kind!r}: under bidirectional attention the turns decoded before an observation attended "
-               "masks where it now stands, so no likelihood of the trajectory is exact")
+        if cfg.model.kind == "diffusion":  # (segment rounds: any ELBO estimator; the trajectory would be inexact)
+            from dlmrl.config.resolve import estimator_name
+
+            _check(estimator_name(cfg) != "trajectory", "train.env",
+                   f"tools inside a full-diffusion rollout ({algo!r} scores with the trajectory estimator): under "
+                   "bidirectional attention the turns decoded before an observation attended masks where it now "
+                   "stands, so the trajectory likelihood would not be the sampler's; use model.kind block, or an ELBO "
+                   "estimator (estimator.name sdmc, double_mc, ...), which scores the finished sequence")
         _check(preset.anchor_threshold is None, "train.env",
                f"{algo!r} adds off-policy anchor rows, which have no tool observations; tools inside the rollout "
                "cannot be combined with anchors")

@@ -114,8 +114,14 @@ def _algorithm_section(cfg: Config, preset) -> dict:
     elif tr.env is not None:
         out["tools_in_rollout"] = {
             "env": tr.env, "max_turns": tr.max_turns,
-            "token_budget": f"{cfg.sampling.gen_length + 1} tokens per trajectory (sampling.gen_length + 1, the AR "
-                            "completion width: actions and observations together)",
+            "token_budget": (f"{cfg.sampling.gen_length + 1} tokens per trajectory (sampling.gen_length + 1, the AR "
+                             "completion width: actions and observations together)" if cfg.model.kind == "ar" else
+                             f"{cfg.sampling.gen_length} tokens per trajectory (the canvas, sampling.gen_length: actions "
+                             "and observations together)"),
+            "turn_stops_at": {"ar": "the end of the line of its first Action: or Final Answer:",
+                              "block": "the end of the block where that line ends (model.block_size)",
+                              "diffusion": "the end of the segment where that line ends (sampling.block_length; "
+                                           "segment rounds)"}[cfg.model.kind],
             "rows": "one per trajectory: the policy's turns with the environment's observations appended between "
                     "them",
             "observation_tokens": "context only: not in the loss, the log-probs, the KL or entropy terms or any "

@@ -9,8 +9,9 @@ sequence's token budget (``sampling.gen_length``, actions and observations toget
 different turns at different times; every turn samples the batch's still-active rows together.
 
 Block-diffusion policies (:func:`rollout_tool_loop_blocks`) do the same on their canvas, a turn stopping at the end
-of the block where its text ends; the full-diffusion kind is not supported (its bidirectional attention makes the
-turns before an observation depend on masks where the observation now stands).
+of the block where its text ends; full-diffusion policies in segment rounds (their semi-autoregressive segments as
+the blocks), scored by ELBO estimators only (their bidirectional attention makes the turns before an observation
+depend on masks where the observation now stands, so the trajectory likelihood is not the sampler's).
 
 A row is one trajectory: ``completion`` holds its action and observation tokens in order, ``observation_mask`` the
 observation tokens, and ``completion_mask`` **only the action tokens** (the tokens the policy wrote). Everything the
@@ -236,8 +237,15 @@ def rollout_tool_loop_blocks(policy, make_env: Callable[[], object], examples: S
     when its episode ends, the turn is not complete by the end of the canvas, or the observation and one more token do
     not fit; its last call's decode of the rest of the canvas is kept (the canvas a single-turn rollout would have).
 
+    A full-diffusion (bidirectional) policy runs the same loop in **segment rounds**: its semi-autoregressive segments
+    of ``sampling.block_length`` tokens play the blocks (a turn stops at the end of its segment). Its sampler's record
+    is then that of the calls, not of one decode of the final canvas (the turns before an observation attended masks
+    where the observation now stands), so only estimators that score the finished sequence (ELBO) are exact for it,
+    not the trajectory likelihood (the config check refuses that pairing).
+
     Args:
-        policy: a block-diffusion policy (:class:`~dlmrl.models.block_policy.BlockDiffusionPolicy`).
+        policy: a block-diffusion policy (:class:`~dlmrl.models.block_policy.BlockDiffusionPolicy`), or a masked-diffusion
+            policy (segment rounds).
         make_env, examples, num_generations, generator: as in :func:`rollout_tool_loop`.
         sampling: the ``sampling`` config section (steps, temperature, remasking, threshold, ...).
         gen_length: ``L``, the canvas (actions and observations together).
@@ -247,16 +255,12 @@ def rollout_tool_loop_blocks(policy, make_env: Callable[[], object], examples: S
         ``token_logprobs`` ``(B, L)`` float32 (0 on observation tokens) and ``row_nfe`` ``(B,)`` (passes summed over
         the row's calls; ``nfe`` their mean, ``passes`` their sum).
     Raises:
-        ValueError: as :func:`rollout_tool_loop`, or a policy without block-causal attention (``block_size``).
+        ValueError: as :func:`rollout_tool_loop`.
     """
     from dlmrl.models.sampler import NOT_SAMPLED, generate
     from dlmrl.training.rollout import mean_nfe
 
-    B = getattr(policy, "block_size", None)
-    if B is None:
-        raise ValueError("tools inside a diffusion rollout need a block-causal policy (model.kind block): under "
-                         "bidirectional attention the turns decoded before an observation attended masks where it "
-                         "now stands")
+    B = getattr(policy, "block_size", None) or sampling.block_length  # (full diffusion: LLaDA's semi-AR segments)
     tok, device, G, L = policy.tokenizer, policy.device, num_generations, gen_length
     envs, owners, prompt_ids, prompt_mask = _start(make_env, examples, G, tok, device)
     E, s = len(envs), sampling

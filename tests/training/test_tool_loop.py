@@ -310,30 +310,45 @@ def test_block_turns_stop_at_block_boundaries_and_the_trajectory_likelihood_is_e
     torch.testing.assert_close(est.per_token, ro.token_logprobs, atol=ATOL, rtol=0)
 
 
-def test_the_full_diffusion_kind_is_refused_and_a_bidirectional_policy_too(tmp_path):
+def test_the_full_diffusion_kind_runs_in_segment_rounds_and_refuses_the_trajectory_estimator(tmp_path):
     from dlmrl.config import Config
+    from dlmrl.estimators import SDMC
     from dlmrl.models.policy import MaskedDiffusionPolicy
     from dlmrl.training.tool_loop import rollout_tool_loop_blocks
 
-    with pytest.raises(ConfigError, match="train.env.*'ar' or 'block'"):
+    with pytest.raises(ConfigError, match="train.env.*trajectory estimator"):
         config("configs/mtr_multihop_tiny_ar.yaml", "tiny-multihop-ar", tmp_path,
-               **TOOL_LOOP, **{"model.kind": "diffusion"})
+               **TOOL_LOOP, **{"model.kind": "diffusion", "train.algorithm": "tracerl"})
     block = _block_multihop_policy(4)
     bidirectional = MaskedDiffusionPolicy(block.model, block.tokenizer, block.mask_token_id, "tiny", block.logits_fn,
                                           block.eos_token_id, block.pad_token_id)
-    with pytest.raises(ValueError, match="block-causal policy"):
-        rollout_tool_loop_blocks(bidirectional, _CountingEnv, ["x"], 1, torch.Generator(), Config().sampling, 8)
+    sampling = Config().sampling
+    sampling.steps, sampling.block_length, sampling.temperature = 24, 8, 1.0
+    ro = rollout_tool_loop_blocks(bidirectional, _CountingEnv, ["Kavoni", "Tesu"], 2, torch.Generator().manual_seed(0),
+                                  sampling, 48)
+    obs_ids = bidirectional.tokenizer("Observation: Kavoni\n", add_special_tokens=False)["input_ids"]
+    for e in range(4):
+        obs = ro.observation_mask[e]
+        starts = [i for i in range(48) if obs[i] and (i == 0 or not obs[i - 1])]
+        assert len(starts) == 2 and all(i % 8 == 0 for i in starts)  # (each turn stopped at a segment's end)
+        assert torch.equal(ro.completion_mask[e], ~obs) and obs.sum() == 2 * len(obs_ids)
+    # an ELBO plan masks only the policy's tokens: the observations stay clean context
+    plan = SDMC().rollout_plan(ro.completion_mask, torch.Generator().manual_seed(1), ro.prompt_mask)
+    assert not any((m & ro.observation_mask).any() for m in plan.masks)
 
 
-@pytest.mark.parametrize("algo", ["gdpo", "tracerl"])
-def test_a_block_policy_trains_two_steps_with_tools_in_the_loop(algo, tmp_path):
-    """The trainer end to end on a block-diffusion checkpoint saved here (random weights, the multihop tokenizer)."""
+@pytest.mark.parametrize(("kind", "algo"), [("block", "gdpo"), ("block", "tracerl"), ("diffusion", "gdpo")])
+def test_a_diffusion_policy_trains_two_steps_with_tools_in_the_loop(kind, algo, tmp_path):
+    """The trainer end to end on a block-diffusion or full-diffusion (segment rounds) checkpoint saved here (random
+    weights, the multihop tokenizer)."""
     policy = _block_multihop_policy(4)
     policy.model.save_pretrained(tmp_path / "base")
     policy.tokenizer.save_pretrained(tmp_path / "base")
+    kind_keys = ({"model.block_size": 4, "sampling.block_length": 4} if kind == "block"
+                 else {"sampling.block_length": 8})
     cfg = config("configs/mtr_multihop_tiny_ar.yaml", str(tmp_path / "base"), tmp_path / "run",
-                 **{**TOOL_LOOP, "model.kind": "block", "model.block_size": 4, "train.algorithm": algo,
-                    "sampling.gen_length": 32, "sampling.block_length": 4, "sampling.steps": 16,
+                 **{**TOOL_LOOP, "model.kind": kind, **kind_keys, "train.algorithm": algo,
+                    "sampling.gen_length": 32, "sampling.steps": 16,
                     "task.options.eval_mode": "sequence", "eval.before": False, "eval.after": False})
     train(cfg, progress=False)
     logged = rows(tmp_path / "run")
