@@ -147,7 +147,9 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
            f"the sudoku task's canvas is 16 cells with answer_mode {t.answer_mode!r}; set 16 (answer_mode text "
            "takes any length)")
     _check(s.gen_length >= 1 and s.block_length >= 1, "sampling.gen_length", "lengths must be >= 1")
-    if m.kind == "block":  # (the sampler decodes in the model's blocks; the last may be shorter)
+    if m.kind == "ar":  # (an AR policy samples left to right: blocks and steps do not apply)
+        blocks, where = None, ""
+    elif m.kind == "block":  # (the sampler decodes in the model's blocks; the last may be shorter)
         blocks = -(-s.gen_length // m.block_size)
         where = f"⌈sampling.gen_length {s.gen_length} / model.block_size {m.block_size}⌉"
     else:
@@ -156,7 +158,7 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
         blocks = s.gen_length // s.block_length
         where = f"sampling.gen_length {s.gen_length} / sampling.block_length {s.block_length}"
     for key, steps in (("sampling.steps", s.steps), ("eval.steps", ev.steps)):
-        if key == "eval.steps" and ev.preset != "none":  # (the preset's steps and blocks: check_eval_protocol)
+        if key == "eval.steps" and ev.preset != "none" or blocks is None:  # (eval presets: check_eval_protocol)
             continue
         _check(isinstance(steps, int) and not isinstance(steps, bool), key, f"must be an integer, got {steps!r}")
         _check(steps >= blocks and steps % blocks == 0, key,
@@ -250,6 +252,11 @@ def _check_block_size(cfg: Config) -> None:
 
 #: Families whose checkpoints always ship their own model code (``auto_map``): loading runs it.
 CODE_SHIPPING_FAMILIES = ("llada", "dream", "sdar")
+
+
+def _completion_width(cfg: Config) -> int:
+    """The completion width a run samples: ``sampling.gen_length`` (AR: plus its EOS)."""
+    return cfg.sampling.gen_length + (1 if cfg.model.kind == "ar" else 0)
 
 
 def _check_family_matches(name_or_path: str, family: str) -> None:
@@ -519,6 +526,10 @@ def _check_rollout_parts(cfg: Config, preset) -> None:
                f"environment {env!r} rewrites its prompt every turn; tools inside the rollout need one that appends "
                "its observations (multihop_react)")
         _check(isinstance(tr.max_turns, int) and tr.max_turns >= 1, "train.max_turns", "must be an integer >= 1")
+        turn = int((cfg.task.options or {}).get("turn_length", 64)) if cfg.task.name == "multihop" else 1
+        _check(_completion_width(cfg) >= turn, "sampling.gen_length",
+               f"{cfg.sampling.gen_length} tokens is the whole trajectory's budget with the tools inside the rollout "
+               f"(actions and observations); it cannot hold one turn of task.options.turn_length {turn} tokens")
 
 
 def _check_data_files(t: TaskConfig, reward_functions=None) -> int | float:

@@ -42,9 +42,10 @@ def cut_turn_tokens(tokenizer, tokens: Sequence[int],
     """The number of tokens of a sampled turn the environment reads, and their text.
 
     The turn is ``tokens[:k]`` for the smallest ``k`` whose decoded text has a complete turn (``turn_end`` not
-    ``None``): the tokens after it are dropped, as a stop sequence would have stopped sampling there (for a
-    left-to-right sampler the kept tokens' distribution does not depend on the dropped ones). A token that spans
-    the end is kept whole. Without a complete turn every token is kept.
+    ``None``), less the tokens that start at or after the turn's end (a policy's own ``Observation:``): the tokens
+    after it are dropped, as a stop sequence would have stopped sampling there (for a left-to-right sampler the kept
+    tokens' distribution does not depend on the dropped ones). A token that spans the end is kept whole. Without a
+    complete turn every token is kept.
 
     Args:
         tokenizer: decodes ids (``decode``, special tokens skipped). tokens: the turn's sampled ids, stop token
@@ -56,8 +57,13 @@ def cut_turn_tokens(tokenizer, tokens: Sequence[int],
     tokens = list(tokens)
     for k in range(1, len(tokens) + 1):
         text = tokenizer.decode(tokens[:k], skip_special_tokens=True)
-        if turn_end(text) is not None:
-            return k, text, True
+        end = turn_end(text)
+        if end is not None:
+            # the turn may end before this token's text does (a policy's own "Observation:" is cut before it): keep
+            # the fewest tokens whose text reaches the end, so tokens that start after it go too
+            while k > 1 and len(tokenizer.decode(tokens[:k - 1], skip_special_tokens=True)) >= end:
+                k -= 1
+            return k, tokenizer.decode(tokens[:k], skip_special_tokens=True), True
     return len(tokens), tokenizer.decode(tokens, skip_special_tokens=True), False
 
 
@@ -97,9 +103,13 @@ def rollout_tool_loop(policy, make_env: Callable[[], object], examples: Sequence
     tokenizer's BOS as the tasks' prompts are). Each turn the active rows continue their own sequence (prompt,
     earlier turns, observations) with ``policy.generate`` (``temperature``, the step's ``generator``) for at most
     the row's remaining budget; the turn is cut at the environment's stop rule (:func:`cut_turn_tokens`) and given
-    to ``env.step``; unless the episode ended, ``env.observation_text(turn)`` is tokenized (no special tokens) and
-    appended. A row ends when its episode ends, when its turn ended with a stop token (EOS: the episode is then
-    closed and scored, ``env.close()``), or when the budget cannot hold the observation and one more token.
+    to ``env.step``, and ``env.observation_text(turn)`` is tokenized (no special tokens) and appended, after the last
+    turn too, so that the row holds every observation the reward counts. A row ends when its episode ends, when its
+    turn ended with a stop token (EOS: the episode is then closed and scored, ``env.close()``), when the budget ran
+    out inside a turn (that partial turn is not run: ``env.close()``), or when the budget cannot hold the
+    observation (and one more token, unless the episode ended): the observation is then withdrawn from the
+    environment's record before it scores (``env.close(drop_last_observation=True)``), since the policy never saw
+    it.
 
     Args:
         policy: an AR policy (``generate``, ``tokenizer``, ``device``, ``stop_token_ids``, ``pad_token_id``).
@@ -147,22 +157,29 @@ def rollout_tool_loop(policy, make_env: Callable[[], object], examples: Sequence
             env = envs[e]
             room = max_length - len(tokens[e])
             sampled = comp[k][cmask[k]].tolist()[:room]
-            n, text, _ = cut_turn_tokens(tok, sampled, env.turn_end)
+            n, text, complete = cut_turn_tokens(tok, sampled, env.turn_end)
             turn_tokens = sampled[:n]
             longest = max(longest, len(sampled))
             tokens[e] += turn_tokens
             is_obs[e] += [False] * len(turn_tokens)
             turns[e] += 1
-            _, done, final[e] = env.step(text)
             ended_by_stop = bool(turn_tokens) and turn_tokens[-1] in stops
-            if not done:
-                obs = tok(env.observation_text(text), add_special_tokens=False)["input_ids"]
-                if ended_by_stop or len(tokens[e]) + len(obs) + 1 > max_length:
-                    final[e] = env.close()  # (the policy stopped, or no room for the observation and one more token)
-                else:
-                    tokens[e] += obs
-                    is_obs[e] += [True] * len(obs)
-                    still.append(e)
+            if not complete and not ended_by_stop:  # the budget ran out mid-turn: no turn to run; score what was done
+                final[e] = env.close()
+                continue
+            _, done, final[e] = env.step(text)
+            obs = tok(env.observation_text(text), add_special_tokens=False)["input_ids"]
+            fits = len(tokens[e]) + len(obs) + (0 if done else 1) <= max_length  # (+1: room for the next turn)
+            if obs and fits:  # (also after the last turn: the row then holds what the reward saw)
+                tokens[e] += obs
+                is_obs[e] += [True] * len(obs)
+            elif obs:  # no room: the policy never sees this observation, so the reward must not count it either
+                final[e] = env.close(drop_last_observation=True)
+                continue
+            if not done and ended_by_stop:
+                final[e] = env.close()  # (the policy stopped writing)
+            elif not done:
+                still.append(e)
         nfe += longest
         passes += len(active) * longest
         active, turn = still, turn + 1
@@ -230,8 +247,10 @@ def rollout_tool_loop_blocks(policy, make_env: Callable[[], object], examples: S
     masks); the turn is the text up to the environment's stop rule, **rounded up to the end of its block** (a block is
     denoised as a whole, so the block holding the turn's end is kept whole, its tokens after the end included; the
     turn stops at a block boundary), the environment steps on the turn's text, and its observation is written as clean
-    tokens from the next block boundary; everything after is masked again for the next call. The blocks decoded past
-    the turn are dropped: under block-causal attention no kept token attended them, so every kept token's recorded
+    tokens from the next block boundary; everything after is masked again for the next call (a row that ends before
+    an observation is shown, after its last turn or for want of room, has that observation withdrawn from the
+    environment's record, ``env.close(drop_last_observation=True)``, so the reward counts only what the row holds).
+    The blocks decoded past the turn are dropped: under block-causal attention no kept token attended them, so every kept token's recorded
     log-prob and reveal step are those of one block-by-block decode of the final canvas, in which the observation
     tokens are given tokens (an infill canvas's) — and the block trajectory likelihood replays them exactly. A row ends
     when its episode ends, the turn is not complete by the end of the canvas, or the observation and one more token do
@@ -284,14 +303,18 @@ def rollout_tool_loop_blocks(policy, make_env: Callable[[], object], examples: S
         for k, e in enumerate(active):
             env, lo = envs[e], start[e]
             row_nfe[e] += int(out.row_nfe[k])
-            n, text, complete = cut_turn_tokens(tok, out.canvas[k, lo:].tolist(), env.turn_end)
+            rest = out.canvas[k, lo:].tolist()
+            n, text, complete = cut_turn_tokens(tok, rest, env.turn_end)
             end = min(L, -(-(lo + n) // B) * B) if complete else L  # (the turn's end, up to its block's end)
             turns[e] += 1
-            _, done, final[e] = env.step(text)
-            obs = ([] if done or not complete else
-                   tok(env.observation_text(text), add_special_tokens=False)["input_ids"])
-            if not done and (not complete or end + len(obs) + 1 > L):
-                final[e], done = env.close(), True  # (no complete turn, or no room for the observation)
+            if not complete and policy.eos_token_id not in rest:  # (the canvas ran out mid-turn: no turn to run)
+                final[e], done = env.close(), True
+            else:  # (a complete turn, or the policy ended its text with EOS)
+                _, done, final[e] = env.step(text)
+                obs = tok(env.observation_text(text), add_special_tokens=False)["input_ids"]
+                if obs and (done or not complete or end + len(obs) + 1 > L):
+                    # the row ends before the observation: the policy never sees it, so the reward must not count it
+                    final[e], done = env.close(drop_last_observation=True), True
             keep = slice(lo, L if done else end)  # (a finished row keeps its last decode of the whole canvas)
             sampled = out.reveal_step[k, keep] != NOT_SAMPLED
             canvas[e, keep] = out.canvas[k, keep]

@@ -245,9 +245,9 @@ class _CountingEnv:
         return "", self.done, self.turn / 10 if self.done else 0.0
 
     def observation_text(self, text):
-        return "Observation: Kavoni\n"
+        return "" if self.done else "Observation: Kavoni\n"
 
-    def close(self):
+    def close(self, drop_last_observation=False):
         self.done = True
         return self.turn / 10
 
@@ -364,3 +364,59 @@ def test_a_data_parallel_launch_is_refused_naming_the_key(tmp_path):
     check_process_split(cfg, 1)
     with pytest.raises(ConfigError, match="train.env.*one process"):
         check_process_split(cfg, 2)
+
+
+def _one_question(world):
+    policy, task = world
+    q = task.train_batch(1, 0, 0)[0]
+    return policy, task, q, ScriptedAgent(task.simulator).turns(q)
+
+
+def test_a_policy_written_observation_is_cut_from_the_row(world):
+    policy, task, q, turns = _one_question(world)
+    fake = _ScriptedPolicy(policy, {f"Question: {q.question}": ["Thought: I know.\nObservation: Kukaki\n", *turns]})
+    ro = rollout_tool_loop(fake, lambda: make_env("multihop_react", task, 5), [q], 1, torch.Generator(), 400)
+    tok = policy.tokenizer
+    first_obs = int(ro.observation_mask[0].float().argmax())
+    assert tok.decode(ro.completion[0, :first_obs]) == "Thought: I know.\n"  # (the policy's "Observation:" is cut)
+    assert tok.decode(ro.completion[0, ro.observation_mask[0]]).startswith("Observation: Error: no action")
+
+
+def test_the_reward_counts_only_the_observations_the_row_holds(world):
+    from dlmrl.envs.tools.trace_reward import COMPONENTS
+
+    policy, task, q, turns = _one_question(world)
+    observed = COMPONENTS.index("observed")
+    hops = q.hops
+    tok = policy.tokenizer
+    # the turn limit ends the episode right after the last action: its observation is still appended to the row
+    fake = _ScriptedPolicy(policy, {f"Question: {q.question}": turns})
+    ro = rollout_tool_loop(fake, lambda: make_env("multihop_react", task, hops), [q], 1, torch.Generator(), 400)
+    text = tok.decode(ro.completion[0][ro.observation_mask[0]])
+    assert text.count("Observation:") == hops and ro.reward_parts[0, observed] == 1.0
+    # the budget ends the row before the last observation: the reward does not count it
+    n = ro.completion_mask[0].nonzero().max().item() + 1  # (the row up to the end of the last action)
+    ro = rollout_tool_loop(fake, lambda: make_env("multihop_react", task, hops), [q], 1, torch.Generator(), n + 1)
+    assert tok.decode(ro.completion[0][ro.observation_mask[0]]).count("Observation:") == hops - 1
+    assert ro.reward_parts[0, observed] == pytest.approx((hops - 1) / hops)
+
+
+def test_a_final_answer_cut_by_the_budget_is_not_an_answer(world):
+    policy, task, q, turns = _one_question(world)
+    long_answer = turns[:-1] + [turns[-1].replace("Final Answer: ", "Final Answer: ").rstrip("\n") + " Extra\n"]
+    fake = _ScriptedPolicy(policy, {f"Question: {q.question}": long_answer})
+    full = rollout_tool_loop(fake, lambda: make_env("multihop_react", task, 5), [q], 1, torch.Generator(), 400)
+    n = int((full.completion_mask[0] | full.observation_mask[0]).sum())
+    cut = rollout_tool_loop(fake, lambda: make_env("multihop_react", task, 5), [q], 1, torch.Generator(), n - 2)
+    text = policy.tokenizer.decode(cut.completion[0, : n - 2])
+    assert "Final Answer: " + q.answer in text  # (the answer's name was written before the budget ran out)
+    assert cut.reward_parts[0, 0] == 0.0  # (EM 0: the unfinished line was never a final answer)
+
+
+def test_a_budget_that_cannot_hold_one_turn_is_refused_naming_it(tmp_path):
+    with pytest.raises(ConfigError, match="sampling.gen_length.*cannot hold one turn"):
+        config("configs/mtr_multihop_tiny_ar.yaml", "tiny-multihop-ar", tmp_path,
+               **{**TOOL_LOOP, "sampling.gen_length": 5, "sampling.block_length": 5})
+    # (an AR policy ignores sampling.block_length and sampling.steps: a gen_length they do not divide is fine)
+    config("configs/mtr_multihop_tiny_ar.yaml", "tiny-multihop-ar", tmp_path,
+           **{**TOOL_LOOP, "sampling.gen_length": 63, "sampling.block_length": 160, "sampling.steps": 7})

@@ -123,12 +123,24 @@ class ToolEnv:
         return sum(1 for s in getattr(self, "_steps", ()) if s.observation is not None
                    and s.observation.startswith(ERROR_PREFIX))
 
-    def close(self) -> float:
-        """End the episode now, before a final answer (the policy stopped writing, or the sequence ran out of
-        tokens) and score it; returns the trace reward (the score of an episode that had already ended)."""
+    def close(self, drop_last_observation: bool = False) -> float:
+        """End the episode now (the policy stopped writing, or the sequence ran out of tokens) and score it; returns
+        the trace reward.
+
+        Args:
+            drop_last_observation: the last turn's observation never reached the policy (no room in the sequence):
+                remove it from the record (the step keeps its thought and action) and score again, so the reward
+                counts only what the policy saw.
+        Raises:
+            RuntimeError: before ``reset``.
+        """
         if self.example is None:
             raise RuntimeError("close() needs reset() first")
-        if not self.done:
+        if drop_last_observation and self._steps and self.last_observation is not None:
+            self._steps[-1] = replace(self._steps[-1], observation=None)
+            self.last_observation = None
+            self.score = None
+        if self.score is None:
             self.done = True
             self.score = self.reward.score(self.trace, self.example.answer)
         return self.score.reward
