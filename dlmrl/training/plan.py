@@ -112,12 +112,16 @@ def _algorithm_section(cfg: Config, preset) -> dict:
         out["episodes"] = {"env": tr.env or default_env(cfg.task.name), "max_turns": tr.max_turns,
                            "rows": "one per turn (context, response), the trajectory's final reward on each"}
     elif tr.env is not None:
+        from dlmrl.training.run_setup import generation_budget
+
         out["tools_in_rollout"] = {
             "env": tr.env, "max_turns": tr.max_turns,
-            "token_budget": (f"{cfg.sampling.gen_length + 1} tokens per trajectory (sampling.gen_length + 1, the AR "
-                             "completion width: actions and observations together)" if cfg.model.kind == "ar" else
-                             f"{cfg.sampling.gen_length} tokens per trajectory (the canvas, sampling.gen_length: actions "
-                             "and observations together)"),
+            "token_budget": f"{generation_budget(cfg.model.kind, cfg.sampling.gen_length, preset)} tokens per "
+                            "trajectory, actions and observations together (" + (
+                                "the canvas, sampling.gen_length" if cfg.model.kind != "ar" else
+                                "sampling.gen_length + 1, the AR completion width" if preset.overlong_cache_fraction
+                                is None else "sampling.gen_length + 1 and DAPO's overlong cache past it; its length "
+                                "punishment counts the policy's tokens") + ")",
             "turn_stops_at": {"ar": "the end of the line of its first Action: or Final Answer:",
                               "block": "the end of the block where that line ends (model.block_size)",
                               "diffusion": "the end of the segment where that line ends (sampling.block_length; "
@@ -225,8 +229,12 @@ def _sampler_section(cfg: Config, written: tuple[int, int, float] | None) -> dic
     s, ev = cfg.sampling, cfg.eval
     length = s.gen_length  # (validate holds Sudoku's grid modes to 16)
     if cfg.model.kind == "ar":
-        return {"kind": "left to right (generate)", "max_new_tokens": length + 1, "temperature": s.temperature,
-                "nfe_per_completion": length + 1}
+        from dlmrl.config.resolve import build_preset
+        from dlmrl.training.run_setup import generation_budget
+
+        budget = generation_budget("ar", length, build_preset(cfg))  # (DAPO: its overlong cache past the answer)
+        return {"kind": "left to right (generate)", "max_new_tokens": budget, "temperature": s.temperature,
+                "nfe_per_completion": f"at most {budget}"}
     if cfg.model.kind == "block":
         return _block_sampler_section(cfg, written)
     blocks = length // s.block_length

@@ -193,11 +193,7 @@ def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None)
                                   init_kwargs={"wandb": {"name": out.name}, "trackio": {"name": out.name}})
     metrics_writer = (MetricsWriter(out / "metrics.jsonl", resume_step=state.step if ckpt else None)
                       if accelerator.is_main_process else None)
-    max_length = task.gen_length + 1 if is_ar else task.gen_length  # generation budget (AR: the grid + EOS)
-    if is_ar and preset.overlong_cache_fraction is not None:
-        # (dlmrl interpretation) DAPO's cache sits past the answer: L_max = (L + 1) / (1 − fraction), so a
-        # complete answer is never punished and only tokens beyond it are
-        max_length = math.ceil(max_length / (1 - preset.overlong_cache_fraction))
+    max_length = generation_budget(cfg.model.kind, task.gen_length, preset)
     return Run(cfg=cfg, preset=preset, out=out, ckpt=ckpt, accelerator=accelerator, processes=processes,
                policy=policy, ref=ref, task=task, scorer=scorer, optimizer=optimizer, scheduler=scheduler,
                state=state, metrics_writer=metrics_writer, own_grad_sync=own_grad_sync, delimiters=delimiters,
@@ -206,6 +202,17 @@ def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None)
                env=(tr.env or default_env(cfg.task.name)) if preset.multi_turn else tr.env,  # (else: tools in the loop)
                gap_measured=not is_ar and measures_rollout_mismatch(scorer),  # (rollout_logp_gap_* logged)
                metric=primary_metric(task), solved=solved_reward(task))
+
+
+def generation_budget(kind: str, gen_length: int, preset) -> int:
+    """The tokens a rollout may sample per completion: ``gen_length`` (AR: plus EOS; with DAPO's soft overlong
+    punishment, ``⌈(gen_length + 1) / (1 − fraction)⌉``, **dlmrl interpretation**: the cache sits past the answer, so a
+    complete answer is never punished and only tokens beyond it are)."""
+    if kind != "ar":
+        return gen_length
+    if preset.overlong_cache_fraction is None:
+        return gen_length + 1
+    return math.ceil((gen_length + 1) / (1 - preset.overlong_cache_fraction))
 
 
 def canvas_token_id(policy) -> int | None:
