@@ -28,8 +28,11 @@ def config(*overrides: str) -> Config:
 @pytest.mark.parametrize(("overrides", "match"), [
     (["sampling.cache=kv"], "must be one of none, prefix, dual"),
     (["sampling.cache=dual", "sampling.cfg_scale=1"], "classifier-free guidance"),
-    (["sampling.cache=prefix", "model.family=llada"], "model family 'llada'"),
-    (["sampling.cache=dual", "model.family=masked_lm"], "encoder-only"),
+    # (hub ids, never fetched by the check: a local tiny checkpoint with another family is refused as a mismatch)
+    (["sampling.cache=prefix", "model.family=llada", "model.name_or_path=GSAI-ML/LLaDA-8B-Instruct"],
+     "model family 'llada'"),
+    (["sampling.cache=dual", "model.family=masked_lm", "model.name_or_path=answerdotai/ModernBERT-base"],
+     "encoder-only"),
     (["sampling.cache=dual", "model.kind=ar", "model.name_or_path=tiny-sudoku-ar", "task.answer_mode=full",
       "algorithm=grpo"], "model.kind 'ar'"),
 ])
