@@ -129,6 +129,13 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
         task_class(t).check_policy(task_options(t), m.kind, evaluates)
     except OptionError as e:  # (e.g. a task that evaluates by episodes, which needs an AR policy)
         raise ConfigError(f"config key {task_key(t, e.field)!r}: {e}") from None
+    if hasattr(task_class(t), "check_policy_world"):  # (a shipped base asked to serve another world: a warning)
+        task_class(t).check_policy_world(task_options(t), m.name_or_path)
+    try:
+        task_class(t).check_gen_length(task_options(t), s.gen_length)
+    except OptionError as e:  # (e.g. the recommend task's reasoning mode in a canvas too short for its chain)
+        key = "sampling.gen_length" if e.field == "gen_length" else task_key(t, e.field)
+        raise ConfigError(f"config key {key!r}: {e}") from None
     _check(t.answer_mode in ("infill", "full", "text"), "task.answer_mode", "must be 'infill', 'full' or 'text'")
     _check(1 <= t.min_blanks <= t.max_blanks <= 12, "task.min_blanks", "need 1 <= min_blanks <= max_blanks <= 12")
     if data:

@@ -136,6 +136,10 @@ def _check(ok: bool, key: str, problem: str) -> None:
 def check_recommend_options(o: RecommendOptions) -> None:
     """Raises :class:`~dlmrl.errors.OptionError` naming the field of a bad setting."""
     _check(o.mode in MODES, "mode", f"must be one of {MODES}, got {o.mode!r}")
+    for seed in ("catalogue_seed", "user_seed"):  # (numpy's generators take non-negative seeds only)
+        value = getattr(o, seed)
+        _check(isinstance(value, int) and not isinstance(value, bool) and value >= 0, seed,
+               f"must be an integer >= 0, got {value!r}")
     _check(2 <= o.num_categories <= len(CATEGORY_NAMES), "num_categories",
            f"must be in [2, {len(CATEGORY_NAMES)}], got {o.num_categories}")
     _check(o.styles >= 1, "styles", f"must be >= 1, got {o.styles}")
@@ -278,6 +282,33 @@ class RecommendTask(Task):
         """The task with a canvas of ``gen_length`` tokens (``sampling.gen_length``; ``None``: the longest reference
         completion)."""
         return cls(tokenizer, mask_token_id, options, gen_length)
+
+    #: the world's settings the shipped ``tiny-recommend-ar`` was trained on (its IDs and histories)
+    WORLD_FIELDS = ("catalogue_seed", "num_categories", "styles", "items_per_style", "feature_dim", "codebook_sizes")
+
+    @classmethod
+    def check_policy_world(cls, options: RecommendOptions, name_or_path: str) -> None:
+        """Warn when the shipped base is asked to serve a world other than the one it was trained on: its semantic IDs
+        would be new to it (every completion then fails the format gate or names no item)."""
+        if name_or_path != "tiny-recommend-ar":
+            return
+        default = RecommendOptions()
+        changed = [f for f in cls.WORLD_FIELDS if getattr(options, f) != getattr(default, f)]
+        if changed:
+            import warnings
+
+            warnings.warn(f"tiny-recommend-ar was trained on the default world; task.options {', '.join(changed)} "
+                          "build another catalogue whose semantic IDs it has never seen (expect rewards near 0): "
+                          "pretrain a base on this world first (dlmrl pretrain task=recommend)", stacklevel=2)
+
+    @classmethod
+    def check_gen_length(cls, options: RecommendOptions, gen_length: int) -> None:
+        """The canvas must hold the mode's longest reference completion (under the task's own tokenizer)."""
+        check_recommend_options(options)
+        need = cls(recommend_tokenizer(), None, options).reference_length
+        if gen_length < need:
+            raise OptionError("gen_length", f"{gen_length} tokens cannot hold the {options.mode} mode's completion "
+                                            f"({need} tokens); set sampling.gen_length >= {need}")
 
     @classmethod
     def check_policy(cls, options: RecommendOptions, kind: str, evaluates: bool) -> None:

@@ -130,6 +130,11 @@ class Task(ABC):
         """
 
     @classmethod
+    def check_gen_length(cls, options, gen_length: int) -> None:
+        """Refuse, before any model loads, a completion length (``sampling.gen_length``) the task's completions cannot
+        fit in. Raises ``OptionError`` naming the setting (default: accepts every length)."""
+
+    @classmethod
     @abstractmethod
     def from_options(cls, options, tokenizer, mask_token_id: int | None, gen_length: int | None = None,
                      **resources) -> Task:

@@ -166,3 +166,42 @@ def test_a_canvas_too_short_for_the_mode_names_sampling_gen_length():
     with pytest.raises(ValueError, match=r"sampling\.gen_length: 8 .* set sampling\.gen_length >= 19"):
         RecommendTask(tok, None, gen_length=8, mode="reasoning", **SMALL)
     assert RecommendTask(tok, None, gen_length=16, **SMALL).gen_length == 16  # (longer: EOS ends the answer)
+
+
+def test_a_canvas_too_short_for_the_mode_is_refused_by_the_config_check():
+    from dlmrl.config import Config, ConfigError, apply_overrides, load_yaml, validate
+
+    cfg = Config()
+    load_yaml(cfg, "configs/srpo_recommend_tiny_ar.yaml")
+    apply_overrides(cfg, ["task.options.mode=reasoning"])
+    with pytest.raises(ConfigError, match=r"sampling.gen_length.*cannot hold the reasoning mode's completion \(19"):
+        validate(cfg)
+
+
+@pytest.mark.parametrize("seed", ["catalogue_seed", "user_seed"])
+def test_a_negative_seed_is_refused_naming_it(seed):
+    from dlmrl.config import Config, ConfigError, apply_overrides, load_yaml, validate
+
+    cfg = Config()
+    load_yaml(cfg, "configs/srpo_recommend_tiny_ar.yaml")
+    apply_overrides(cfg, [f"task.options.{seed}=-1"])
+    with pytest.raises(ConfigError, match=f"task.options.{seed}.*integer >= 0"):
+        validate(cfg)
+
+
+def test_the_shipped_base_on_another_world_is_warned_about():
+    import warnings
+
+    from dlmrl.config import Config, apply_overrides, load_yaml, validate
+
+    def check(*overrides):
+        cfg = Config()
+        load_yaml(cfg, "configs/srpo_recommend_tiny_ar.yaml")
+        apply_overrides(cfg, list(overrides))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            validate(cfg)
+        return [str(w.message) for w in caught if "tiny-recommend-ar was trained" in str(w.message)]
+
+    assert check() == [] and check("task.options.user_seed=3") == []  # (new users of the same world: fine)
+    assert "num_categories" in check("task.options.num_categories=6")[0]
