@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["decode_ids", "encode_prompts", "left_pad", "pad_token_id"]
+__all__ = ["decode_ids", "decode_to_eos", "encode_prompts", "left_pad", "pad_token_id"]
 
 
 def pad_token_id(tokenizer) -> int:
@@ -57,3 +57,13 @@ def encode_prompts(tokenizer, texts: Sequence[str],
     bos = getattr(tokenizer, "bos_token", None) or ""
     rows = [tokenizer(bos + t, add_special_tokens=False)["input_ids"] for t in texts]
     return left_pad(rows, pad_token_id(tokenizer), device)
+
+
+def decode_to_eos(tokenizer, canvas: torch.Tensor) -> list[str]:
+    """``(B, L)`` long completion tokens -> one text per row, up to its first EOS, special tokens skipped."""
+    eos = tokenizer.eos_token_id
+    out = []
+    for row in canvas.tolist():
+        cut = row.index(eos) if eos in row else len(row)
+        out.append(tokenizer.decode(row[:cut], skip_special_tokens=True))
+    return out

@@ -39,8 +39,8 @@ from typing import ClassVar
 
 import torch
 
-from dlmrl.data.encoding import encode_prompts, pad_token_id
-from dlmrl.data.task import TASKS, Task, TaskBatch, epoch_batch
+from dlmrl.data.encoding import decode_to_eos, pad_token_id
+from dlmrl.data.task import TASKS, Task, TaskBatch, epoch_batch, full_canvas_batch
 from dlmrl.envs.tools.agent import ScriptedAgent
 from dlmrl.envs.tools.env import MODES
 from dlmrl.envs.tools.knowledge_base import KnowledgeBase
@@ -273,19 +273,11 @@ class MultiHopTask(Task):
     def encode(self, examples: Sequence[MultiHopQuestion], device: str | torch.device = "cpu") -> TaskBatch:
         """``[BOS] Question: ...\\n`` prompts (as the episodes encode their observations) and ``gen_length`` canvas
         positions, all written and scored."""
-        prompt_ids, prompt_mask = encode_prompts(self.tokenizer, [format_prompt(e.question) for e in examples], device)
-        fill = self.mask_token_id if self.mask_token_id is not None else self.pad_token_id
-        canvas = torch.full((len(examples), self.gen_length), fill, dtype=torch.long, device=device)  # (B, L)
-        return TaskBatch(list(examples), prompt_ids, prompt_mask, canvas, torch.ones_like(canvas, dtype=torch.bool))
+        return full_canvas_batch(self, examples, [format_prompt(e.question) for e in examples], device)
 
     def decode(self, canvas: torch.Tensor) -> list[str]:
         """``(B, L)`` long completion tokens -> texts up to the first EOS, special tokens skipped."""
-        eos = self.tokenizer.eos_token_id
-        out = []
-        for row in canvas.tolist():
-            cut = row.index(eos) if eos in row else len(row)
-            out.append(self.tokenizer.decode(row[:cut], skip_special_tokens=True))
-        return out
+        return decode_to_eos(self.tokenizer, canvas)
 
     # -- rewards and metrics ------------------------------------------------------------------------------
     def scores(self, examples: Sequence[MultiHopQuestion], texts: Sequence[str]) -> list[TraceScore]:

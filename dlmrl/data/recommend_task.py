@@ -46,7 +46,7 @@ from typing import ClassVar, NamedTuple
 import numpy as np
 import torch
 
-from dlmrl.data.encoding import encode_prompts, pad_token_id
+from dlmrl.data.encoding import decode_to_eos, pad_token_id
 from dlmrl.data.ranking_metrics import gold_rank, ranking_metrics
 from dlmrl.data.recommend_data import (
     CATEGORY_NAMES,
@@ -64,7 +64,7 @@ from dlmrl.data.semantic_ids import (
     semantic_ids,
     sid_pieces,
 )
-from dlmrl.data.task import TASKS, Task, TaskBatch, epoch_batch
+from dlmrl.data.task import TASKS, Task, TaskBatch, epoch_batch, full_canvas_batch
 from dlmrl.errors import OptionError
 from dlmrl.objectives.shaping import srpo_graded_reward
 
@@ -393,19 +393,11 @@ class RecommendTask(Task):
     # -- encoding -----------------------------------------------------------------------------------------
     def encode(self, examples: Sequence[UserHistory], device: str | torch.device = "cpu") -> TaskBatch:
         """``[BOS]`` prompts and a canvas of ``gen_length`` positions, all written and scored."""
-        prompt_ids, prompt_mask = encode_prompts(self.tokenizer, [self.prompt_text(e) for e in examples], device)
-        fill = self.mask_token_id if self.mask_token_id is not None else self.pad_token_id
-        canvas = torch.full((len(examples), self.gen_length), fill, dtype=torch.long, device=device)  # (B, L)
-        return TaskBatch(list(examples), prompt_ids, prompt_mask, canvas, torch.ones_like(canvas, dtype=torch.bool))
+        return full_canvas_batch(self, examples, [self.prompt_text(e) for e in examples], device)
 
     def decode(self, canvas: torch.Tensor) -> list[str]:
         """``(B, L)`` long completion tokens -> texts up to the first EOS, special tokens skipped."""
-        eos = self.tokenizer.eos_token_id
-        out = []
-        for row in canvas.tolist():
-            cut = row.index(eos) if eos in row else len(row)
-            out.append(self.tokenizer.decode(row[:cut], skip_special_tokens=True))
-        return out
+        return decode_to_eos(self.tokenizer, canvas)
 
     # -- rewards and metrics ------------------------------------------------------------------------------
     def verdict(self, example: UserHistory, text: str) -> Verdict:

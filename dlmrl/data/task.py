@@ -203,3 +203,15 @@ def epoch_batch(items: Sequence, n: int, seed: int, step: int, salt: str) -> lis
             random.Random(f"{seed}-{salt}-{epoch}").shuffle(orders[epoch])
         out.append(items[orders[epoch][pos]])
     return out
+
+
+def full_canvas_batch(task, examples: Sequence, prompts: Sequence[str], device: str | torch.device = "cpu") -> TaskBatch:
+    """``[BOS] prompt`` per example (:func:`dlmrl.data.encoding.encode_prompts`) and a canvas of ``task.gen_length``
+    positions, all written and scored: mask tokens (a diffusion policy's) or pad tokens (an AR policy's, which writes
+    its own). ``task`` gives ``tokenizer``, ``gen_length``, ``mask_token_id`` and ``pad_token_id``."""
+    from dlmrl.data.encoding import encode_prompts
+
+    prompt_ids, prompt_mask = encode_prompts(task.tokenizer, list(prompts), device)
+    fill = task.mask_token_id if task.mask_token_id is not None else task.pad_token_id
+    canvas = torch.full((len(examples), task.gen_length), fill, dtype=torch.long, device=device)  # (B, L)
+    return TaskBatch(list(examples), prompt_ids, prompt_mask, canvas, torch.ones_like(canvas, dtype=torch.bool))
