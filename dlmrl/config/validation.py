@@ -147,7 +147,7 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
             _check(not (ev.before or ev.after or ev.eval_steps), "eval.before",
                    f"task {t.name!r} has no held-out data; set task.test_file, task.test_dataset or task.test_split, "
                    "or turn held-out evaluation off (eval.before: false, eval.after: false, eval.eval_steps: 0)")
-        else:
+        elif evaluates:  # (with held-out evaluation off, eval.num_puzzles is never read)
             _check(ev.num_puzzles <= test_size, "eval.num_puzzles",
                    f"{ev.num_puzzles} puzzles asked, the held-out split has {test_size}")
     _check(not sudoku_grid or s.gen_length == 16, "sampling.gen_length",

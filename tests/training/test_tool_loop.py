@@ -420,3 +420,10 @@ def test_a_budget_that_cannot_hold_one_turn_is_refused_naming_it(tmp_path):
     # (an AR policy ignores sampling.block_length and sampling.steps: a gen_length they do not divide is fine)
     config("configs/mtr_multihop_tiny_ar.yaml", "tiny-multihop-ar", tmp_path,
            **{**TOOL_LOOP, "sampling.gen_length": 63, "sampling.block_length": 160, "sampling.steps": 7})
+
+
+def test_eval_num_puzzles_is_checked_only_when_the_run_evaluates(tmp_path):
+    config("configs/mtr_multihop_tiny_ar.yaml", "tiny-multihop-ar", tmp_path,
+           **{"eval.num_puzzles": 10_000, "eval.before": False, "eval.after": False})
+    with pytest.raises(ConfigError, match="eval.num_puzzles.*the held-out split has"):
+        config("configs/mtr_multihop_tiny_ar.yaml", "tiny-multihop-ar", tmp_path, **{"eval.num_puzzles": 10_000})
