@@ -51,8 +51,8 @@ def cut_turn_tokens(tokenizer, tokens: Sequence[int],
         tokenizer: decodes ids (``decode``, special tokens skipped). tokens: the turn's sampled ids, stop token
             included when there is one. turn_end: the environment's stop rule on text.
     Returns:
-        ``(k, text, complete)``: ``1 <= k <= len(tokens)`` (0 for no tokens), ``decode(tokens[:k])``, and whether the
-        turn is complete (else ``k = len(tokens)``).
+        ``(k, text, complete)``: ``0 <= k <= len(tokens)`` (0: the turn is empty, e.g. it began with the policy's
+        own ``Observation:``), ``decode(tokens[:k])``, and whether the turn is complete (else ``k = len(tokens)``).
     """
     tokens = list(tokens)
     for k in range(1, len(tokens) + 1):
@@ -61,7 +61,7 @@ def cut_turn_tokens(tokenizer, tokens: Sequence[int],
         if end is not None:
             # the turn may end before this token's text does (a policy's own "Observation:" is cut before it): keep
             # the fewest tokens whose text reaches the end, so tokens that start after it go too
-            while k > 1 and len(tokenizer.decode(tokens[:k - 1], skip_special_tokens=True)) >= end:
+            while k > 0 and len(tokenizer.decode(tokens[:k - 1], skip_special_tokens=True)) >= end:
                 k -= 1
             return k, tokenizer.decode(tokens[:k], skip_special_tokens=True), True
     return len(tokens), tokenizer.decode(tokens, skip_special_tokens=True), False
@@ -304,14 +304,18 @@ def rollout_tool_loop_blocks(policy, make_env: Callable[[], object], examples: S
             env, lo = envs[e], start[e]
             row_nfe[e] += int(out.row_nfe[k])
             rest = out.canvas[k, lo:].tolist()
-            n, text, complete = cut_turn_tokens(tok, rest, env.turn_end)
+            eos = policy.eos_token_id  # (the policy's text ends at its first EOS, as the task's decode reads it)
+            stop = rest.index(eos) + 1 if eos is not None and eos in rest else len(rest)
+            n, text, complete = cut_turn_tokens(tok, rest[:stop], env.turn_end)
             end = min(L, -(-(lo + n) // B) * B) if complete else L  # (the turn's end, up to its block's end)
             turns[e] += 1
-            if not complete and policy.eos_token_id not in rest:  # (the canvas ran out mid-turn: no turn to run)
+            if not complete and stop == len(rest):  # (the canvas ran out mid-turn, no EOS: no turn to run)
                 final[e], done = env.close(), True
             else:  # (a complete turn, or the policy ended its text with EOS)
                 _, done, final[e] = env.step(text)
-                obs = tok(env.observation_text(text), add_special_tokens=False)["input_ids"]
+                # (the row keeps the rest of the turn's block: the observation starts a line after what it holds)
+                kept = tok.decode(out.canvas[k, lo:end].tolist(), skip_special_tokens=True)
+                obs = tok(env.observation_text(kept), add_special_tokens=False)["input_ids"]
                 if obs and (done or not complete or end + len(obs) + 1 > L):
                     # the row ends before the observation: the policy never sees it, so the reward must not count it
                     final[e], done = env.close(drop_last_observation=True), True

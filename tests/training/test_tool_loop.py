@@ -427,3 +427,61 @@ def test_eval_num_puzzles_is_checked_only_when_the_run_evaluates(tmp_path):
            **{"eval.num_puzzles": 10_000, "eval.before": False, "eval.after": False})
     with pytest.raises(ConfigError, match="eval.num_puzzles.*the held-out split has"):
         config("configs/mtr_multihop_tiny_ar.yaml", "tiny-multihop-ar", tmp_path, **{"eval.num_puzzles": 10_000})
+
+
+def test_a_turn_that_begins_with_the_policys_own_observation_keeps_no_token():
+    tok = _CharTokenizer()
+    n, text, complete = cut_turn_tokens(tok, [ord(c) for c in "Observation: x\n"], turn_end)
+    assert (n, text, complete) == (0, "", True)
+
+
+class _ScriptedCanvas:
+    """Stands in for the diffusion sampler: fills each row's masked positions with a fixed script of token ids."""
+
+    def __init__(self, script, mask_id):
+        self.script, self.mask_id = script, mask_id
+
+    def __call__(self, policy, prompt_ids, prompt_mask, *, gen_length, canvas, **kwargs):
+        from types import SimpleNamespace
+
+        from dlmrl.models.sampler import NOT_SAMPLED
+
+        out = canvas.clone()
+        reveal = torch.full_like(canvas, NOT_SAMPLED)
+        for r in range(len(canvas)):
+            masked = (canvas[r] == self.mask_id).nonzero().flatten().tolist()
+            for j, pos in enumerate(masked):
+                out[r, pos] = self.script[pos] if pos < len(self.script) else policy.eos_token_id
+                reveal[r, pos] = pos
+        return SimpleNamespace(canvas=out, reveal_step=reveal, token_logprobs=torch.zeros(canvas.shape),
+                               row_nfe=torch.ones(len(canvas), dtype=torch.long))
+
+
+def test_block_turns_read_the_text_up_to_eos_and_observations_start_a_line(world, monkeypatch):
+    from dlmrl.config import Config
+    from dlmrl.models import sampler
+    from dlmrl.training.tool_loop import rollout_tool_loop_blocks
+
+    _, task = world
+    q = task.train_batch(1, 0, 0)[0]
+    agent_turn = ScriptedAgent(task.simulator).turns(q)[0]  # ("Thought: ...\nAction: lookup[...]\n")
+    tok = task.tokenizer
+    policy = _block_multihop_policy(4)
+    # text after the first EOS is not the policy's: a final answer written there must not count
+    script = (tok("Thought: x\n", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+              + tok(f"Final Answer: {q.answer}\n", add_special_tokens=False)["input_ids"])
+    monkeypatch.setattr(sampler, "generate", _ScriptedCanvas(script, policy.mask_token_id))
+    sampling = Config().sampling
+    ro = rollout_tool_loop_blocks(policy, lambda: make_env("multihop_react", task, 5), [q], 1, torch.Generator(),
+                                  sampling, 96)
+    assert ro.rewards[0] < 1.0 and ro.reward_parts[0, 0] == 0.0
+    # the rest of the turn's block stays in the row: the observation after it starts on a line of its own
+    action = tok(agent_turn, add_special_tokens=False)["input_ids"]
+    script = action + tok("Thought: ju", add_special_tokens=False)["input_ids"]
+    policy = _block_multihop_policy(len(action) + 2)  # (the action line ends inside the first block)
+    monkeypatch.setattr(sampler, "generate", _ScriptedCanvas(script, policy.mask_token_id))
+    ro = rollout_tool_loop_blocks(policy, lambda: make_env("multihop_react", task, 2), [q], 1, torch.Generator(),
+                                  sampling, 4 * len(action))
+    first_obs = int(ro.observation_mask[0].float().argmax())
+    assert first_obs == len(action) + 2  # (the next block boundary)
+    assert tok.decode(ro.completion[0, : first_obs + 3]).count("\nObservation:") == 1
