@@ -75,10 +75,12 @@ def held_out(model_path: str) -> dict:
     return out
 
 
-def loop_eval(policy, task, max_turns: int = 5, budget: int = 161) -> dict:
-    """One greedy trajectory per held-out question with the tools inside the rollout (``multihop_react``, the shipped
-    tools config's turns and budget): EM, the mean reward components, turns and tool errors per trajectory."""
-    ro = rollout_tool_loop(policy, lambda: make_env("multihop_react", task, max_turns), task.test_examples, 1,
+def loop_eval(policy, task, questions=None, max_turns: int = 5, budget: int = 161) -> dict:
+    """One greedy trajectory per question (default: the held-out ones) with the tools inside the rollout
+    (``multihop_react``, the shipped tools config's turns and budget): EM, the mean reward components, turns and tool
+    errors per trajectory."""
+    questions = task.test_examples if questions is None else questions
+    ro = rollout_tool_loop(policy, lambda: make_env("multihop_react", task, max_turns), questions, 1,
                            torch.Generator().manual_seed(0), budget, temperature=0.0)
     parts = ro.reward_parts.double().mean(0).tolist()  # (COMPONENTS order: answer, consistency, valid, ...)
     out = {("em" if name == "answer" else name): round(v, 4) for name, v in zip(COMPONENTS, parts)}

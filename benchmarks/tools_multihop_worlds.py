@@ -19,23 +19,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tools_multihop import ROOT, run_variant
+from tools_multihop import ROOT, loop_eval, run_variant
 
 from dlmrl.data.multihop_task import MultiHopTask
-from dlmrl.envs import make_env
 from dlmrl.models.ar import load_ar_policy
-from dlmrl.training.tool_loop import rollout_tool_loop
 
 
 def greedy_em(policy, task, questions) -> float:
-    """Mean EM of one greedy trajectory per question, the tools inside the rollout (the shipped config's turns and
-    budget)."""
-    ro = rollout_tool_loop(policy, lambda: make_env("multihop_react", task, 5), questions, 1,
-                           torch.Generator().manual_seed(0), 161, temperature=0.0)
-    return round(float(ro.reward_parts[:, 0].double().mean()), 4)  # (reward part 0: the answer's EM)
+    """Mean EM of one greedy trajectory per question, the tools inside the rollout (``tools_multihop.loop_eval``)."""
+    return loop_eval(policy, task, questions)["em"]
 
 
 def main() -> None:

@@ -504,15 +504,10 @@ def _check_rollout_parts(cfg: Config, preset) -> None:
         env = tr.env or default_env(cfg.task.name)
         _check(env is not None, "train.env", f"task {cfg.task.name!r} has no default environment; set train.env "
                                              f"(known: {', '.join(ENVS.names())})")
-        _check(env in ENVS, "train.env", f"unknown environment {env!r}; known: {', '.join(ENVS.names())}")
-        tasks = getattr(ENVS.get(env), "tasks", ())
-        _check(cfg.task.name in tasks, "train.env", f"environment {env!r} serves tasks {tasks}, not {cfg.task.name!r}")
-        _check(isinstance(tr.max_turns, int) and tr.max_turns >= 1, "train.max_turns", "must be an integer >= 1")
+        _check_env(cfg, env)
     elif tr.env is not None:  # tools inside the rollout: one growing sequence per trajectory (training/tool_loop.py)
         env = tr.env
-        _check(env in ENVS, "train.env", f"unknown environment {env!r}; known: {', '.join(ENVS.names())}")
-        tasks = getattr(ENVS.get(env), "tasks", ())
-        _check(cfg.task.name in tasks, "train.env", f"environment {env!r} serves tasks {tasks}, not {cfg.task.name!r}")
+        _check_env(cfg, env)
         if cfg.model.kind == "diffusion":  # (segment rounds: any ELBO estimator; the trajectory would be inexact)
             from dlmrl.config.resolve import estimator_name
 
@@ -532,11 +527,22 @@ def _check_rollout_parts(cfg: Config, preset) -> None:
         _check(env.startswith("multihop"), "train.env",
                f"environment {env!r} rewrites its prompt every turn; tools inside the rollout need one that appends "
                "its observations (multihop_react)")
-        _check(isinstance(tr.max_turns, int) and tr.max_turns >= 1, "train.max_turns", "must be an integer >= 1")
         turn = int((cfg.task.options or {}).get("turn_length", 64)) if cfg.task.name == "multihop" else 1
         _check(_completion_width(cfg) >= turn, "sampling.gen_length",
                f"{cfg.sampling.gen_length} tokens is the whole trajectory's budget with the tools inside the rollout "
                f"(actions and observations); it cannot hold one turn of task.options.turn_length {turn} tokens")
+
+
+def _check_env(cfg: Config, env: str) -> None:
+    """``env`` a registered environment that serves the task, and ``train.max_turns`` a turn limit (episodes and
+    tools inside the rollout alike)."""
+    from dlmrl.envs import ENVS
+
+    _check(env in ENVS, "train.env", f"unknown environment {env!r}; known: {', '.join(ENVS.names())}")
+    tasks = getattr(ENVS.get(env), "tasks", ())
+    _check(cfg.task.name in tasks, "train.env", f"environment {env!r} serves tasks {tasks}, not {cfg.task.name!r}")
+    _check(isinstance(cfg.train.max_turns, int) and cfg.train.max_turns >= 1, "train.max_turns",
+           "must be an integer >= 1")
 
 
 def _check_data_files(t: TaskConfig, reward_functions=None) -> int | float:

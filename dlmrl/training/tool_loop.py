@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import StoppingCriteria
 
+from dlmrl.data.encoding import left_pad
 from dlmrl.training.rollout import Rollout, consecutive_groups
 
 __all__ = ["cut_turn_tokens", "rollout_tool_loop", "rollout_tool_loop_blocks"]
@@ -67,31 +68,22 @@ def cut_turn_tokens(tokenizer, tokens: Sequence[int],
     return len(tokens), tokenizer.decode(tokens, skip_special_tokens=True), False
 
 
-def _left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.bool)
-    for i, r in enumerate(rows):
-        if r:
-            ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-            mask[i, width - len(r):] = True
-    return ids.to(device), mask.to(device)
-
-
 class _TurnStop(StoppingCriteria):
-    """A transformers ``StoppingCriteria``: a row is done once its turn is complete (only the rows whose newest
-    token could end one are decoded) — sampling then stops as soon as every row's turn has ended."""
+    """A transformers ``StoppingCriteria``: a row is done once its turn is complete, and stays done (a row already
+    done is not decoded again) — sampling then stops as soon as every row's turn has ended."""
 
     def __init__(self, tokenizer, turn_end, start: int):
         super().__init__()
         self.tokenizer, self.turn_end, self.start = tokenizer, turn_end, start
+        self.done: torch.Tensor | None = None  # (B,) bool, the rows whose turn has ended
 
     def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        done = torch.zeros(len(input_ids), dtype=torch.bool, device=input_ids.device)
-        for i, row in enumerate(input_ids[:, self.start:].tolist()):
-            if self.turn_end(self.tokenizer.decode(row, skip_special_tokens=True)) is not None:
-                done[i] = True
-        return done
+        if self.done is None:
+            self.done = torch.zeros(len(input_ids), dtype=torch.bool, device=input_ids.device)
+        for i in (~self.done).nonzero().flatten().tolist():
+            text = self.tokenizer.decode(input_ids[i, self.start:].tolist(), skip_special_tokens=True)
+            self.done[i] = self.turn_end(text) is not None
+        return self.done.clone()
 
 
 def rollout_tool_loop(policy, make_env: Callable[[], object], examples: Sequence, num_generations: int,
@@ -147,7 +139,7 @@ def rollout_tool_loop(policy, make_env: Callable[[], object], examples: Sequence
     while active:
         _check_turns(turn, max_turns)
         budget = max(max_length - len(tokens[e]) for e in active)
-        ids, mask = _left_pad([prompt_rows[e] + tokens[e] for e in active], policy.pad_token_id, device)
+        ids, mask = left_pad([prompt_rows[e] + tokens[e] for e in active], policy.pad_token_id, device)
         comp, cmask = policy.generate(ids, mask, budget, temperature=temperature, temperature_fn=temperature_fn,
                                       generator=generator,
                                       stopping_criteria=[_TurnStop(tok, envs[active[0]].turn_end, ids.shape[1])])
