@@ -1,5 +1,5 @@
-"""Tiny random LLaDA, Dream and SDAR checkpoints built from the model code of a local clone (for
-``remote_code_check.py`` and ``sdar_parity.py``).
+"""Tiny random LLaDA, Dream, SDAR and LLaDA2 checkpoints built from the model code of a local clone (for
+``remote_code_check.py``, ``sdar_parity.py`` and ``llada2_parity.py``).
 
 The clone's own ``configuration_*.py`` / ``modeling_*.py`` (and Dream's ``generation_utils.py`` and
 ``tokenization_dream.py``) are copied next to a ``config.json`` with the published checkpoint's fields, the sizes
@@ -28,9 +28,11 @@ CODE_FILES = {
     "llada": ("configuration_llada.py", "modeling_llada.py"),
     "dream": ("configuration_dream.py", "modeling_dream.py", "generation_utils.py", "tokenization_dream.py"),
     "sdar": ("configuration_sdar.py", "modeling_sdar.py", "fused_linear_diffusion_cross_entropy.py"),
+    "llada2": ("configuration_llada2_moe.py", "modeling_llada2_moe.py"),
 }
 #: The ``transformers`` auto class each family's checkpoints load with.
-AUTO_CLASS = {"llada": "AutoModel", "dream": "AutoModel", "sdar": "AutoModelForCausalLM"}
+AUTO_CLASS = {"llada": "AutoModel", "dream": "AutoModel", "sdar": "AutoModelForCausalLM",
+              "llada2": "AutoModelForCausalLM"}
 #: GSAI-ML/LLaDA-8B-Instruct's config.json, before :data:`SHRINK`.
 LLADA_CONFIG = {
     "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0, "architectures": ["LLaDAModelLM"],
@@ -73,6 +75,25 @@ SDAR_CONFIG = {
     "transformers_version": "4.52.4", "use_cache": False, "use_deepep": False, "use_sliding_window": False,
     "vocab_size": 151936,
 }
+#: inclusionAI/LLaDA2.0-mini's config.json, before :data:`SHRINK`: the fields as published copies list them (the hub
+#: is not reachable from here; a ``git clone`` of the hub repository gives its own ``config.json`` instead). The three
+#: dropouts and ``use_bias`` are our reading (``LLaDA2MoeConfig`` defaults them to 0.1 and True; Ling 2.0, the model it
+#: was converted from, sets 0.0 and False).
+LLADA2_CONFIG = {
+    "architectures": ["LLaDA2MoeModelLM"],
+    "auto_map": {"AutoConfig": "configuration_llada2_moe.LLaDA2MoeConfig",
+                 "AutoModel": "modeling_llada2_moe.LLaDA2MoeModel",
+                 "AutoModelForCausalLM": "modeling_llada2_moe.LLaDA2MoeModelLM"},
+    "attention_dropout": 0.0, "embedding_dropout": 0.0, "output_dropout": 0.0, "use_bias": False,
+    "first_k_dense_replace": 1, "head_dim": 128, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 5120, "max_position_embeddings": 32768, "model_type": "llada2_moe", "moe_intermediate_size": 512,
+    "moe_router_enable_expert_bias": True, "n_group": 8, "norm_head": False, "norm_topk_prob": True,
+    "num_attention_heads": 16, "num_experts": 256, "num_experts_per_tok": 8, "num_hidden_layers": 20,
+    "num_key_value_heads": 4, "num_shared_experts": 1, "output_router_logits": False, "pad_token_id": 156892,
+    "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-06, "rope_theta": 600000, "routed_scaling_factor": 2.5,
+    "score_function": "sigmoid", "tie_word_embeddings": False, "topk_group": 4, "torch_dtype": "bfloat16",
+    "use_qk_norm": True, "use_qkv_bias": False, "vocab_size": 157184,
+}
 #: The size fields replaced (width 64, 4 heads, 2 layers); vocabulary, mask id and every other field stay.
 SHRINK = {
     "llada": {"d_model": 64, "n_heads": 4, "n_kv_heads": 4, "n_layers": 2, "mlp_hidden_size": 128},
@@ -80,6 +101,9 @@ SHRINK = {
               "num_hidden_layers": 2, "max_window_layers": 2},
     "sdar": {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
              "head_dim": 16, "num_hidden_layers": 2, "max_window_layers": 2},
+    "llada2": {"hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2, "num_experts": 8,
+               "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2},
 }
 #: Special tokens at their ids in the real tokenizers (LLaDA-8B-Instruct's; Dream's Qwen2 vocabulary).
 SPECIALS = {
@@ -88,6 +112,8 @@ SPECIALS = {
     "dream": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|beginoftext|>": 151665,
               "<|mask|>": 151666},
     "sdar": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|MASK|>": 151669},
+    # (LLaDA2's generate: eos_id 156892, mask_id 156895; the token names are our reading)
+    "llada2": {"<|endoftext|>": 156892, "<|mask|>": 156895},
 }
 CHAT_TEMPLATES = {  # the shape of each release's chat template (dlmrl's text tasks render prompts with it)
     "llada": "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
@@ -97,7 +123,9 @@ CHAT_TEMPLATES = {  # the shape of each release's chat template (dlmrl's text ta
              "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
 }
 CHAT_TEMPLATES["sdar"] = CHAT_TEMPLATES["dream"]  # (Qwen's ChatML)
-MASK_IDS = {"llada": 126336, "dream": 151666, "sdar": 151669}
+CHAT_TEMPLATES["llada2"] = ("{% for m in messages %}<role>{{ m['role'] | upper }}</role>{{ m['content'] }}{% endfor %}"
+                            "{% if add_generation_prompt %}<role>ASSISTANT</role>{% endif %}")  # (Ling's role tags)
+MASK_IDS = {"llada": 126336, "dream": 151666, "sdar": 151669, "llada2": 156895}
 
 
 @dataclass(frozen=True)
@@ -145,15 +173,22 @@ def checkpoint_config(source: CodeSource) -> dict:
     """The published ``config.json`` (the clone's own, when it has one) with :data:`SHRINK` applied."""
     own = source.folder / "config.json"
     base = json.loads(own.read_text()) if own.exists() else {"llada": LLADA_CONFIG, "dream": DREAM_CONFIG,
-                                                             "sdar": SDAR_CONFIG}[source.family]
+                                                             "sdar": SDAR_CONFIG,
+                                                             "llada2": LLADA2_CONFIG}[source.family]
     return {**base, **SHRINK[source.family]}
 
 
-def init_weights(model: torch.nn.Module, text_ids: int, seed: int = 0) -> None:
+#: How much larger the output rows of the tokenizer's characters are drawn (:func:`init_weights`): enough that sampled
+#: completions mix characters with the rest of the vocabulary, so a text reward varies within a group. LLaDA2's
+#: random 157,184-token head needs more than the others (at 1.5 nearly every sampled token decodes to nothing).
+TEXT_GAIN = {"llada2": 2.0}
+
+
+def init_weights(model: torch.nn.Module, text_ids: int, seed: int = 0, text_gain: float = 1.5) -> None:
     """Random weights with confident, position-dependent predictions (ties in the samplers' confidence ranking
     would make greedy parity a matter of float rounding): every matrix ``N(0, 1/fan_in)·4`` (embeddings ``N(0, 1)``),
-    norms 1, biases 0; the output rows of the tokenizer's first ``text_ids`` ids (its characters or bytes) 1.5 times
-    larger, so that sampled completions decode to text a reward can score."""
+    norms 1, biases 0; the output rows of the tokenizer's first ``text_ids`` ids (its characters or bytes)
+    ``text_gain`` times larger, so that sampled completions decode to text a reward can score."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -162,7 +197,7 @@ def init_weights(model: torch.nn.Module, text_ids: int, seed: int = 0) -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * std)
             else:
                 p.fill_(1.0 if "norm" in name or "ln_f" in name else 0.0)
-        model.get_output_embeddings().weight[:text_ids] *= 1.5
+        model.get_output_embeddings().weight[:text_ids] *= text_gain
 
 
 def _char_vocab() -> list[str]:
@@ -185,6 +220,7 @@ def save_fast_tokenizer(path: Path, family: str) -> None:
         "dream": {"bos_token": "<|beginoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
                   "mask_token": "<|mask|>"},
         "sdar": {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "mask_token": "<|MASK|>"},
+        "llada2": {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "mask_token": "<|mask|>"},
     }[family]
     tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<|unk|>", padding_side="left",
                                   additional_special_tokens=[n for n in names if n not in roles.values()], **roles)
@@ -244,7 +280,7 @@ def build_checkpoint(source: CodeSource, out: Path) -> Path:
         install_flash_attn_fallback()
     built = load_checkpoint_config(str(out), trust_remote_code=True)
     model = checkpoint_model_class(built, str(out), AUTO_CLASS[source.family])(built)
-    init_weights(model, text_ids)
+    init_weights(model, text_ids, text_gain=TEXT_GAIN.get(source.family, 1.5))
     model.save_pretrained(out, safe_serialization=True)
     (out / "config.json").write_text(json.dumps(config, indent=2))  # the release's fields, as written
     if source.family == "dream":  # (Dream's from_pretrained reads it as a DreamGenerationConfig)

@@ -163,11 +163,11 @@ def reference_trajectory_logprobs(model, ids: torch.Tensor, canvas: torch.Tensor
     return out
 
 
-def check_likelihood(path: Path, temperature: float):
+def check_likelihood(path: Path, temperature: float, block_size: int | None = None):
     from dlmrl.estimators import score
     from dlmrl.estimators.block_plans import block_trajectory_plan
 
-    policy = load(path)
+    policy = load(path, block_size)
     policy.model.eval()
     ids, pm = prompt_batch(policy, PROMPT_TEXTS[:2])
     with torch.no_grad():
@@ -191,8 +191,8 @@ def check_likelihood(path: Path, temperature: float):
                     f"{ours.nfe} composite passes instead of {3 * 4} uncached ones")
 
 
-def check_cache(path: Path):
-    policy = load(path)
+def check_cache(path: Path, block_size: int | None = None):
+    policy = load(path, block_size)
     policy.model.eval()
     ids, pm = prompt_batch(policy, ["12+7=", "3*4=9-5=", "8+"])  # (left padding of 3, 0 and 6)
     kw = {"gen_length": 12, "steps": 12, "temperature": 1.0, "threshold": 0.3}
@@ -205,16 +205,18 @@ def check_cache(path: Path):
                 f", log-prob gap {gap:.1e}; {a.nfe} passes over the block + {a.cache_passes} cache passes")
 
 
-def write_run_config(algorithm: str, ckpt: Path, work: Path, lora: bool = True) -> Path:
-    """A 2-step ``algorithm`` run on ``ckpt`` (block kind, LoRA or every weight, gradient checkpointing) with a
-    4-prompt dataset task; the run folder is named after the checkpoint's folder (one per code copy)."""
+def write_run_config(algorithm: str, ckpt: Path, work: Path, lora: bool = True,
+                     targets: str = "q_proj,k_proj,v_proj", block_size: int | None = None) -> Path:
+    """A 2-step ``algorithm`` run on ``ckpt`` (block kind, LoRA on ``targets`` or every weight, gradient
+    checkpointing) with a 4-prompt dataset task; the run folder is named after the checkpoint's folder (one per code
+    copy)."""
     from remote_code_check import write_tiny_run
 
     estimator = ({"name": "trajectory", "order": "sampled", "merge": 1} if algorithm == "tracerl"
                  else {"name": "sdmc", "num_nodes": 2})
     model = {"kind": "block", "name_or_path": str(ckpt), "trust_remote_code": True, "dtype": "float32",
-             "use_peft": lora, "lora_r": 8, "lora_alpha": 4, "lora_target_modules": "q_proj,k_proj,v_proj",
-             "gradient_checkpointing": True}
+             "use_peft": lora, "lora_r": 8, "lora_alpha": 4, "lora_target_modules": targets,
+             "gradient_checkpointing": True, **({} if block_size is None else {"block_size": block_size})}
     return write_tiny_run(work, f"{ckpt.name}_{algorithm}{'' if lora else '_full'}", PROMPT_TEXTS, model,
                           {"gen_length": 8, "steps": 8, "temperature": 1.0}, estimator, {"algorithm": algorithm},
                           eval_steps=8)
@@ -246,7 +248,8 @@ def check_train_block(config: Path, env: dict):
         saved = load_file(str(final / "model.safetensors"))
         moved = sum(int(not torch.equal(saved[k], start[k])) for k in start if k in saved)
         code = sorted(p.name for p in final.glob("*.py"))
-        changed, what = moved > 0 and "modeling_sdar.py" in code, f"{moved}/{len(start)} tensors changed, code {code}"
+        changed = moved > 0 and any(name.startswith("modeling_") for name in code)
+        what = f"{moved}/{len(start)} tensors changed, code {code}"
     return len(steps) == 2 and finite and changed, (
         f"{len(steps)} steps in {time.time() - t0:.0f}s ({'LoRA' if lora else 'every weight'}), loss "
         f"{[v if v is None else round(v, 5) for v in losses]} (0 at the first inner step: ratio 1, advantages of mean "

@@ -46,6 +46,8 @@ def _run_list(name: str) -> int:
             text += ("; no model.kind block" if family.block_forward is None else
                      "; model.kind block (the prompt cut into blocks)" if family.prompt_blocks else
                      "; model.kind block")
+            if family.default_block_size is not None:
+                text += f", block size {family.default_block_size} unless set"
         if name == "algorithms":  # which policy kinds the preset runs on
             with warnings.catch_warnings():  # (some presets warn about their own documented choices)
                 warnings.simplefilter("ignore")

@@ -43,12 +43,13 @@ class ModelConfig:
                                  "exact token log-probs; task.answer_mode full).")
     name_or_path: str = doc("tiny-sudoku", "Checkpoint: local folder, hub id, or 'tiny-sudoku' (shipped diffusion "
                                            "default) / 'tiny-sudoku-ar' (shipped AR default).")
-    family: str = doc("auto", "Family adapter (diffusion, block): auto | llada | dream | masked_lm | tiny | sdar; auto "
+    family: str = doc("auto", "Family adapter (diffusion, block): auto | llada | dream | masked_lm | tiny | sdar | llada2; auto "
                               "reads config.json (model_type / architectures / auto_map), a name overrides it.")
     block_size: int | None = doc(None, "model.kind block: tokens per block B (block-causal attention: bidirectional "
                                        "inside a block, causal across blocks; B = gen_length is full diffusion, B = 1 "
-                                       "autoregressive); null = the checkpoint's config.json block_size. The sampler "
-                                       "decodes in these blocks (sampling.block_length does not apply).")
+                                       "autoregressive); null = the checkpoint's config.json block_size, else its "
+                                       "family's default (llada2: 32). The sampler decodes in these blocks "
+                                       "(sampling.block_length does not apply).")
     trust_remote_code: bool = doc(False, "Allow the checkpoint's own modeling code (only if you trust it).")
     dtype: str = doc("float32", "Weights dtype: float32 | bfloat16 | float16 | float64. Log-probs are computed in "
                                 "float32 whatever the weights (float64 weights: in float64, for checks where "

@@ -239,9 +239,10 @@ def _check_block_size(cfg: Config) -> None:
     if m.block_size is None:
         from dlmrl.models.loading import checkpoint_block_size
 
-        m.block_size = checkpoint_block_size(m.name_or_path)
+        m.block_size = checkpoint_block_size(m.name_or_path, m.family)
         _check(m.block_size is not None, "model.block_size",
-               f"model.kind block needs a block size, and the config.json of {m.name_or_path!r} records none or "
+               f"model.kind block needs a block size, and the config.json of {m.name_or_path!r} (and its family) "
+               "records none or "
                "could not be read (a hub checkpoint's needs the hub); set model.block_size")
     b = m.block_size
     _check(isinstance(b, int) and not isinstance(b, bool) and b >= 1, "model.block_size",
@@ -258,7 +259,7 @@ def _check_block_size(cfg: Config) -> None:
 
 
 #: Families whose checkpoints always ship their own model code (``auto_map``): loading runs it.
-CODE_SHIPPING_FAMILIES = ("llada", "dream", "sdar")
+CODE_SHIPPING_FAMILIES = ("llada", "dream", "sdar", "llada2")
 
 
 def _completion_width(cfg: Config) -> int:

@@ -277,6 +277,47 @@ def hf_block_forward(model, input_ids, mask4d, position_ids, past=None, use_cach
     return logits, [(layer.keys, layer.values) for layer in cache.layers]
 
 
+def bool_mask_block_forward(model, input_ids, mask4d, position_ids, past=None, use_cache=False,
+                            cache_kwargs: dict | None = None):
+    """:data:`BlockForwardFn` for checkpoint code that takes the boolean 4-D mask itself, as its own samplers pass it
+    (SDAR's ``generate.py``; LLaDA2's code turns a boolean mask into its additive form): ``attention_mask`` the
+    ``(B, 1, T, S + T)`` bool mask, explicit ``position_ids``, and a ``DynamicCache`` built afresh from ``past`` on
+    every call (so a denoising step never changes the caller's cache).
+
+    Args:
+        model, input_ids, mask4d, position_ids, past, use_cache: as :func:`hf_block_forward`.
+        cache_kwargs: extra keywords for a pass that uses a cache (SDAR: ``store_kv=True``).
+    Returns:
+        ``(logits (B, T, V) float32 (float64 for a float64 model), KeyValues of the S + T positions or None)``.
+    Raises:
+        TypeError: if ``use_cache`` and the model returns no cache.
+    """
+    from transformers import DynamicCache
+
+    from dlmrl.models.block_cache import _cache_keyword
+
+    cache = DynamicCache(ddp_cache_data=past) if past is not None else (DynamicCache() if use_cache else None)
+    kwargs = {} if cache is None else {_cache_keyword(model): cache, "use_cache": True, **(cache_kwargs or {})}
+    out = model(input_ids=input_ids, attention_mask=mask4d.bool(), position_ids=position_ids, **kwargs)
+    logits = out.logits if out.logits.dtype == torch.float64 else out.logits.float()
+    if not use_cache:
+        return logits, None
+    kept = getattr(out, "past_key_values", None) or cache
+    if kept is None or not hasattr(kept, "layers"):
+        raise TypeError(f"{type(model).__name__}.forward returned no key/value cache")
+    return logits, [(layer.keys, layer.values) for layer in kept.layers]
+
+
+def full_attention_logits(block_forward: BlockForwardFn, model, input_ids, attention_mask, position_ids):
+    """Full-diffusion logits (``model.kind: diffusion``) of a block-diffusion checkpoint: one pass of
+    ``block_forward`` in which every real token attends every real token (block size = the whole sequence), left
+    padding blocked as keys; ``(B, T, V)``, no shift."""
+    b, t = input_ids.shape
+    keys = attention_mask.bool()[:, None, None, :].expand(b, 1, t, t)
+    keys = keys | torch.eye(t, dtype=torch.bool, device=input_ids.device)  # (no empty row for a padding query)
+    return block_forward(model, input_ids, keys, position_ids)[0]
+
+
 def block_logits(model, input_ids: torch.Tensor, mask4d: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
     """Logits of one pass under an explicit 4-D mask and explicit positions (no cache): ``(B, T, V)`` float32.
 
@@ -337,10 +378,12 @@ __all__ = [
     "block_ids",
     "block_logits",
     "block_position_ids",
+    "bool_mask_block_forward",
     "check_block_size",
     "completion_block_ids",
     "composite_mask",
     "composite_position_ids",
+    "full_attention_logits",
     "hf_block_forward",
     "model_attention_mask",
     "prompt_block_ids",

@@ -2,10 +2,12 @@
 
 LLaDA (``GSAI-ML/LLaDA-8B-*``, ``GSAI-ML/LLaDA-1.5``) and Dream (``Dream-org/Dream-v0-*-7B``, Dream-Coder,
 DiffuCoder) ship their own ``modeling_*.py`` and ``configuration_*.py``, written for ``transformers`` 4.38–4.46
-(LLaDA's README: "install transformers==4.38.2"; Dream's ``config.json``: ``"transformers_version": "4.46.2"``).
-dlmrl requires ``transformers >= 5``, which changed seven things that code relies on (measured with 5.24.0 on
-NVlabs/Fast-dLLM@24cc59e's copies of both, ``llada/model/`` and ``dream/model/``, by
-``benchmarks/remote_code_check.py``). :func:`load_checkpoint_model`
+(LLaDA's README: "install transformers==4.38.2"; Dream's ``config.json``: ``"transformers_version": "4.46.2"``),
+as do SDAR/TraDo and LLaDA2 (:mod:`dlmrl.models.sdar`, :mod:`dlmrl.models.llada2`).
+dlmrl requires ``transformers >= 5``, which changed things that code relies on: patches 1–7 were measured with 5.24.0
+on NVlabs/Fast-dLLM@24cc59e's copies of LLaDA's and Dream's code (``llada/model/``, ``dream/model/``) by
+``benchmarks/remote_code_check.py``, 8 on SDAR's, 10 on LLaDA2's (``benchmarks/sdar_parity.py``,
+``benchmarks/llada2_parity.py``). :func:`load_checkpoint_model`
 loads such a checkpoint with one patch per change, each applied only where the thing is missing, so code
 that already works under ``transformers`` 5 runs untouched:
 
@@ -57,6 +59,10 @@ that already works under ``transformers`` 5 runs untouched:
 9. **generation_config.json on saving** (:func:`keep_generation_config`): ``transformers`` 5's ``save_pretrained``
    writes it only for a model that ``can_generate()``; Dream's ``DreamModel`` cannot (no ``generate``) but its
    ``from_pretrained`` requires the file, so a fully trained Dream would not load back. It is copied from the source.
+10. **is_torch_fx_available** (:func:`ensure_torch_fx_available`): ``transformers`` 5 removed
+    ``transformers.utils.import_utils.is_torch_fx_available``; LLaDA2's ``modeling_llada2_moe.py`` imports it at module
+    level (``ImportError``) to decide whether to ``torch.fx.wrap`` its mask helper. The patch restores the 4.x
+    function (True: ``torch.fx`` ships with every torch dlmrl supports) before any checkpoint code is imported.
 
 What no patch can fix raises :class:`CheckpointCodeError` saying what is missing.
 """
@@ -117,6 +123,17 @@ def ensure_default_rope() -> bool:
     if "default" in modeling_rope_utils.ROPE_INIT_FUNCTIONS:
         return False
     modeling_rope_utils.ROPE_INIT_FUNCTIONS["default"] = default_rope_parameters
+    return True
+
+
+def ensure_torch_fx_available() -> bool:
+    """Give ``transformers.utils.import_utils`` the ``is_torch_fx_available()`` of ``transformers`` 4 when it has none
+    (patch 10); True when added now."""
+    from transformers.utils import import_utils
+
+    if hasattr(import_utils, "is_torch_fx_available"):
+        return False
+    import_utils.is_torch_fx_available = lambda: True  # (4.x: torch >= 1.10, which has torch.fx)
     return True
 
 
@@ -231,6 +248,7 @@ def _dynamic_class(reference: str, path: str) -> type:
 
     from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
+    ensure_torch_fx_available()  # (patch 10: checkpoint code may import it at module level)
     with contextlib.redirect_stdout(sys.stderr):
         return get_class_from_dynamic_module(reference, path)
 
@@ -344,6 +362,7 @@ __all__ = [
     "checkpoint_model_class",
     "default_rope_parameters",
     "ensure_default_rope",
+    "ensure_torch_fx_available",
     "keep_generation_config",
     "load_checkpoint_config",
     "load_checkpoint_model",

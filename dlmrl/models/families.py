@@ -11,6 +11,9 @@ Every adapter returns ``(B, T, V)`` logits in which position ``i`` predicts toke
   tokenizer's mask token.
 - ``sdar`` (``JetLM/SDAR-*-Chat``, ``Gen-Verse/TraDo-*``): block diffusion on SDAR's own ``modeling_sdar.py``
   (:mod:`dlmrl.models.sdar`); mask id 151669, block size from ``config.json``, the prompt cut into blocks.
+- ``llada2`` (``inclusionAI/LLaDA2.0-mini``, ``-flash``, LLaDA2.1): block diffusion on LLaDA2's own
+  ``modeling_llada2_moe.py`` (:mod:`dlmrl.models.llada2`); mask id 156895, block size 32 unless set, the prompt cut
+  into blocks.
 - ``tiny``: the shipped default, a Llama with ``is_causal=False`` (``dlmrl.models.tiny``), and any ``transformers``
   ``*ForCausalLM`` whose config sets ``is_causal: false`` (Qwen2, Mistral, ... run bidirectionally).
 
@@ -33,6 +36,14 @@ from torch import nn
 from dlmrl.models.block_attention import BlockForwardFn, hf_block_forward
 from dlmrl.models.block_cache import CachedLogitsFn, hf_cached_logits
 from dlmrl.models.compat import load_checkpoint_model
+from dlmrl.models.llada2 import (
+    LLADA2_BLOCK_SIZE,
+    LLADA2_MASK_TOKEN_ID,
+    is_llada2,
+    llada2_block_forward,
+    llada2_logits,
+    load_llada2,
+)
 from dlmrl.models.sdar import SDAR_MASK_TOKEN_ID, load_sdar, sdar_block_forward, sdar_logits
 from dlmrl.registry import Registry
 
@@ -70,6 +81,8 @@ class Family:
             block-causally.
         prompt_blocks: under ``model.kind: block``, the prompt is cut into blocks too, as the family's checkpoints
             were trained (:func:`dlmrl.models.block_attention.prompt_block_ids`); False = one clean prompt block.
+        default_block_size: the block size of ``model.kind: block`` when neither ``model.block_size`` nor the
+            checkpoint's ``config.json`` gives one (LLaDA2's configs record none; its sampler's default is 32).
     """
 
     load: Callable[[str, bool, torch.dtype], nn.Module]
@@ -81,6 +94,7 @@ class Family:
     activation_checkpointing: Callable[[nn.Module], None] | None = None
     block_forward: BlockForwardFn | None = None
     prompt_blocks: bool = False
+    default_block_size: int | None = None
 
 
 FAMILIES: Registry[Family] = Registry("model family")
@@ -341,6 +355,12 @@ FAMILIES.register("sdar")(
            block_forward=sdar_block_forward, prompt_blocks=True,
            no_cache_reason="SDAR and TraDo are block-diffusion checkpoints: run them with model.kind block, "
                            "whose key/value cache is exact")
+)
+FAMILIES.register("llada2")(
+    Family(load=load_llada2, logits=llada2_logits, detect=is_llada2, default_mask_token_id=LLADA2_MASK_TOKEN_ID,
+           block_forward=llada2_block_forward, prompt_blocks=True, default_block_size=LLADA2_BLOCK_SIZE,
+           no_cache_reason="LLaDA2 checkpoints are block-diffusion models: run them with model.kind block, whose "
+                           "key/value cache is exact")
 )
 
 

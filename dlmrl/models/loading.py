@@ -32,10 +32,11 @@ def resolve_model_path(name_or_path: str) -> str:
     return name_or_path
 
 
-def checkpoint_block_size(name_or_path: str) -> int | None:
-    """The ``block_size`` a block-diffusion checkpoint's ``config.json`` records (SDAR's configs and dlmrl's tiny
-    block model carry one), following a LoRA adapter folder to its base model; ``None`` when there is none or the
-    config cannot be read (a hub id is looked up like any config)."""
+def checkpoint_block_size(name_or_path: str, family: str = "auto") -> int | None:
+    """The block size a block-diffusion checkpoint records: its ``config.json`` ``block_size`` (SDAR's configs and
+    dlmrl's tiny block model carry one), else its family's default (``llada2``: 32; ``family`` ``auto`` = detected
+    from the config), following a LoRA adapter folder to its base model; ``None`` when there is none or the config
+    cannot be read (a hub id is looked up like any config)."""
     import json
 
     from dlmrl.models.lora import BASE_NOTE
@@ -49,10 +50,17 @@ def checkpoint_block_size(name_or_path: str) -> int | None:
     if looks_local(path) and not Path(path).exists():
         return None
     try:
-        value = read_checkpoint_config(path).get("block_size")
+        config = read_checkpoint_config(path)
     except (OSError, ValueError):
         return None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+    value = config.get("block_size")
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    try:
+        name = detect_family(config) if family == "auto" else family
+    except ValueError:
+        return None
+    return FAMILIES.get(name).default_block_size if name in FAMILIES else None
 
 
 def looks_local(name_or_path: str) -> bool:
@@ -142,7 +150,7 @@ def load_policy(
             (named by the folder's ``dlmrl_base_model.json`` or ``adapter_config.json``) with these arguments
             and puts the adapter on it (a ``peft.PeftModel``, adapter frozen; ``dlmrl.models.lora``).
         family: ``auto`` (detected from ``config.json``: ``model_type`` / ``architectures`` /
-            ``auto_map``) or a name in ``FAMILIES`` (``llada``, ``dream``, ``masked_lm``, ``tiny``, ``sdar``),
+            ``auto_map``) or a name in ``FAMILIES`` (``llada``, ``dream``, ``masked_lm``, ``tiny``, ``sdar``, ``llada2``),
             which overrides detection.
         trust_remote_code: passed to ``from_pretrained`` only as given (never forced on); required for
             checkpoints that ship their own model code (LLaDA, Dream).
@@ -220,8 +228,8 @@ def load_block_policy(
     """Load a block-diffusion policy: :func:`load_policy`'s model and tokenizer run block-causally.
 
     Args:
-        block_size: tokens per block; ``None`` = the checkpoint's ``config.json`` ``block_size``
-            (:func:`checkpoint_block_size`). Other arguments as :func:`load_policy`.
+        block_size: tokens per block; ``None`` = the checkpoint's ``config.json`` ``block_size``, else its family's
+            default (:func:`checkpoint_block_size`). Other arguments as :func:`load_policy`.
     Returns:
         :class:`~dlmrl.models.block_policy.BlockDiffusionPolicy`.
     Raises:
@@ -231,7 +239,7 @@ def load_block_policy(
     """
     from dlmrl.models.block_policy import block_policy_from
 
-    block_size = block_size if block_size is not None else checkpoint_block_size(name_or_path)
+    block_size = block_size if block_size is not None else checkpoint_block_size(name_or_path, family)
     if block_size is None:
         raise ValueError(f"{name_or_path}: no block size given and config.json records none (set model.block_size)")
     policy = load_policy(name_or_path, family, trust_remote_code, dtype, device, mask_token_id)

@@ -50,6 +50,8 @@ import warnings
 import torch
 from torch import nn
 
+from dlmrl.models.block_attention import bool_mask_block_forward, full_attention_logits
+
 #: SDAR's and TraDo's mask token ``<|MASK|>``. Source: ``"mask_token_id": 151669`` in SDAR-4B-Chat's ``config.json``
 #: and ``tokenizer_config.json`` (``added_tokens_decoder["151669"]``).
 SDAR_MASK_TOKEN_ID = 151669
@@ -241,36 +243,15 @@ def load_sdar(path: str, trust_remote_code: bool, dtype: torch.dtype) -> nn.Modu
 def sdar_block_forward(model, input_ids, mask4d, position_ids, past=None, use_cache=False):
     """:data:`~dlmrl.models.block_attention.BlockForwardFn` on SDAR's code: the call of SDAR's
     ``block_diffusion_generate`` (``attention_mask`` a ``(B, 1, T, S + T)`` bool tensor, explicit ``position_ids``,
-    a ``DynamicCache`` with ``store_kv=True``), the cache rebuilt from ``past`` on every call.
-
-    Returns:
-        ``(logits (B, T, V) float32 (float64 for a float64 model), KeyValues of the S + T positions or None)``.
-    Raises:
-        TypeError: if ``use_cache`` and the model returns no cache.
-    """
-    from transformers import DynamicCache
-
-    from dlmrl.models.block_cache import _cache_keyword
-
-    cache = DynamicCache(ddp_cache_data=past) if past is not None else (DynamicCache() if use_cache else None)
-    kwargs = {} if cache is None else {_cache_keyword(model): cache, "use_cache": True, "store_kv": True}
-    out = model(input_ids=input_ids, attention_mask=mask4d.bool(), position_ids=position_ids, **kwargs)
-    logits = out.logits if out.logits.dtype == torch.float64 else out.logits.float()
-    if not use_cache:
-        return logits, None
-    kept = getattr(out, "past_key_values", None) or cache
-    if kept is None or not hasattr(kept, "layers"):
-        raise TypeError(f"{type(model).__name__}.forward returned no key/value cache")
-    return logits, [(layer.keys, layer.values) for layer in kept.layers]
+    a ``DynamicCache`` with ``store_kv=True``), the cache rebuilt from ``past`` on every call
+    (:func:`~dlmrl.models.block_attention.bool_mask_block_forward`)."""
+    return bool_mask_block_forward(model, input_ids, mask4d, position_ids, past, use_cache, {"store_kv": True})
 
 
 def sdar_logits(model, input_ids, attention_mask, position_ids):
     """Full-diffusion logits (``model.kind: diffusion``): one pass in which every real token attends every real token
     (block size = the whole sequence), left padding blocked as keys; ``(B, T, V)``, no shift."""
-    b, t = input_ids.shape
-    keys = attention_mask.bool()[:, None, None, :].expand(b, 1, t, t)
-    keys = keys | torch.eye(t, dtype=torch.bool, device=input_ids.device)  # (no empty row for a padding query)
-    return sdar_block_forward(model, input_ids, keys, position_ids)[0]
+    return full_attention_logits(sdar_block_forward, model, input_ids, attention_mask, position_ids)
 
 
 __all__ = [

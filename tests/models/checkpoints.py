@@ -2,7 +2,7 @@
 
 - BERT, RoBERTa and ModernBERT ``*ForMaskedLM`` with character-level tokenizers (RoBERTa's ``<pad>``
   is id 1, so its positions start at 2 as in the real model).
-- A LLaDA, a Dream and an SDAR stand-in whose model code lives next to their ``config.json`` (copied
+- A LLaDA, a Dream, an SDAR and a LLaDA2 stand-in whose model code lives next to their ``config.json`` (copied
   from ``tests/models/remote_code``) and is loaded through ``auto_map`` + ``trust_remote_code``. As in the
   real checkpoints, the LLaDA tokenizer declares no mask token (the id, 126336, comes from
   ``config.json``), the Dream tokenizer declares ``<|mask|>`` and the SDAR one ``<|MASK|>``, which their configs
@@ -214,6 +214,45 @@ def save_sdar_like(path: Path) -> Path:
     return _save_remote(path, "sdar", config, tok, auto_class="AutoModelForCausalLM")
 
 
+def save_llada2_like(path: Path) -> Path:
+    """A LLaDA2-like block-diffusion mixture-of-experts checkpoint (``AutoModelForCausalLM``): ``config.json`` with
+    LLaDA2's fields (no ``block_size``, no ``mask_token_id``: the family's defaults and the tokenizer's ``<|mask|>``
+    apply), a dense first layer then 4 experts (2 per token) and a shared one, width 16."""
+    tok = char_tokenizer(["<|endoftext|>", "<|mask|>", "<|role_end|>", "<|unk|>"], eos_token="<|endoftext|>",
+                         pad_token="<|endoftext|>", mask_token="<|mask|>", unk_token="<|unk|>")
+    config = {
+        "model_type": "llada2_moe",
+        "architectures": ["LLaDA2MoeModelLM"],
+        "auto_map": {
+            "AutoConfig": "configuration_llada2_moe.LLaDA2MoeConfig",
+            "AutoModel": "modeling_llada2_moe.LLaDA2MoeModel",
+            "AutoModelForCausalLM": "modeling_llada2_moe.LLaDA2MoeModelLM",
+        },
+        "vocab_size": len(tok),
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "moe_intermediate_size": 8,
+        "num_hidden_layers": 2,
+        "first_k_dense_replace": 1,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "num_shared_experts": 1,
+        "routed_scaling_factor": 2.5,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "partial_rotary_factor": 0.5,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 600000,
+        "initializer_range": 0.5,  # (LLaDA2: 0.02; larger here so that the random model's predictions are not uniform)
+        "attention_dropout": 0.0,
+        "pad_token_id": 0,
+        "use_cache": False,
+        "tie_word_embeddings": False,
+    }
+    return _save_remote(path, "llada2", config, tok, auto_class="AutoModelForCausalLM")
+
+
 BUILDERS = {
     "bert": save_bert,
     "roberta": save_roberta,
@@ -221,7 +260,8 @@ BUILDERS = {
     "llada": save_llada_like,
     "dream": save_dream_like,
     "sdar": save_sdar_like,
+    "llada2": save_llada2_like,
 }
 #: expected detected family of each checkpoint
 FAMILY_OF = {"bert": "masked_lm", "roberta": "masked_lm", "modernbert": "masked_lm", "llada": "llada",
-             "dream": "dream", "sdar": "sdar"}
+             "dream": "dream", "sdar": "sdar", "llada2": "llada2"}
