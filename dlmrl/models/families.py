@@ -39,7 +39,6 @@ from dlmrl.models.compat import load_checkpoint_model
 from dlmrl.models.llada2 import (
     LLADA2_BLOCK_SIZE,
     LLADA2_MASK_TOKEN_ID,
-    is_llada2,
     llada2_block_forward,
     llada2_logits,
     load_llada2,
@@ -317,6 +316,13 @@ def _is_sdar(config) -> bool:
             or any(t.endswith("modeling_sdar.SDARForCausalLM") for t in _auto_map_targets(config)))
 
 
+def _is_llada2(config) -> bool:
+    # LLaDA2.0's config.json: model_type "llada2_moe", architectures ["LLaDA2MoeModelLM"],
+    # auto_map {"AutoModelForCausalLM": "modeling_llada2_moe.LLaDA2MoeModelLM", ...}.
+    return (_model_type(config) == "llada2_moe" or "LLaDA2MoeModelLM" in _architectures(config)
+            or any(t.startswith("modeling_llada2_moe.") for t in _auto_map_targets(config)))
+
+
 def _is_masked_lm(config) -> bool:
     return any(a.endswith("ForMaskedLM") for a in _architectures(config))
 
@@ -357,7 +363,7 @@ FAMILIES.register("sdar")(
                            "whose key/value cache is exact")
 )
 FAMILIES.register("llada2")(
-    Family(load=load_llada2, logits=llada2_logits, detect=is_llada2, default_mask_token_id=LLADA2_MASK_TOKEN_ID,
+    Family(load=load_llada2, logits=llada2_logits, detect=_is_llada2, default_mask_token_id=LLADA2_MASK_TOKEN_ID,
            block_forward=llada2_block_forward, prompt_blocks=True, default_block_size=LLADA2_BLOCK_SIZE,
            no_cache_reason="LLaDA2 checkpoints are block-diffusion models: run them with model.kind block, whose "
                            "key/value cache is exact")

@@ -54,15 +54,6 @@ LLADA2_EOS_TOKEN_ID = 156892
 LLADA2_BLOCK_SIZE = 32
 
 
-def is_llada2(config) -> bool:
-    """Whether a checkpoint's ``config.json`` (dict or ``PretrainedConfig``) is LLaDA2's: ``model_type``
-    ``llada2_moe``, architecture ``LLaDA2MoeModelLM``, or an ``auto_map`` into ``modeling_llada2_moe``."""
-    from dlmrl.models.families import _architectures, _auto_map_targets, _model_type
-
-    return (_model_type(config) == "llada2_moe" or "LLaDA2MoeModelLM" in _architectures(config)
-            or any(t.startswith("modeling_llada2_moe.") for t in _auto_map_targets(config)))
-
-
 def load_llada2(path: str, trust_remote_code: bool, dtype: torch.dtype) -> nn.Module:
     """``AutoModelForCausalLM`` from the checkpoint's own ``modeling_llada2_moe.py`` with :mod:`dlmrl.models.compat`'s
     patches.
@@ -102,7 +93,6 @@ __all__ = [
     "LLADA2_BLOCK_SIZE",
     "LLADA2_EOS_TOKEN_ID",
     "LLADA2_MASK_TOKEN_ID",
-    "is_llada2",
     "llada2_block_forward",
     "llada2_logits",
     "load_llada2",
