@@ -37,12 +37,7 @@ check fails. CPU, a few minutes.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -179,48 +174,11 @@ def check_family(report, label: str, source, work: Path, env: dict, skip_train: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("clones", nargs="+", type=Path, help="local copies (a hub clone of LLaDA2.0-mini, dllm, ...)")
-    parser.add_argument("--work", type=Path, default=None, help="folder for checkpoints and runs (default: a temp dir)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--skip-train", action="store_true", help="no CLI runs (dry-run, train, eval)")
-    args = parser.parse_args(argv)
-    work = (args.work or Path(tempfile.mkdtemp(prefix="llada2_parity_"))).resolve()
-    work.mkdir(parents=True, exist_ok=True)
     sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
-    from remote_code_check import REWARD_MODULE, Report, markdown
+    from remote_code_check import block_family_main
 
-    (work / "remote_code_rewards.py").write_text(REWARD_MODULE)
-    os.environ["HF_MODULES_CACHE"] = str(work / "hf_modules")  # before transformers is imported
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(work), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    import transformers
-    from remote_code_checkpoints import clone_commit, find_code
-
-    clones = [c.resolve() for c in args.clones]
-    report, t0, code = Report(), time.time(), {}
-    for clone in clones:
-        sources = find_code([clone], ("llada2",))
-        if "llada2" not in sources:
-            continue
-        source = sources["llada2"]
-        label = f"{clone.name}@{source.commit[:7]}"
-        code[label] = str(source.folder.relative_to(source.clone.parent))
-        check_family(report, label, source, work, env, args.skip_train)
-    if not code:
-        parser.error(f"no configuration_llada2_moe.py + modeling_llada2_moe.py under {clones}")
-    for row in report.rows:
-        row["detail"] = row["detail"].replace(str(work), "<work>")
-    table = markdown(report)
-    print("\n" + table)
-    record = {
-        "transformers": transformers.__version__, "torch": torch.__version__,
-        "clones": [{"name": c.name, "commit": clone_commit(c)} for c in clones], "code": code,
-        "seconds": round(time.time() - t0), "rows": report.rows, "table": table,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2, default=str) + "\n")
-    print(f"wrote {args.out}")
-    return int(any(r["status"] == "FAIL" for r in report.rows))
+    return block_family_main(argv, __doc__, "llada2", RESULTS, "local copies (a hub clone of LLaDA2.0-mini, dllm, ...)",
+                             check_family)
 
 
 if __name__ == "__main__":

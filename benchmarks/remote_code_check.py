@@ -511,19 +511,74 @@ def markdown(report: Report) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("clones", nargs="+", type=Path, help="local clones (Fast-dLLM, ML-GSAI/LLaDA, a hub clone)")
-    parser.add_argument("--work", type=Path, default=None, help="folder for checkpoints and runs (default: a temp dir)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--skip-train", action="store_true", help="no CLI runs (dry-run, train, eval)")
-    parser.add_argument("--only", choices=["llada", "dream"], default=None, help="check one family")
-    args = parser.parse_args(argv)
-    work = (args.work or Path(tempfile.mkdtemp(prefix="remote_code_check_"))).resolve()
+def prepare_work(work: Path | None, prefix: str) -> tuple[Path, dict]:
+    """The folder for checkpoints and runs (a new temp dir when ``work`` is None) holding the reward module, with
+    ``HF_MODULES_CACHE`` pointed inside it (call before ``transformers`` is imported), and the environment for the
+    CLI runs (the folder and dlmrl on ``PYTHONPATH``)."""
+    work = (work or Path(tempfile.mkdtemp(prefix=prefix))).resolve()
     work.mkdir(parents=True, exist_ok=True)
     (work / "remote_code_rewards.py").write_text(REWARD_MODULE)
-    os.environ["HF_MODULES_CACHE"] = str(work / "hf_modules")  # before transformers is imported
+    os.environ["HF_MODULES_CACHE"] = str(work / "hf_modules")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(work), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return work, env
+
+
+def write_report(report: Report, work: Path, out: Path, record: dict) -> int:
+    """Print the report as a table and write ``record`` (with the rows and the table) to ``out`` as JSON, paths inside
+    ``work`` written as ``<work>/...``; the exit status: 1 if any check failed."""
+    for row in report.rows:
+        row["detail"] = row["detail"].replace(str(work), "<work>")
+    table = markdown(report)
+    print("\n" + table)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**record, "rows": report.rows, "table": table}, indent=2, default=str) + "\n")
+    print(f"wrote {out}")
+    return int(any(r["status"] == "FAIL" for r in report.rows))
+
+
+def parity_parser(doc: str, results: Path, clones_help: str) -> argparse.ArgumentParser:
+    """The arguments every parity script takes: the clones, ``--work``, ``--out``, ``--skip-train``."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("clones", nargs="+", type=Path, help=clones_help)
+    parser.add_argument("--work", type=Path, default=None, help="folder for checkpoints and runs (default: a temp dir)")
+    parser.add_argument("--out", type=Path, default=results)
+    parser.add_argument("--skip-train", action="store_true", help="no CLI runs (dry-run, train, eval)")
+    return parser
+
+
+def block_family_main(argv, doc: str, family: str, results: Path, clones_help: str, check_family, setup=None) -> int:
+    """``main`` of a block family's parity script (``sdar_parity.py``, ``llada2_parity.py``): for each clone holding
+    the family's code, ``check_family(report, label, source, work, env, skip_train, **kwargs)``; ``setup(clones)``
+    returns those ``kwargs`` and extra fields for the JSON record."""
+    parser = parity_parser(doc, results, clones_help)
+    args = parser.parse_args(argv)
+    work, env = prepare_work(args.work, f"{family}_parity_")
+    import transformers
+    from remote_code_checkpoints import CODE_FILES, clone_commit, find_code
+
+    clones = [c.resolve() for c in args.clones]
+    kwargs, extra = setup(clones) if setup is not None else ({}, {})
+    report, t0, code = Report(), time.time(), {}
+    for clone in clones:
+        source = find_code([clone], (family,)).get(family)
+        if source is None:
+            continue
+        label = f"{clone.name}@{source.commit[:7]}"
+        code[label] = str(source.folder.relative_to(source.clone.parent))
+        check_family(report, label, source, work, env, args.skip_train, **kwargs)
+    if not code:
+        parser.error(f"no {' + '.join(CODE_FILES[family][:2])} under {clones}")
+    record = {"transformers": transformers.__version__, "torch": torch.__version__,
+              "clones": [{"name": c.name, "commit": clone_commit(c)} for c in clones], "code": code, **extra,
+              "seconds": round(time.time() - t0)}
+    return write_report(report, work, args.out, record)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = parity_parser(__doc__, RESULTS, "local clones (Fast-dLLM, ML-GSAI/LLaDA, a hub clone)")
+    parser.add_argument("--only", choices=["llada", "dream"], default=None, help="check one family")
+    args = parser.parse_args(argv)
+    work, env = prepare_work(args.work, "remote_code_check_")  # (before transformers is imported)
     sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
     import transformers
     from remote_code_checkpoints import clone_commit, find_code
@@ -537,20 +592,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.only not in (None, source.family):
             continue
         facts[source.family] = check_family(report, source, clones, work, env, args.skip_train)
-    for row in report.rows:  # (paths inside the work folder, as <work>/...)
-        row["detail"] = row["detail"].replace(str(work), "<work>")
-    table = markdown(report)
-    print("\n" + table)
     record = {
         "transformers": transformers.__version__, "torch": torch.__version__,
         "clones": [{"name": c.name, "commit": clone_commit(c)} for c in clones],
         "code": {s.family: f"{s.folder.relative_to(s.clone.parent)} @ {s.commit}" for s in sources.values()},
-        "seconds": round(time.time() - t0), "rows": report.rows, "conventions": facts, "table": table,
+        "seconds": round(time.time() - t0), "conventions": facts,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2, default=str) + "\n")
-    print(f"wrote {args.out}")
-    return int(any(r["status"] == "FAIL" for r in report.rows))
+    return write_report(report, work, args.out, record)
 
 
 if __name__ == "__main__":

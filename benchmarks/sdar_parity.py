@@ -33,12 +33,9 @@ fails. CPU, a few minutes.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -264,7 +261,7 @@ def check_full_eval(config: Path, env: dict):
     return ok, detail.replace("adapter reloaded onto the base", "the saved model (its own code, trained weights) reloaded")
 
 
-def check_family(report, label: str, source, generate_fn, work: Path, env: dict, skip_train: bool) -> None:
+def check_family(report, label: str, source, work: Path, env: dict, skip_train: bool, generate_fn=None) -> None:
     from remote_code_check import check_dry_run, check_eval, check_refused
     from remote_code_checkpoints import build_checkpoint
 
@@ -296,52 +293,24 @@ def check_family(report, label: str, source, generate_fn, work: Path, env: dict,
     report.run(label, "dlmrl eval (fully trained model)", lambda c=config: check_full_eval(c, env))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("clones", nargs="+", type=Path, help="local clones (JetAstra/SDAR, Gen-Verse/dLLM-RL, a hub clone)")
-    parser.add_argument("--work", type=Path, default=None, help="folder for checkpoints and runs (default: a temp dir)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--skip-train", action="store_true", help="no CLI runs (dry-run, train, eval)")
-    args = parser.parse_args(argv)
-    work = (args.work or Path(tempfile.mkdtemp(prefix="sdar_parity_"))).resolve()
-    work.mkdir(parents=True, exist_ok=True)
-    sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
-    from remote_code_check import REWARD_MODULE, Report, load_function, markdown
+def find_generate(clones: list[Path]) -> tuple[dict, dict]:
+    """``check_family``'s ``generate_fn`` (SDAR's ``block_diffusion_generate`` from the first ``generate.py`` in the
+    clones that defines it) and the record's ``generate`` field."""
+    from remote_code_check import load_function
+    from remote_code_checkpoints import find_function
 
-    (work / "remote_code_rewards.py").write_text(REWARD_MODULE)
-    os.environ["HF_MODULES_CACHE"] = str(work / "hf_modules")  # before transformers is imported
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(work), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    import transformers
-    from remote_code_checkpoints import clone_commit, find_code, find_function
-
-    clones = [c.resolve() for c in args.clones]
     found = find_function(clones, "generate.py", "block_diffusion_generate", "denoising_steps")
     generate_fn = load_function(found[0], "block_diffusion_generate") if found else None
-    report, t0, code = Report(), time.time(), {}
-    for clone in clones:
-        sources = find_code([clone], ("sdar",))
-        if "sdar" not in sources:
-            continue
-        source = sources["sdar"]
-        label = f"{clone.name}@{source.commit[:7]}"
-        code[label] = str(source.folder.relative_to(source.clone.parent))
-        check_family(report, label, source, generate_fn, work, env, args.skip_train)
-    if not code:
-        parser.error(f"no configuration_sdar.py + modeling_sdar.py under {clones}")
-    for row in report.rows:
-        row["detail"] = row["detail"].replace(str(work), "<work>")
-    table = markdown(report)
-    print("\n" + table)
-    record = {
-        "transformers": transformers.__version__, "torch": torch.__version__,
-        "clones": [{"name": c.name, "commit": clone_commit(c)} for c in clones], "code": code,
-        "generate": None if found is None else f"{found[0].parent.name}/{found[0].name} @ {found[1]}",
-        "seconds": round(time.time() - t0), "rows": report.rows, "table": table,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2, default=str) + "\n")
-    print(f"wrote {args.out}")
-    return int(any(r["status"] == "FAIL" for r in report.rows))
+    return ({"generate_fn": generate_fn},
+            {"generate": None if found is None else f"{found[0].parent.name}/{found[0].name} @ {found[1]}"})
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
+    from remote_code_check import block_family_main
+
+    return block_family_main(argv, __doc__, "sdar", RESULTS, "local clones (JetAstra/SDAR, Gen-Verse/dLLM-RL, a hub clone)",
+                             check_family, setup=find_generate)
 
 
 if __name__ == "__main__":
