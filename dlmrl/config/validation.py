@@ -267,10 +267,9 @@ def _completion_width(cfg: Config) -> int:
     return cfg.sampling.gen_length + (1 if cfg.model.kind == "ar" else 0)
 
 
-def _check_family_matches(name_or_path: str, family: str) -> None:
-    """An explicit ``model.family`` must not contradict a local checkpoint's ``config.json`` (read as JSON, no code
-    runs): a config that one other family recognises, and this one does not, would load with the wrong adapter and
-    fail inside it (or, worse, run). Hub ids and configs no family or several recognise are left to the load."""
+def _local_families(name_or_path: str) -> list[str] | None:
+    """The registered families whose ``detect`` accepts a local checkpoint's ``config.json`` (read as JSON, no code
+    runs); ``None`` for a hub id or a folder without one."""
     from pathlib import Path
 
     from dlmrl.models.families import FAMILIES
@@ -278,9 +277,18 @@ def _check_family_matches(name_or_path: str, family: str) -> None:
 
     path = Path(resolve_model_path(name_or_path))
     if not (path / "config.json").is_file():
-        return
+        return None
     config = read_checkpoint_config(str(path))
-    found = [name for name in FAMILIES.names() if FAMILIES.get(name).detect(config)]
+    return [name for name in FAMILIES.names() if FAMILIES.get(name).detect(config)]
+
+
+def _check_family_matches(name_or_path: str, family: str) -> None:
+    """An explicit ``model.family`` must not contradict a local checkpoint's ``config.json`` (read as JSON, no code
+    runs): a config that one other family recognises, and this one does not, would load with the wrong adapter and
+    fail inside it (or, worse, run). Hub ids and configs no family or several recognise are left to the load."""
+    found = _local_families(name_or_path)
+    if found is None:
+        return
     _check(len(found) != 1 or found[0] == family, "model.family",
            f"{family!r} does not match {name_or_path!r}, whose config.json is a {found[0] if found else ''!r} "
            f"checkpoint; use model.family auto (or {found[0] if found else ''!r})")
@@ -331,8 +339,9 @@ def _check_threshold(cfg: Config) -> None:
 
 
 def _check_cache(cfg: Config) -> None:
-    """``sampling.cache``: a known mode, diffusion only, no guidance, and a family that has a cache when it is named
-    (``model.family: auto`` is checked when the model loads)."""
+    """``sampling.cache``: a known mode, diffusion only, no guidance, and a family that has a cache when it is named or
+    a local checkpoint's ``config.json`` shows it (``model.family: auto`` on a hub id is checked when the model
+    loads)."""
     from dlmrl.models.block_cache import CACHE_MODES
 
     s = cfg.sampling
@@ -347,8 +356,12 @@ def _check_cache(cfg: Config) -> None:
            "(set it none)")
     _check(s.cfg_scale == 0, "sampling.cache", "is not implemented with classifier-free guidance (sampling.cfg_scale "
                                                "> 0); set one of them off")
-    if cfg.model.family not in (None, "auto"):
-        check_cache_family(cfg.model.family, s.cache)
+    family = cfg.model.family
+    if family in (None, "auto"):  # (a local checkpoint's family is known from its config.json without loading it)
+        found = _local_families(cfg.model.name_or_path)
+        family = found[0] if found and len(found) == 1 else None
+    if family is not None:
+        check_cache_family(family, s.cache)
 
 
 def check_cache_family(family: str | None, mode: str, model: str | None = None) -> None:

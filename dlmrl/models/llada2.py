@@ -22,8 +22,9 @@ takes any local copy, a ``git clone`` of the hub repository included):
   generated tokens and dlmrl starts the completion on a block (dlmrl interpretation).
 - **Block size**: ``config.json`` records none; ``generate``'s default ``block_length=32`` (the tech report's block
   size) is the family default (:data:`LLADA2_BLOCK_SIZE`), ``model.block_size`` overrides it.
-- **Mask token**: ``<|mask|>``, id 156895 (``generate``'s ``mask_id`` default, :data:`LLADA2_MASK_TOKEN_ID`); the
-  end token is id 156892 (``eos_id``), which the tokenizer names.
+- **Mask token**: the tokenizer's mask token; where the tokenizer and ``config.json`` name none, ``<|mask|>``, id
+  156895 (``generate``'s ``mask_id`` default, :data:`LLADA2_MASK_TOKEN_ID`). The end token is id 156892
+  (``eos_id``), which the tokenizer names.
 - **Training mode**: the experts run the code's training branch (every token routed through a Python loop over
   experts, differentiable). In eval mode the code's ``moe_infer`` runs under ``torch.no_grad()``: a gradient taken in
   eval mode never reaches the routed experts. dlmrl's trainer takes its gradients in training mode; do the same
@@ -32,7 +33,8 @@ takes any local copy, a ``git clone`` of the hub repository included):
 - **Dropout**: the code applies ``config.attention_dropout`` in training mode (0.0 in the released ``config.json``;
   ``LLaDA2MoeConfig``'s own default is 0.1, which :func:`load_llada2` warns about).
 - **transformers 5**: ``modeling_llada2_moe.py`` imports ``is_torch_fx_available`` (gone in 5; patch 10 of
-  :mod:`dlmrl.models.compat`) and looks up RoPE ``"default"`` (patch 4); the other patches apply as for LLaDA.
+  :mod:`dlmrl.models.compat`) and looks up RoPE ``"default"`` (patch 4, as Dream's code does); the module's other
+  patches apply where needed.
 
 Not covered: LLaDA2's own threshold schedule (``generate``'s ``threshold``: every masked token above it, else the
 ``k`` most confident) differs from dlmrl's threshold decoding (Fast-dLLM's rule: every token above it, at least one),

@@ -53,7 +53,8 @@ def _task(cfg) -> dict:
 
 def eval_record(cfg, policy, settings: dict, trained_steps: int | None = None) -> dict:
     """The record of one evaluation of ``policy`` under config ``cfg`` with ``settings``
-    (:meth:`~dlmrl.training.eval_presets.EvalSettings.as_dict`): ``protocol``, ``sampling``, ``task``, ``model``
+    (:meth:`~dlmrl.training.eval_presets.EvalSettings.as_dict`; for ``model.kind: block`` its ``block_size`` in
+    place of ``block_length``, which does not apply): ``protocol``, ``sampling``, ``task``, ``model``
     (id, revision, kind, family, weights dtype), ``dlmrl_version``, ``torch_version``, ``transformers_version``,
     ``device``, ``protocol_hash`` and ``hash`` (module docstring)."""
     import transformers
@@ -64,6 +65,9 @@ def eval_record(cfg, policy, settings: dict, trained_steps: int | None = None) -
     if trained_steps is not None:  # (inside a training run: the weights are the run's after that many steps)
         model["trained_steps"] = trained_steps
     sampling = {k: v for k, v in settings.items() if k != "protocol"}
+    if cfg.model.kind == "block":  # (it decodes in the model's blocks: their size decides the figures, not block_length)
+        sampling["block_length"] = None
+        sampling["block_size"] = getattr(policy, "block_size", cfg.model.block_size)
     record = {"protocol": settings["protocol"], "sampling": sampling, "task": _task(cfg), "model": model,
               "dlmrl_version": __version__, "torch_version": torch.__version__,
               "transformers_version": transformers.__version__,

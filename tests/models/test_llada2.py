@@ -127,6 +127,35 @@ def test_a_config_check_of_a_block_run_takes_the_family_block_size(llada2_path):
     assert cfg.model.block_size == LLADA2_BLOCK_SIZE
 
 
+def test_a_config_that_leaves_attention_dropout_at_the_code_default_warns(llada2_path, tmp_path):
+    """LLaDA2MoeConfig defaults attention_dropout to 0.1, which the code applies in training mode: loading warns."""
+    import shutil
+
+    path = tmp_path / "dropout"
+    shutil.copytree(llada2_path, path)
+    config = json.loads((path / "config.json").read_text())
+    del config["attention_dropout"]
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.warns(UserWarning, match="attention_dropout = 0.1"):
+        policy = load_block_policy(str(path), block_size=BLOCK, trust_remote_code=True)
+    assert policy.model.config.attention_dropout == 0.1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # (the shipped config's 0.0: no warning)
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        _ = load_block_policy(str(llada2_path), block_size=BLOCK, trust_remote_code=True)
+
+
+def test_the_config_check_refuses_a_diffusion_cache_on_a_local_llada2_checkpoint(llada2_path):
+    from dlmrl.config import Config, ConfigError, apply_overrides, validate
+
+    cfg = Config()
+    apply_overrides(cfg, [f"model.name_or_path={llada2_path}", "model.trust_remote_code=true", "task.answer_mode=text",
+                          "sampling.gen_length=8", "sampling.block_length=8", "sampling.steps=8",
+                          "sampling.cache=prefix"])
+    with pytest.raises(ConfigError, match="sampling.cache.*'llada2'"):
+        validate(cfg, for_training=False)
+
+
 # ------------------------------------------------------------------------------------ the block passes
 
 

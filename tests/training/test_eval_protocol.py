@@ -123,6 +123,18 @@ def test_record_hashes():
     assert eval_record(cfg, policy, settings) == rec  # deterministic
 
 
+def test_a_block_records_block_size_in_the_protocol_hash():
+    """The block kind decodes in the model's blocks: their size is in the record (and its protocol hash), and
+    ``sampling.block_length``, which does not apply, is not."""
+    cfg = Config()
+    apply_overrides(cfg, ["model.kind=block", "model.name_or_path=tiny-sudoku-block"])
+    settings = eval_settings(cfg).as_dict()
+    records = {b: eval_record(cfg, SimpleNamespace(model=torch.nn.Linear(2, 2), family="tiny", block_size=b),
+                              settings) for b in (4, 8)}
+    assert records[4]["sampling"]["block_size"] == 4 and records[4]["sampling"]["block_length"] is None
+    assert records[4]["protocol_hash"] != records[8]["protocol_hash"] and records[4]["hash"] != records[8]["hash"]
+
+
 def test_dlmrl_eval_prints_the_record_and_the_d1_figures(tmp_path, capsys):
     ckpt = str(save_tiny_text_checkpoint(tmp_path / "ckpt"))
     data = [f"task.train_file={write_gsm8k(tmp_path / 'train.jsonl')}",

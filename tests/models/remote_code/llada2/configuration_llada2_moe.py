@@ -1,5 +1,6 @@
 """Configuration of the LLaDA2 stand-in (see ../README.md): LLaDA2's ``LLaDA2MoeConfig`` fields that the stand-in
-reads (no ``block_size`` and no ``mask_token_id``: LLaDA2's ``config.json`` records neither)."""
+reads (no ``block_size`` and no ``mask_token_id``: LLaDA2's ``config.json`` records neither), with its defaults
+where dlmrl depends on them (``attention_dropout`` 0.1)."""
 
 from transformers import PretrainedConfig
 
@@ -11,7 +12,7 @@ class LLaDA2MoeConfig(PretrainedConfig):
                  num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6, rope_theta=600000.0, rope_scaling=None,
                  partial_rotary_factor=0.5, max_position_embeddings=64, initializer_range=0.02, num_experts=4,
                  num_experts_per_tok=2, num_shared_experts=1, moe_intermediate_size=8, first_k_dense_replace=1,
-                 routed_scaling_factor=2.5, use_qk_norm=True, attention_dropout=0.0, pad_token_id=None,
+                 routed_scaling_factor=2.5, use_qk_norm=True, attention_dropout=0.1, pad_token_id=None,
                  use_cache=True, tie_word_embeddings=False, **kwargs):
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
