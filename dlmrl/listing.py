@@ -41,11 +41,12 @@ def _run_list(name: str) -> int:
         text = plain_text(registry.doc(key))
         if name == "families":  # (a Family is an instance: say what it offers instead of its class's docstring)
             family = registry.get(key)
-            text = ("sampling.cache prefix | dual" if family.cached_logits is not None
-                    else f"sampling.cache none only ({family.no_cache_reason or 'no cache adapter'})")
+            why = family.no_cache_reason or "no cache adapter"
+            text = ("model.kind diffusion: sampling.cache prefix | dual" if family.cached_logits is not None
+                    else f"model.kind diffusion: sampling.cache none only ({why})")
             text += ("; no model.kind block" if family.block_forward is None else
-                     "; model.kind block (the prompt cut into blocks)" if family.prompt_blocks else
-                     "; model.kind block")
+                     "; model.kind block, exact key/value cache (the prompt cut into blocks)" if family.prompt_blocks
+                     else "; model.kind block, exact key/value cache")
             if family.default_block_size is not None:
                 text += f", block size {family.default_block_size} unless set"
         if name == "algorithms":  # which policy kinds the preset runs on
