@@ -53,7 +53,8 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--config", help="YAML config file")
         if name != "pretrain":
             _import_argument(sp)
-        sp.add_argument("--output-dir", help="output folder (same as output_dir=...)")
+        sp.add_argument("--output-dir", help="output folder (same as output_dir=...)" if name != "eval" else
+                        "write the printed results there too, as eval.json")
         if name == "train":
             sp.add_argument("--resume", action="store_true", help="continue from the last checkpoint in the output folder")
             sp.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -322,10 +323,11 @@ def best_of_lengths(results: list[dict]) -> dict:
                                 "protocol_hashes": [r["record"]["protocol_hash"] for r in results]}}
 
 
-def _run_eval(cfg: Config, lengths: tuple[int, ...] | None) -> int:
+def _run_eval(cfg: Config, lengths: tuple[int, ...] | None, out_dir: Path | None = None) -> int:
     """``dlmrl eval``: the task's metrics as JSON, each with its ``record`` (protocol, sampling settings, model,
     versions, dtype, device, hashes). Several lengths (``--gen-lengths`` or the ``eval.preset``'s): one JSON line
-    per length, then one ``best_of_lengths`` line."""
+    per length, then one ``best_of_lengths`` line. With ``--output-dir``, the same is also written to
+    ``<output-dir>/eval.json`` (a list of those objects)."""
     from dlmrl.training.run_setup import build_task, evaluate_config, load_configured_policy
 
     try:
@@ -336,18 +338,27 @@ def _run_eval(cfg: Config, lengths: tuple[int, ...] | None) -> int:
     except ConfigError as e:
         print(f"dlmrl eval: {e}", file=sys.stderr)
         return 2
-    results = []
+    results, printed = [], []
     for c in configs:
         task.gen_length = c.sampling.gen_length if lengths else task.gen_length  # (one task, its data loaded once)
         result = evaluate_config(c, policy, task)
         results.append(result)
         if lengths:
             steps = result["record"]["sampling"]["steps"]
-            print(json.dumps({"gen_length": c.sampling.gen_length, "steps": steps, **result}), flush=True)
+            printed.append({"gen_length": c.sampling.gen_length, "steps": steps, **result})
+            print(json.dumps(printed[-1]), flush=True)
         else:
+            printed.append(result)
             print(json.dumps(result, indent=2))
     if lengths and len(results) > 1:
-        print(json.dumps(best_of_lengths(results)), flush=True)
+        printed.append(best_of_lengths(results))
+        print(json.dumps(printed[-1]), flush=True)
+    if out_dir is not None:
+        from dlmrl.training.checkpoint import write_json_atomic
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(out_dir / "eval.json", printed)
+        print(f"wrote {out_dir / 'eval.json'}", file=sys.stderr)
     return 0
 
 
@@ -443,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"eval_after.{metric}  = {after[metric]:.4f}")
         print(f"wrote {Path(cfg.output_dir) / 'summary.json'}")
     elif args.command == "eval":
-        return _run_eval(cfg, args.gen_lengths)
+        return _run_eval(cfg, args.gen_lengths, Path(args.output_dir) if args.output_dir else None)
     else:
         from dlmrl.training.pretrain import pretrain
         from dlmrl.training.pretrain_ar import pretrain_ar

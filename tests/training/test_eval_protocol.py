@@ -141,9 +141,11 @@ def test_dlmrl_eval_prints_the_record_and_the_d1_figures(tmp_path, capsys):
             f"task.test_file={write_gsm8k(tmp_path / 'test.jsonl', 2)}"]
     args = ["eval", "--model", ckpt, "task.name=gsm8k", "sampling.gen_length=32", "sampling.block_length=32",
             "sampling.steps=16", "eval.num_puzzles=0", "eval.batch_size=2", "task.prompt_template=plain",
-            "task.chat_template=off", "eval.preset=d1", *data, "--gen-lengths", "32,64"]
+            "task.chat_template=off", "eval.preset=d1", *data, "--gen-lengths", "32,64",
+            "--output-dir", str(tmp_path / "eval")]
     assert cli.main(args) == 0
     *lines, summary = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert json.loads((tmp_path / "eval" / "eval.json").read_text()) == [*lines, summary]  # (--output-dir)
     assert [(r["gen_length"], r["steps"], r["nfe"]) for r in lines] == [(32, 16, 16), (64, 32, 32)]
     for r in lines:
         assert r["protocol"] == r["record"]["protocol"] == "d1" and r["out_of"] == 2
