@@ -74,24 +74,6 @@ def llada2_mask(total: int, block_size: int, dtype: torch.dtype) -> torch.Tensor
     return sdar_mask(total, block_size).to(dtype).log()
 
 
-def check_forward(path: Path):
-    from sdar_parity import prompt_batch
-
-    policy = load(path, 4)
-    ids, pm = prompt_batch(policy, PROMPT_TEXTS[:2])
-    g = torch.Generator().manual_seed(0)
-    canvas = torch.randint(0, 96, (2, 8), generator=g)
-    canvas[:, 5:] = policy.mask_token_id  # (a partly masked last block)
-    with torch.no_grad():
-        ours = policy.completion_logits(ids, pm, canvas)
-        seq = torch.cat([ids, canvas], 1)
-        t = seq.shape[1]
-        theirs = policy.model(seq, attention_mask=llada2_mask(t, 4, torch.float32).expand(2, 1, t, t),
-                              position_ids=torch.arange(t)[None].expand(2, t)).logits[:, ids.shape[1]:].float()
-    gap = float((ours - theirs).abs().max())
-    return gap <= 1e-4, f"max |logit gap| {gap:.1e} over {tuple(ours.shape)} (float32)"
-
-
 def reference_generate(model, prompt: torch.Tensor, gen_length: int, block_size: int, steps: int) -> torch.Tensor:
     """The code's own ``generate`` on one prompt, greedy with the fixed schedule; its ``bfloat16`` mask cast to the
     model's dtype on the way into ``forward`` (an instance attribute for the call, removed after)."""
@@ -143,6 +125,7 @@ def check_family(report, label: str, source, work: Path, env: dict, skip_train: 
     from remote_code_checkpoints import build_checkpoint
     from sdar_parity import (
         check_cache,
+        check_forward,
         check_full_eval,
         check_likelihood,
         check_train_block,
@@ -154,7 +137,8 @@ def check_family(report, label: str, source, work: Path, env: dict, skip_train: 
     ckpt = build_checkpoint(source, work / f"llada2_{source.clone.name}")
     report.run(label, "load", lambda: check_load(ckpt))
     report.run(label, "refused without trust_remote_code", lambda: check_refused(ckpt, load_block_policy))
-    report.run(label, "forward (block-causal logits)", lambda: check_forward(ckpt))
+    report.run(label, "forward (block-causal logits)",
+               lambda: check_forward(ckpt, 4, lambda t, b: llada2_mask(t, b, torch.float32)))
     for gen, block, steps in GREEDY:
         report.run(label, "greedy vs generate", lambda g=gen, b=block, s=steps: check_greedy(ckpt, g, b, s))
     report.run(label, "greedy vs generate", lambda: check_greedy(ckpt, 16, 4, 4, prompt_len=6))

@@ -92,8 +92,11 @@ def prompt_batch(policy, texts):
     return ids["input_ids"], ids["attention_mask"].bool()
 
 
-def check_forward(path: Path):
-    policy = load(path)
+def check_forward(path: Path, block_size: int | None = None, reference_mask=None):
+    """dlmrl's block-causal logits against one pass of the code under ``reference_mask(total, 4)`` (default SDAR's
+    boolean :func:`sdar_mask`), blocks of 4."""
+    reference_mask = reference_mask or sdar_mask
+    policy = load(path, block_size)
     ids, pm = prompt_batch(policy, PROMPT_TEXTS[:2])
     g = torch.Generator().manual_seed(0)
     canvas = torch.randint(0, 96, (2, 8), generator=g)
@@ -102,7 +105,7 @@ def check_forward(path: Path):
         ours = policy.completion_logits(ids, pm, canvas)
         seq = torch.cat([ids, canvas], 1)
         t = seq.shape[1]
-        theirs = policy.model(seq, attention_mask=sdar_mask(t, 4).expand(2, 1, t, t),
+        theirs = policy.model(seq, attention_mask=reference_mask(t, 4).expand(2, 1, t, t),
                               position_ids=torch.arange(t)[None].expand(2, t)).logits[:, ids.shape[1]:].float()
     gap = float((ours - theirs).abs().max())
     return gap <= 1e-4, f"max |logit gap| {gap:.1e} over {tuple(ours.shape)} (float32)"
