@@ -47,7 +47,6 @@ RESULTS = ROOT / "benchmarks" / "results" / "llada2_parity.json"
 PROMPT_TEXTS = ["12+7=34+", "3*4=9-5=", "8+8=16-2", "5*5=25+1"]  # 8 characters: 2 blocks of 4, 1 of 8
 #: (gen_length, block_size, steps per block) for the greedy comparison
 GREEDY = [(16, 4, 4), (16, 4, 2), (16, 2, 2), (16, 8, 8), (16, 8, 4), (12, 4, 4)]
-MASK_ID, EOS_ID = 156895, 156892
 LORA_TARGETS = "query_key_value,dense"
 
 
@@ -59,7 +58,10 @@ def load(path: Path, block_size: int | None = None):
 
 def check_load(path: Path):
     policy = load(path)
-    ok = (policy.family == "llada2" and policy.mask_token_id == MASK_ID and policy.block_size == 32
+    from dlmrl.models.llada2 import LLADA2_BLOCK_SIZE, LLADA2_MASK_TOKEN_ID
+
+    ok = (policy.family == "llada2" and policy.mask_token_id == LLADA2_MASK_TOKEN_ID
+          and policy.block_size == LLADA2_BLOCK_SIZE
           and policy.prompt_blocks)
     return ok, (f"family {policy.family}, mask id {policy.mask_token_id}, block size {policy.block_size} (the "
                 f"family's; config.json records none), prompt cut into blocks {policy.prompt_blocks}, "
@@ -77,6 +79,8 @@ def llada2_mask(total: int, block_size: int, dtype: torch.dtype) -> torch.Tensor
 def reference_generate(model, prompt: torch.Tensor, gen_length: int, block_size: int, steps: int) -> torch.Tensor:
     """The code's own ``generate`` on one prompt, greedy with the fixed schedule; its ``bfloat16`` mask cast to the
     model's dtype on the way into ``forward`` (an instance attribute for the call, removed after)."""
+    from dlmrl.models.llada2 import LLADA2_EOS_TOKEN_ID, LLADA2_MASK_TOKEN_ID
+
     dtype = next(model.parameters()).dtype
     own = type(model).forward
 
@@ -88,36 +92,20 @@ def reference_generate(model, prompt: torch.Tensor, gen_length: int, block_size:
     model.forward = forward
     try:
         return model.generate(prompt, temperature=0.0, block_length=block_size, steps=steps, gen_length=gen_length,
-                              threshold=1.01, eos_id=EOS_ID, mask_id=MASK_ID)[0]
+                              threshold=1.01, eos_id=LLADA2_EOS_TOKEN_ID, mask_id=LLADA2_MASK_TOKEN_ID)[0]
     finally:
         del model.forward
 
 
 def check_greedy(path: Path, gen_length: int, block_size: int, steps: int, prompt_len: int = 8):
-    from sdar_parity import prompt_batch
+    from sdar_parity import compare_greedy
 
-    policy = load(path, block_size)
-    policy.model.eval()
-    texts = [t[:prompt_len] for t in PROMPT_TEXTS]
-    ids, pm = prompt_batch(policy, texts)
-    blocks = -(-gen_length // block_size)
-    with torch.no_grad():
-        ours = policy.sample_blocks(ids, pm, gen_length=gen_length, steps=steps * blocks, temperature=0.0)
-    same, first_diff = 0, []
-    for row in range(ids.shape[0]):
-        with torch.no_grad():
-            theirs = reference_generate(policy.model, ids[row:row + 1], gen_length, block_size, steps)
-        mine = ours.canvas[row, :len(theirs)]  # (generate stops at its first EOS)
-        if torch.equal(theirs, mine):
-            same += 1
-        else:
-            first_diff.append(int((theirs != mine).nonzero()[0, 0]))
+    def reference(policy, prompt):  # (generate stops at its first EOS: that prefix is compared)
+        return reference_generate(policy.model, prompt, gen_length, block_size, steps)
+
     aligned = prompt_len % block_size == 0 and gen_length % block_size == 0
-    detail = (f"gen {gen_length}, block {block_size}, {steps} steps/block, prompt {prompt_len}: {same}/{ids.shape[0]} "
-              f"rows token-identical" + (f" (first difference at {first_diff})" if first_diff else ""))
-    if not aligned:
-        return None, detail + " (prompt or completion not a multiple of the block size: the layouts differ)"
-    return same == ids.shape[0], detail
+    misaligned = None if aligned else "prompt or completion not a multiple of the block size: the layouts differ"
+    return compare_greedy(path, gen_length, block_size, steps, prompt_len, reference, "low_confidence", misaligned)
 
 
 def check_family(report, label: str, source, work: Path, env: dict, skip_train: bool) -> None:

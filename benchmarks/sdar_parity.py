@@ -111,7 +111,11 @@ def check_forward(path: Path, block_size: int | None = None, reference_mask=None
     return gap <= 1e-4, f"max |logit gap| {gap:.1e} over {tuple(ours.shape)} (float32)"
 
 
-def check_greedy(path: Path, generate_fn, gen_length: int, block_size: int, steps: int, prompt_len: int = 8):
+def compare_greedy(path: Path, gen_length: int, block_size: int, steps: int, prompt_len: int, reference,
+                   remasking: str, misaligned: str | None):
+    """dlmrl's greedy exact-cache rollout of the 4 prompts (cut to ``prompt_len``) against ``reference(policy,
+    prompt (1, P)) -> (n,)`` long, the code's own sampler's completion (its first ``n`` tokens are compared); INFO
+    with ``misaligned`` (the reason) when the layouts are known to differ."""
     policy = load(path, block_size)
     policy.model.eval()
     texts = [t[:prompt_len] for t in PROMPT_TEXTS]
@@ -119,25 +123,33 @@ def check_greedy(path: Path, generate_fn, gen_length: int, block_size: int, step
     blocks = -(-gen_length // block_size)
     with torch.no_grad():
         ours = policy.sample_blocks(ids, pm, gen_length=gen_length, steps=steps * blocks, temperature=0.0,
-                                    remasking="left_to_right")
+                                    remasking=remasking)
     same, first_diff = 0, []
     for row in range(ids.shape[0]):
         with torch.no_grad():
-            ref = generate_fn(ReferenceModel(policy.model).eval(), {"input_ids": ids[row : row + 1]},
-                              policy.mask_token_id, gen_length=gen_length, block_length=block_size,
-                              denoising_steps=steps, temperature=1.0, top_k=1, top_p=1.0,
-                              remasking_strategy="sequential")
-        theirs = ref[0, prompt_len : prompt_len + gen_length]
-        if torch.equal(theirs, ours.canvas[row]):
+            theirs = reference(policy, ids[row : row + 1])
+        mine = ours.canvas[row, : len(theirs)]
+        if torch.equal(theirs, mine):
             same += 1
         else:
-            first_diff.append(int((theirs != ours.canvas[row]).nonzero()[0, 0]))
-    aligned = prompt_len % block_size == 0
+            first_diff.append(int((theirs != mine).nonzero()[0, 0]))
     detail = (f"gen {gen_length}, block {block_size}, {steps} steps/block, prompt {prompt_len}: {same}/{ids.shape[0]} "
               f"rows token-identical" + (f" (first difference at {first_diff})" if first_diff else ""))
-    if not aligned:
-        return None, detail + " (prompt not a multiple of the block size: the layouts differ, see the docstring)"
+    if misaligned is not None:
+        return None, f"{detail} ({misaligned})"
     return same == ids.shape[0], detail
+
+
+def check_greedy(path: Path, generate_fn, gen_length: int, block_size: int, steps: int, prompt_len: int = 8):
+    def reference(policy, prompt):
+        ref = generate_fn(ReferenceModel(policy.model).eval(), {"input_ids": prompt}, policy.mask_token_id,
+                          gen_length=gen_length, block_length=block_size, denoising_steps=steps, temperature=1.0,
+                          top_k=1, top_p=1.0, remasking_strategy="sequential")
+        return ref[0, prompt_len : prompt_len + gen_length]
+
+    misaligned = (None if prompt_len % block_size == 0
+                  else "prompt not a multiple of the block size: the layouts differ, see the docstring")
+    return compare_greedy(path, gen_length, block_size, steps, prompt_len, reference, "left_to_right", misaligned)
 
 
 def reference_trajectory_logprobs(model, ids: torch.Tensor, canvas: torch.Tensor, reveal_step: torch.Tensor,

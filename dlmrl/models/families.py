@@ -33,13 +33,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dlmrl.models.block_attention import BlockForwardFn, hf_block_forward
+from dlmrl.models.block_attention import BlockForwardFn, bool_mask_block_forward, hf_block_forward
 from dlmrl.models.block_cache import CachedLogitsFn, hf_cached_logits
 from dlmrl.models.compat import load_checkpoint_model
 from dlmrl.models.llada2 import (
     LLADA2_BLOCK_SIZE,
     LLADA2_MASK_TOKEN_ID,
-    llada2_block_forward,
     llada2_logits,
     load_llada2,
 )
@@ -364,7 +363,7 @@ FAMILIES.register("sdar")(
 )
 FAMILIES.register("llada2")(
     Family(load=load_llada2, logits=llada2_logits, detect=_is_llada2, default_mask_token_id=LLADA2_MASK_TOKEN_ID,
-           block_forward=llada2_block_forward, prompt_blocks=True, default_block_size=LLADA2_BLOCK_SIZE,
+           block_forward=bool_mask_block_forward, prompt_blocks=True, default_block_size=LLADA2_BLOCK_SIZE,
            no_cache_reason="LLaDA2 checkpoints are block-diffusion models: run them with model.kind block, whose "
                            "key/value cache is exact")
 )

@@ -11,10 +11,11 @@ How dlmrl runs that code (read from ZHZisZZ/dllm@ca17675 ``dllm/pipelines/llada2
 file; the hub repository itself is not reachable from this project's machines, so ``benchmarks/llada2_parity.py``
 takes any local copy, a ``git clone`` of the hub repository included):
 
-- **The forward pass** (:func:`llada2_block_forward`): ``LLaDA2MoeModelLM(input_ids, attention_mask=<(B, 1, T,
-  S + T) bool>, position_ids, past_key_values=<DynamicCache>, use_cache=True)``. The model's own ``generate``
-  passes the same block mask in additive form (``log`` of the 0/1 block mask); the code turns a boolean mask into
-  that form itself, and the parity script checks that both give the same logits.
+- **The forward pass** (:func:`~dlmrl.models.block_attention.bool_mask_block_forward`, the family's block forward):
+  ``LLaDA2MoeModelLM(input_ids, attention_mask=<(B, 1, T, S + T) bool>, position_ids, past_key_values=<DynamicCache>,
+  use_cache=True)``. The model's own ``generate`` passes the same block mask in additive form (``log`` of the 0/1
+  block mask); the code turns a boolean mask into that form itself, and the parity script checks that both give the
+  same logits.
 - **The layout**: blocks of ``block_length`` aligned to position 0 over ``[prompt | completion]``, the prompt's
   whole blocks prefilled block-causally (``generate``'s ``block_diffusion_attention_mask``). dlmrl cuts the prompt
   into blocks counted back from its end (``prompt_blocks``, as for SDAR), which is the same layout when the prompt
@@ -76,26 +77,15 @@ def load_llada2(path: str, trust_remote_code: bool, dtype: torch.dtype) -> nn.Mo
     return model
 
 
-def llada2_block_forward(model, input_ids, mask4d, position_ids, past=None, use_cache=False):
-    """:data:`~dlmrl.models.block_attention.BlockForwardFn` on LLaDA2's code: the boolean ``(B, 1, T, S + T)`` mask,
-    explicit ``position_ids`` and a fresh ``DynamicCache`` (:func:`~dlmrl.models.block_attention.bool_mask_block_forward`).
-
-    Returns:
-        ``(logits (B, T, V) float32, KeyValues of the S + T positions or None)``.
-    """
-    return bool_mask_block_forward(model, input_ids, mask4d, position_ids, past, use_cache)
-
-
 def llada2_logits(model, input_ids, attention_mask, position_ids):
     """Full-diffusion logits (``model.kind: diffusion``): every real token attends every real token; ``(B, T, V)``."""
-    return full_attention_logits(llada2_block_forward, model, input_ids, attention_mask, position_ids)
+    return full_attention_logits(bool_mask_block_forward, model, input_ids, attention_mask, position_ids)
 
 
 __all__ = [
     "LLADA2_BLOCK_SIZE",
     "LLADA2_EOS_TOKEN_ID",
     "LLADA2_MASK_TOKEN_ID",
-    "llada2_block_forward",
     "llada2_logits",
     "load_llada2",
 ]
