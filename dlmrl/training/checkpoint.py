@@ -176,7 +176,7 @@ def resumable_checkpoint(output_dir: str | os.PathLike) -> Path | None:
     instead (the run then redoes the steps after that one; the same seeds give the same steps).
 
     Raises:
-        CheckpointError: every checkpoint is damaged; naming the newest one's damaged file.
+        CheckpointError: every checkpoint is damaged; naming each one's damaged file, one line each.
     Warns:
         UserWarning: for each damaged checkpoint passed over.
     """
@@ -191,8 +191,11 @@ def resumable_checkpoint(output_dir: str | os.PathLike) -> Path | None:
             return path
         damaged.append((path, problem))
     if damaged:
+        # every damaged checkpoint with its own reason, one line each: an older one may be damaged differently
+        # (a different file, or one that is easier to restore)
+        older = "".join(f"\n  {path} ({why})" for path, why in damaged[1:])
         raise CheckpointError(f"--resume: no intact checkpoint under {root}: the newest, {damaged[0][0]}, is damaged "
                               f"({damaged[0][1]})" + (f", and so {'is' if len(damaged) == 2 else 'are'} the "
-                                                      f"{len(damaged) - 1} older" if len(damaged) > 1 else "")
-                              + "; restore the file or start a new run in another --output-dir")
+                                                      f"{len(damaged) - 1} older:{older}\n" if older else "; ")
+                              + "restore the damaged files or start a new run in another --output-dir")
     return None

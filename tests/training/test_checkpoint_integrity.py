@@ -105,3 +105,20 @@ def test_a_file_missing_from_the_newest_checkpoint_is_damage_too(name, base, tmp
                           2, after_crash=lambda: (out / "checkpoints" / "step-2" / name).unlink())
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
+
+
+def test_every_damaged_checkpoint_is_named_with_its_own_reason(tmp_path):
+    """With every checkpoint damaged, each is listed on a line of its own with its damaged file (only the newest
+    was named in full: an older one may be damaged differently, or be the one worth restoring)."""
+    for step, content in (("step-1", b"\x00" * 3), ("step-2", b""), ("step-3", b"")):
+        folder = tmp_path / "checkpoints" / step
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(content)
+    with pytest.raises(CheckpointError) as err:
+        resumable_checkpoint(tmp_path)
+    lines = str(err.value).splitlines()
+    assert re.search(r"the newest, .*step-3, is damaged \(.*step-3.model\.safetensors: truncated safetensors file "
+                     r"\(0 bytes.*and so are the 2 older:$", lines[0]), lines[0]
+    assert re.fullmatch(r"  .*step-2 \(.*step-2.model\.safetensors: truncated safetensors file \(0 bytes.*\)", lines[1])
+    assert re.fullmatch(r"  .*step-1 \(.*step-1.model\.safetensors: truncated safetensors file \(3 bytes.*\)", lines[2])
+    assert lines[3].startswith("restore the damaged files")
