@@ -48,21 +48,23 @@ __all__ = ["DEFAULT_OUTPUT_DIR", "Trainer", "trainer_config"]
 
 #: where a Python API run writes when the config names no ``output_dir``
 DEFAULT_OUTPUT_DIR = "runs/trainer_output"
-#: the shipped models whose name says the policy kind
-_SHIPPED_KIND = {"tiny-sudoku": "diffusion", "tiny-sudoku-ar": "ar", "tiny-multihop-ar": "ar",
-                 "tiny-recommend-ar": "ar"}
 
 
 def _model_kind(model) -> str | None:
-    """The policy kind ``model`` itself tells (a dlmrl policy, a shipped model's name), else ``None``."""
+    """The policy kind ``model`` itself tells (a dlmrl policy; a shipped or saved model's name, whose ``config.json``
+    records it), else ``None``."""
     from dlmrl.models.ar import AutoregressivePolicy
     from dlmrl.models.policy import MaskedDiffusionPolicy
 
     if isinstance(model, AutoregressivePolicy):
         return "ar"
     if isinstance(model, MaskedDiffusionPolicy):
-        return "diffusion"
-    return _SHIPPED_KIND.get(model) if isinstance(model, str) else None
+        return getattr(model, "kind", "diffusion")  # (a BlockDiffusionPolicy says "block")
+    if isinstance(model, str):
+        from dlmrl.models.loading import checkpoint_kind
+
+        return checkpoint_kind(model)  # (the kind a saved or shipped model records; None: not recorded)
+    return None
 
 
 def trainer_config(config: Config | dict | None = None, model: Any = None) -> Config:
@@ -283,15 +285,20 @@ class Trainer:
     def save(self, path: str | Path) -> Path:
         """Write the policy's weights (a LoRA run: its adapter and a note of its base) and tokenizer with
         ``save_pretrained`` (safetensors) into ``path``, written to a temporary folder and renamed; the folder
-        loads back with ``Trainer(str(path), ...)``, ``load_policy`` / ``load_ar_policy`` and ``dlmrl eval --model``.
+        loads back with ``Trainer(str(path), ...)``, ``load_policy`` / ``load_ar_policy`` and ``dlmrl eval --model``,
+        as the policy kind it was trained as (``config.json``'s ``dlmrl_kind``; a block model with its block size),
+        and holds this trainer's config (``dlmrl_config.yaml``, the settings ``dlmrl eval --model`` uses).
         Returns ``path``."""
         from accelerate.utils import extract_model_from_parallel
 
+        from dlmrl.config import save_yaml
         from dlmrl.models.lora import save_final_model
         from dlmrl.training.checkpoint import atomic_dir
+        from dlmrl.training.run_folder import RUN_CONFIG
 
         path = Path(path)
         with atomic_dir(path) as tmp:
             save_final_model(extract_model_from_parallel(self.policy.model), self.policy.tokenizer, tmp,
                              self.config.model)
+            save_yaml(self.config, tmp / RUN_CONFIG)
         return path

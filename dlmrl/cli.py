@@ -190,12 +190,17 @@ def _resume_config(args) -> Path | None:
 
 
 def _eval_run_config(args) -> Path | None:
-    """``dlmrl eval --model RUN/final_model`` without ``--config``: the run's own ``config.yaml`` (its policy
-    kind, task and evaluation settings), when the model folder sits in a run folder."""
+    """``dlmrl eval --model RUN/final_model`` without ``--config``: the run's own config (its policy kind, task and
+    evaluation settings): the copy the model folder holds (``dlmrl_config.yaml``, so a moved folder keeps it), else
+    the ``config.yaml`` of the run folder it sits in."""
+    from dlmrl.training.run_folder import RUN_CONFIG
+
     if args.command != "eval" or args.config or not getattr(args, "model", None):
         return None
-    saved = Path(args.model).parent / "config.yaml"
-    return saved if saved.is_file() else None
+    for saved in (Path(args.model) / RUN_CONFIG, Path(args.model).parent / "config.yaml"):
+        if saved.is_file():
+            return saved
+    return None
 
 
 def _build(args, cls):

@@ -6,6 +6,10 @@ from __future__ import annotations
 #: (``diffusion``) and block-causal (``block``); ``ar`` is the causal LM
 DIFFUSION_KINDS = ("diffusion", "block")
 POLICY_KINDS = (*DIFFUSION_KINDS, "ar")
+#: the ``config.json`` key in which dlmrl records the policy kind a checkpoint was trained as: every saved
+#: ``final_model/``, ``Trainer.save`` folder and pretrained model carries it, so a folder moved out of its run still
+#: loads as the kind it was trained as (:func:`dlmrl.models.loading.checkpoint_kind`)
+KIND_KEY = "dlmrl_kind"
 
 
 def base_kind(kind: str) -> str:

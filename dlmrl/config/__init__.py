@@ -25,6 +25,7 @@ from dlmrl.config.overrides import (
 )
 from dlmrl.config.resolve import (
     RunSpec,
+    adopt_checkpoint_kind,
     build_estimator,
     build_preset,
     estimator_name,
@@ -62,8 +63,9 @@ from dlmrl.errors import ConfigError
 
 __all__ = [
     "DEFAULT_TRAIN_CONFIG", "SCHEDULERS", "TRACKERS", "Config", "ConfigError", "EstimatorConfig", "EvalConfig",
-    "ModelConfig", "PretrainConfig", "RunSpec", "SamplingConfig", "TaskConfig", "TrainConfig", "apply_mapping",
-    "apply_overrides", "build_estimator", "build_preset", "build_task", "check_cache_family", "check_task_keys",
+    "ModelConfig", "PretrainConfig", "RunSpec", "SamplingConfig", "TaskConfig", "TrainConfig",
+    "adopt_checkpoint_kind", "apply_mapping", "apply_overrides", "build_estimator", "build_preset", "build_task",
+    "check_cache_family", "check_task_keys",
     "default_config_path", "default_job_config", "doc", "estimator_name", "estimator_settings", "flatten",
     "help_text", "iter_fields", "load_yaml", "locate_error", "mapping_keys", "preset_overrides", "resolve_run",
     "save_yaml", "task_options", "to_dict", "tracker_available", "use_the_algorithms_estimator", "validate",

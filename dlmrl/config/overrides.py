@@ -102,6 +102,25 @@ def _coerce(key: str, ftype: Any, value: Any, where: str = "") -> Any:
     return float(value) if ftype is float else value
 
 
+#: attribute of a config object holding the dotted keys a YAML file or an override set (:func:`keys_set`)
+_KEYS_SET = "_dlmrl_keys_set"
+
+
+def keys_set(cfg: Any) -> frozenset[str] | None:
+    """The dotted keys that :func:`load_yaml`, :func:`apply_mapping` and :func:`apply_overrides` set on ``cfg``
+    (whatever value they gave), or ``None`` for a config built in Python, whose keys were never applied: then
+    only a value differing from its default tells that it was chosen."""
+    keys = getattr(cfg, _KEYS_SET, None)
+    return frozenset(keys) if keys is not None else None
+
+
+def _note_set(cfg: Any, key: str) -> None:
+    keys = cfg.__dict__.get(_KEYS_SET)
+    if keys is None:
+        keys = cfg.__dict__[_KEYS_SET] = set()
+    keys.add(key)
+
+
 def _set(obj: Any, dotted: str, value: Any) -> None:
     *path, leaf = dotted.split(".")
     for p in path:
@@ -134,6 +153,7 @@ def apply_mapping(cfg: Any, mapping: dict, where: str = "", prefix: str = "") ->
         if key in _options_fields(type(cfg)):  # (a YAML mapping adds to the options set before it)
             value = {**_get(cfg, key), **value}
         _set(cfg, key, value)
+        _note_set(cfg, key)
 
 
 def _get(obj: Any, dotted: str) -> Any:
@@ -269,6 +289,7 @@ def apply_overrides(cfg: Any, overrides: list[str]) -> None:
         if ftype is str or (optional and str in typing.get_args(ftype)):
             value = raw if value is not None and not isinstance(value, str) else value
         _set(cfg, key, _coerce(key, ftype, value))
+        _note_set(cfg, key)
 
 
 def part_options(cls: type, options: dict, key: str, exclude: tuple[str, ...] = ()) -> dict:

@@ -11,7 +11,7 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dlmrl.config.overrides import _resolve_key, load_yaml
+from dlmrl.config.overrides import _resolve_key, keys_set, load_yaml
 from dlmrl.config.schema import Config, EstimatorConfig, SamplingConfig, TrainConfig, default_config_path
 from dlmrl.errors import ConfigError, OptionError
 
@@ -111,6 +111,34 @@ def build_estimator(e: EstimatorConfig, name: str | None = None, sampling: Sampl
         raise ConfigError(f"config key 'estimator.name': {err.args[0]}") from None
     own = part_options(cls, e.options, "estimator.options")
     return cls.from_config(flat_settings(e), sampling or SamplingConfig(), own)
+
+
+def adopt_checkpoint_kind(cfg: Config) -> None:
+    """Give ``cfg`` the policy kind its checkpoint was saved as (``config.json``'s ``dlmrl_kind``, a LoRA folder's
+    note: :func:`dlmrl.models.loading.checkpoint_kind`) when the config did not choose ``model.kind``: a YAML file
+    or an override that sets it chooses it, and so does a config built in Python whose kind is not the default.
+    So ``dlmrl eval --model moved/final_model`` and ``Trainer("moved/final_model")`` run a block or causal model
+    as one, not as full diffusion. Idempotent; nothing is fetched for a hub id (it records nothing here).
+
+    Raises:
+        ConfigError: a chosen ``model.kind`` that contradicts the recorded one (naming the key), or a recorded
+            value that is not a kind.
+    """
+    from dlmrl.kinds import KIND_KEY
+    from dlmrl.models.loading import checkpoint_kind, is_shipped
+
+    m = cfg.model
+    recorded = checkpoint_kind(m.name_or_path)
+    if recorded is None or recorded == m.kind:
+        return
+    keys = keys_set(cfg)
+    chosen = "model.kind" in keys if keys is not None else m.kind != type(m)().kind
+    if chosen:
+        how = "shipped" if is_shipped(m.name_or_path) else "saved"
+        raise ConfigError(f"config key 'model.kind': model.name_or_path {m.name_or_path!r} is a {how} {recorded} "
+                          f"model (its config.json records {KIND_KEY}: {recorded}) but model.kind is {m.kind!r}; "
+                          f"set model.kind {recorded} or leave it out")
+    m.kind = recorded
 
 
 def estimator_sampling(cfg: Config) -> SamplingConfig:

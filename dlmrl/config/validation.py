@@ -10,6 +10,7 @@ from dlmrl.config.overrides import apply_overrides, load_yaml, part_options
 from dlmrl.config.resolve import (
     RunSpec,
     _default_recipe,
+    adopt_checkpoint_kind,
     build_estimator,
     build_preset,
     estimator_choice,
@@ -89,6 +90,9 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
         data: also check the task's data (local files loaded, held-out size) and resolve ``train.reward_funcs``
             (importing the modules their import strings name); ``False`` when the caller built the task itself
             (the Python API, :class:`dlmrl.api.Trainer`, which checks its datasets and reward functions).
+    A config that does not choose ``model.kind`` takes the kind its checkpoint was saved as
+    (:func:`~dlmrl.config.resolve.adopt_checkpoint_kind`; ``cfg.model.kind`` is set).
+
     Returns:
         The :class:`~dlmrl.config.resolve.RunSpec` that ``--dry-run`` prints and the trainer runs.
     Raises:
@@ -99,6 +103,7 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
 
     m, t, s, tr, ev = cfg.model, cfg.task, cfg.sampling, cfg.train, cfg.eval
     _check(m.kind in POLICY_KINDS, "model.kind", f"unknown policy kind {m.kind!r}; use {', '.join(POLICY_KINDS)}")
+    adopt_checkpoint_kind(cfg)  # (a saved model's recorded kind, unless the config chose one: then they must agree)
     # (first: a preset on the wrong policy kind is the likeliest mistake to report)
     preset = _check_algorithm(cfg) if for_training else preset_or_none(cfg)
     from dlmrl.models.families import FAMILIES
@@ -107,13 +112,6 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
            f"unknown family {m.family!r}; known: auto, {', '.join(FAMILIES.names())}")
     if m.kind != "ar" and m.family != "auto":
         _check_family_matches(m.name_or_path, m.family)
-    from dlmrl.models.ar import SHIPPED_AR
-
-    shipped = {"diffusion": ("tiny-sudoku",), "block": ("tiny-sudoku-block",), "ar": tuple(SHIPPED_AR)}
-    other = next((k for k, names in shipped.items() if k != m.kind and m.name_or_path in names), None)
-    _check(other is None, "model.name_or_path",
-           f"{m.name_or_path!r} is a shipped {other} model; model.kind is {m.kind!r} (use "
-           f"{' or '.join(map(repr, shipped[m.kind]))} or set model.kind {other})")
     _check_block_size(cfg)
     sudoku_grid = t.name == "sudoku" and t.answer_mode != "text"  # (the tiny model's 16-cell canvas)
     _check(m.kind != "ar" or not sudoku_grid or t.answer_mode == "full", "task.answer_mode",

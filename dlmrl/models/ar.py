@@ -35,7 +35,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from dlmrl.models.loading import DTYPES, looks_local
+from dlmrl.models.loading import DTYPES, SHIPPED_AR, looks_local
 from dlmrl.models.lora import attach_adapter, check_adapter_kind, find_adapter
 from dlmrl.models.policy import position_ids_from_mask
 from dlmrl.objectives.entropy import HapoEntropyStats, hapo_temperature
@@ -47,10 +47,6 @@ TINY_AR_DEFAULT = "tiny-sudoku-ar"
 TemperatureFn = Callable[[torch.Tensor, torch.Tensor], "torch.Tensor | float"]
 
 
-#: shipped AR checkpoints by name: the Sudoku default, the multi-hop tool-use base (SFT on scripted traces) and the
-#: recommender (SFT on the recommend task's users)
-SHIPPED_AR = {TINY_AR_DEFAULT: "tiny_sudoku_ar", "tiny-multihop-ar": "tiny_multihop_ar",
-              "tiny-recommend-ar": "tiny_recommend_ar"}
 
 
 def resolve_ar_model_path(name_or_path: str) -> str:

@@ -22,6 +22,10 @@ TINY_DEFAULT = "tiny-sudoku"
 #: Name of the shipped tiny block-diffusion Sudoku model (``model.kind: block``; trained on block sizes 1-16).
 TINY_BLOCK_DEFAULT = "tiny-sudoku-block"
 _SHIPPED = {TINY_DEFAULT: "tiny_sudoku", TINY_BLOCK_DEFAULT: "tiny_sudoku_block"}
+#: shipped causal (``model.kind: ar``) checkpoints by name: the Sudoku default, the multi-hop tool-use base (SFT on
+#: scripted traces) and the recommender (SFT on the recommend task's users); ``dlmrl.models.ar`` loads them
+SHIPPED_AR = {"tiny-sudoku-ar": "tiny_sudoku_ar", "tiny-multihop-ar": "tiny_multihop_ar",
+              "tiny-recommend-ar": "tiny_recommend_ar"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
@@ -30,6 +34,43 @@ def resolve_model_path(name_or_path: str) -> str:
     if name_or_path in _SHIPPED:
         return str(resources.files("dlmrl") / "assets" / _SHIPPED[name_or_path])
     return name_or_path
+
+
+def is_shipped(name: str) -> bool:
+    """Whether ``name`` names a checkpoint shipped in ``dlmrl/assets`` (``tiny-sudoku``, ``tiny-sudoku-ar``, ...)."""
+    return name in _SHIPPED or name in SHIPPED_AR
+
+
+def checkpoint_kind(name_or_path: str) -> str | None:
+    """The policy kind a local (or shipped) checkpoint records: a LoRA adapter folder's note
+    (``dlmrl_base_model.json`` ``kind``, else its base model's), else ``config.json``'s ``dlmrl_kind`` (:data:`dlmrl.kinds.KIND_KEY`);
+    ``None`` when it records none (a checkpoint dlmrl did not write, a hub id: nothing is fetched here).
+
+    Raises:
+        ConfigError: a recorded value that is not a policy kind (naming the file).
+    """
+    import json
+
+    from dlmrl.errors import ConfigError
+    from dlmrl.kinds import KIND_KEY, POLICY_KINDS
+    from dlmrl.models.lora import read_adapter
+
+    try:
+        adapter = read_adapter(name_or_path)
+    except (ValueError, OSError):  # (an unreadable adapter: the loader reports it)
+        adapter = None
+    if adapter is not None:
+        return adapter.kind if adapter.kind is not None else checkpoint_kind(adapter.base_model_name_or_path)
+    path = _SHIPPED.get(name_or_path) or SHIPPED_AR.get(name_or_path)
+    folder = Path(resources.files("dlmrl") / "assets" / path) if path else Path(name_or_path)
+    file = folder / "config.json"
+    try:
+        value = json.loads(file.read_text()).get(KIND_KEY) if file.is_file() else None
+    except (OSError, ValueError, AttributeError):  # (an unreadable config.json: the loader reports it)
+        return None
+    if value is not None and value not in POLICY_KINDS:
+        raise ConfigError(f"{file}: {KIND_KEY} {value!r} is not a policy kind (one of {', '.join(POLICY_KINDS)})")
+    return value
 
 
 def checkpoint_block_size(name_or_path: str, family: str = "auto") -> int | None:

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from dlmrl.errors import ConfigError
+from dlmrl.kinds import KIND_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -384,7 +385,8 @@ def save_final_model(model: nn.Module, tokenizer, path: str | Path, model_cfg=No
     A LoRA model writes its adapter only (``adapter_config.json``, ``adapter_model.safetensors``) plus
     :data:`BASE_NOTE` (``base_model_name_or_path`` and, from ``model_cfg``, ``kind``, ``family``, ``dtype``,
     ``trust_remote_code``), so ``load_policy(path)`` / ``load_ar_policy(path)`` and ``dlmrl eval --model path``
-    rebuild the adapted policy on its base; any other model writes its full weights.
+    rebuild the adapted policy on its base; any other model writes its full weights, its ``config.json``
+    recording the policy kind (``dlmrl_kind``) and a block run's ``block_size``.
     """
     path = Path(path)
     peft_model = peft_model_of(model)
@@ -392,6 +394,8 @@ def save_final_model(model: nn.Module, tokenizer, path: str | Path, model_cfg=No
     if peft_model is None:
         if block_size is not None:  # (a block-diffusion run: its block size travels with the weights' config.json)
             model.config.block_size = block_size
+        if model_cfg is not None:  # (the kind it was trained as: a moved folder loads as that kind)
+            setattr(model.config, KIND_KEY, model_cfg.kind)
         model.save_pretrained(path, safe_serialization=True)
         from dlmrl.models.compat import keep_generation_config
 

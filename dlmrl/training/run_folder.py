@@ -30,6 +30,10 @@ from dlmrl.training.checkpoint import (
 )
 from dlmrl.training.logging import plot_curves, read_metrics
 
+#: the training run's config saved inside a final model (``final_model/``, ``Trainer.save``): ``dlmrl eval --model``
+#: reads it as it reads a run folder's ``config.yaml``, so a moved folder is evaluated with its run's settings
+RUN_CONFIG = "dlmrl_config.yaml"
+
 
 @dataclass
 class RunState:
@@ -130,7 +134,8 @@ def save_checkpoint(accelerator: Accelerator, out: Path, step: int) -> None:
 def write_final_files(accelerator: Accelerator, out: Path, summary: dict, model, tokenizer, model_cfg) -> None:
     """The main process's last files: ``summary.json`` (with the last logged line as ``final_metrics``), the
     reward curve ``reward_curve.png`` and ``final_model/`` (LoRA: the adapter, the tokenizer and a note of the base
-    model), each written atomically."""
+    model), each written atomically. ``final_model/`` also holds the run's ``config.yaml`` as :data:`RUN_CONFIG`,
+    so ``dlmrl eval --model`` evaluates a moved copy as it evaluates the one in the run folder."""
     if accelerator.is_main_process:
         logged = read_metrics(out / "metrics.jsonl")
         if logged:
@@ -139,4 +144,6 @@ def write_final_files(accelerator: Accelerator, out: Path, summary: dict, model,
         plot_curves(out / "metrics.jsonl", out / "reward_curve.png", summary)
         with atomic_dir(out / "final_model") as tmp:
             save_final_model(model, tokenizer, tmp, model_cfg)
+            if (out / "config.yaml").is_file():
+                shutil.copyfile(out / "config.yaml", tmp / RUN_CONFIG)
     accelerator.wait_for_everyone()

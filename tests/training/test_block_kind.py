@@ -53,15 +53,22 @@ def test_a_checkpoint_recording_no_block_size_needs_one(tmp_path):
     validate(config(f"model.name_or_path={path}", "model.block_size=8"))
 
 
-def test_other_kinds_refuse_a_block_size_and_the_block_model_needs_its_kind():
+def test_other_kinds_refuse_a_block_size_and_the_block_model_brings_its_kind():
     cfg = Config()
     apply_overrides(cfg, ["model.block_size=4"])
     with pytest.raises(ConfigError, match="model.block_size"):
         validate(cfg)
+    # (the shipped block model records its kind in config.json: a config that chooses none runs it as a block
+    # model, as the shipped AR models run as AR; one that chooses another kind is refused)
     cfg = Config()
-    apply_overrides(cfg, ["model.name_or_path=tiny-sudoku-block"])
-    with pytest.raises(ConfigError, match="shipped block model"):
+    apply_overrides(cfg, ["model.name_or_path=tiny-sudoku-block", "task.answer_mode=full", "sampling.steps=16"])
+    validate(cfg)
+    assert (cfg.model.kind, cfg.model.block_size) == ("block", 4)
+    cfg = Config()
+    apply_overrides(cfg, ["model.name_or_path=tiny-sudoku-block", "model.kind=diffusion"])
+    with pytest.raises(ConfigError, match="shipped block model") as err:
         validate(cfg)
+    assert "config key 'model.kind'" in str(err.value)
 
 
 def test_the_trajectory_estimator_counts_the_steps_of_one_block():
