@@ -219,6 +219,9 @@ class Trainer:
         train_examples = DatasetTask.examples_of(train_dataset, "train", "train_dataset", column)
         test_examples = (DatasetTask.examples_of(eval_dataset, "test", "eval_dataset", column)
                          if eval_dataset is not None else [])
+        for examples, what in ((train_examples, "train_dataset"), (test_examples, "eval_dataset")):
+            if examples:  # (a column a reward function needs, missing: refused now, not at the first scoring)
+                self.reward_functions.check_signatures(list(DatasetTask.columns_of(examples)), what)
         if eval_dataset is not None and cfg.eval.num_puzzles > len(test_examples):
             raise ConfigError(f"config key 'eval.num_puzzles': {cfg.eval.num_puzzles} examples asked, eval_dataset has "
                               f"{len(test_examples)} (0 = all of it)")

@@ -574,10 +574,14 @@ def _check_data_files(t: TaskConfig, reward_functions=None) -> int | float:
     for key in ("dataset", "subset", "split", "test_dataset", "test_split", "prompt_template"):
         value = getattr(t, key)
         _check(value is None or value.strip() != "", f"task.{key}", "must not be empty (use null for the default)")
+    from dlmrl.rewards.functions import RewardFunctionError
+
     try:
         size = check_task(t, reward_functions)
     except ConfigError:
         raise
+    except RewardFunctionError as e:  # (a function whose signature does not fit the data's columns)
+        raise ConfigError(f"config key 'train.reward_funcs': {e}") from None
     except OptionError as e:  # (the task's check names the setting it refuses)
         raise ConfigError(f"config key {task_key(t, e.field)!r}: {e}") from None
     except (ValueError, TypeError) as e:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -132,6 +133,11 @@ def dataset_examples(records: Records, prompt_column: str = "prompt", split: str
     return out
 
 
+def _source_of(where: str) -> str:
+    """The data an example's ``where`` names, without its row (``"a.jsonl line 3"`` -> ``"a.jsonl"``)."""
+    return re.sub(r" (line|row) \d+$", "", where)
+
+
 @TASKS.register("dataset")
 class DatasetTask(TextTask):
     """Your own prompts from a dataset (its prompt column), rewarded by the weighted sum of train.reward_funcs.
@@ -231,8 +237,23 @@ class DatasetTask(TextTask):
         score reported (:meth:`~dlmrl.rewards.functions.RewardFunctions.check_rows`: a warning naming them)."""
         self.check_prompts(examples)
         if examples and getattr(self, "reward_functions", None) is not None:
-            self.reward_functions.check_rows(self.columns_of(examples), [e.where for e in examples])
+            self.check_reward_inputs(self.reward_functions, examples, _source_of(examples[0].where))
         return examples
+
+    @classmethod
+    def check_reward_inputs(cls, reward_functions: RewardFunctions, examples: Sequence[DatasetExample],
+                            source: str) -> None:
+        """The reward functions against loaded ``examples``: their signatures against the columns (a required
+        column missing is refused here, not at the first scoring:
+        :meth:`~dlmrl.rewards.functions.RewardFunctions.check_signatures`), then the rows they cannot score reported
+        (:meth:`~dlmrl.rewards.functions.RewardFunctions.check_rows`).
+
+        Raises:
+            dlmrl.rewards.functions.RewardFunctionError: naming the function, the column and ``source``.
+        """
+        columns = cls.columns_of(examples)
+        reward_functions.check_signatures(list(columns), source)
+        reward_functions.check_rows(columns, [e.where for e in examples])
 
     # -- encoding ---------------------------------------------------------------------------------------
     def prompt_text(self, example: DatasetExample) -> str:
@@ -358,7 +379,7 @@ class DatasetTask(TextTask):
             if is_local_file(source):
                 examples = cls.load_split(options, which)
                 if reward_functions is not None:
-                    reward_functions.check_rows(cls.columns_of(examples), [e.where for e in examples])
+                    cls.check_reward_inputs(reward_functions, examples, source)
                 if which == "test":
                     return len(examples)
         return None if "test" in sources else 0

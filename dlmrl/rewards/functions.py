@@ -19,6 +19,7 @@ corrected; ``reward_func.__name__`` as the name).
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 import warnings
@@ -126,6 +127,27 @@ class RewardFunctions:
 
     def __len__(self) -> int:
         return len(self.funcs)
+
+    def check_signatures(self, columns: Sequence[str], source: str) -> None:
+        """Refuse, when the data loads, a function whose signature cannot take the data's columns: a parameter
+        without a default that no column fills (it would raise a bare ``TypeError`` at the first scoring, after the
+        "before" evaluation), a column it has no parameter for and no ``**kwargs`` to take it, or fewer than two
+        positional parameters (``prompts`` and ``completions``). A function whose signature cannot be read is
+        left to its call.
+
+        Args:
+            columns: the names of the columns the functions receive (every column but the prompt's).
+            source: how errors name the data (a file, ``"train_dataset"``).
+        Raises:
+            RewardFunctionError: naming the function, the parameter or column, and the columns the data has.
+        """
+        has = ", ".join(repr(c) for c in columns) or "none besides the prompt"
+        for name, fn in zip(self.names, self.funcs):
+            problem = _signature_problem(fn, set(columns))
+            if problem:
+                raise RewardFunctionError(f"reward function {name!r} {problem} ({source} has the columns {has}); "
+                                          "a reward function is f(prompts, completions, **columns) with one keyword "
+                                          "argument per column other than the prompt")
 
     def check_rows(self, columns: dict[str, Sequence], locations: Sequence[str]) -> None:
         """Report, when the data loads, the rows a function says it cannot score: a function may carry
@@ -240,6 +262,32 @@ class RewardFunctions:
             out[f"rewards/{name}/mean"] = float(col.mean()) if len(col) else None
             out[f"rewards/{name}/std"] = float(col.std()) if len(col) > 1 else None
         return out
+
+
+def _signature_problem(fn: Callable, columns: set[str]) -> str | None:
+    """Why ``fn(prompts, completions, **{c: ... for c in columns})`` would fail to bind, or ``None`` (also when
+    ``fn``'s signature cannot be read: a builtin)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    params = list(sig.parameters.values())
+    P = inspect.Parameter
+    positional = [p for p in params if p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD)]
+    if len(positional) < 2 and not any(p.kind == P.VAR_POSITIONAL for p in params):
+        return (f"takes {len(positional)} positional parameter{'s' if len(positional) != 1 else ''}, not the two "
+                "(prompts, completions) it is called with")
+    rest = positional[2:] + [p for p in params if p.kind == P.KEYWORD_ONLY]
+    for p in rest:
+        if p.default is P.empty and (p.kind == P.POSITIONAL_ONLY or p.name not in columns):
+            return f"needs a column {p.name!r} (its parameter {p.name} has no default), which the data does not have"
+    if not any(p.kind == P.VAR_KEYWORD for p in params):
+        takes = {p.name for p in rest if p.kind != P.POSITIONAL_ONLY}
+        extra = sorted(c for c in columns if c not in takes)
+        if extra:
+            return (f"has no parameter for the column{'s' if len(extra) > 1 else ''} "
+                    f"{', '.join(map(repr, extra))} and no **kwargs to take {'them' if len(extra) > 1 else 'it'}")
+    return None
 
 
 def gold_column_problems(columns: dict[str, Sequence], parse: Callable[[str], Any], reward: str,

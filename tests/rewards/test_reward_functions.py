@@ -151,3 +151,37 @@ def test_math_and_gsm8k_rewards_give_none_for_an_unusable_gold_and_report_it_whe
     assert any("'math' cannot score 2 of 3 rows" in t and "f line 2: field 'answer': empty gold answer" in t
                and "f line 3: field 'answer': missing or null" in t for t in text), text
     assert any("'gsm8k' cannot score 2 of 3 rows" in t for t in text), text
+
+
+def _needs_solution(prompts, completions, solution, **columns):
+    return [1.0] * len(completions)
+
+
+def _no_kwargs(prompts, completions, solution):
+    return [1.0] * len(completions)
+
+
+def _one_positional(completions, **columns):
+    return [1.0] * len(completions)
+
+
+def _optional(prompts, completions, solution=None, *, hint="", **columns):
+    return [1.0] * len(completions)
+
+
+@pytest.mark.parametrize("fn, columns, match", [
+    (_needs_solution, ["answer"], r"'_needs_solution' needs a column 'solution' \(its parameter solution has no "
+                                  r"default\), which the data does not have \(data.jsonl has the columns 'answer'\)"),
+    (_needs_solution, [], r"\(data.jsonl has the columns none besides the prompt\)"),
+    (_no_kwargs, ["solution", "id"], r"'_no_kwargs' has no parameter for the column 'id' and no \*\*kwargs"),
+    (_one_positional, [], r"'_one_positional' takes 1 positional parameter, not the two \(prompts, completions\)"),
+])
+def test_a_signature_that_cannot_take_the_columns_is_refused_naming_the_function_and_column(fn, columns, match):
+    """Checked when the data loads (it was a bare TypeError at the first scoring, after the "before" evaluation)."""
+    with pytest.raises(RewardFunctionError, match=match):
+        RewardFunctions([fn]).check_signatures(columns, "data.jsonl")
+
+
+def test_signatures_that_fit_the_columns_pass():
+    RewardFunctions([_needs_solution, _optional, _no_kwargs]).check_signatures(["solution"], "d")
+    RewardFunctions([_optional, functools.partial(_needs_solution, solution=[1])]).check_signatures([], "d")

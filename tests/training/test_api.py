@@ -165,6 +165,15 @@ def test_other_mistakes_stop_before_any_model_loads(no_model_load, kwargs, error
         Trainer("tiny-sudoku", reward_funcs=[cells_right], train_dataset=sudoku_dataset(0, 2), **kwargs)
 
 
+def test_a_column_a_reward_needs_missing_from_a_dataset_stops_before_any_model_loads(no_model_load):
+    """cells_right reads the solution column: an eval dataset without it is refused now, not at the first scoring
+    (a bare TypeError after the whole "before" evaluation)."""
+    with pytest.raises(RewardFunctionError, match=r"reward function 'cells_right' needs a column 'solution' .*"
+                                                  r"\(eval_dataset has the columns none besides the prompt\)"):
+        Trainer("tiny-sudoku", reward_funcs=[cells_right], train_dataset=sudoku_dataset(0, 2),
+                eval_dataset=Dataset.from_dict({"prompt": ["1234="]}))
+
+
 def test_a_reward_of_the_wrong_length_names_itself_after_the_first_sampling(tmp_path):
     def short(prompts, completions, **columns):
         return [0.0] * (len(completions) - 1)

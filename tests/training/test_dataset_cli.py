@@ -141,6 +141,19 @@ def test_a_dataset_without_the_prompt_column_names_it_before_any_model_loads(use
                                                       "its columns are 'question', 'solution'" in err, err
 
 
+def test_a_column_a_reward_needs_missing_from_the_data_is_refused_by_dry_run(user_code, no_model_load, capsys):
+    """cells_right(prompts, completions, solution, ...) on data without a solution column: refused up front (it
+    passed --dry-run and raised a bare TypeError after the whole "before" evaluation)."""
+    tmp, mod = user_code
+    (tmp / "test.jsonl").write_text(json.dumps({"prompt": "1=", "answer": "1"}) + "\n")
+    config = write_config(tmp, "diffusion", f"[{mod}:cells_right]")
+    assert cli.main(["train", "--config", config, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "config key 'train.reward_funcs': reward function 'cells_right' needs a column 'solution' (its parameter " \
+           f"solution has no default), which the data does not have ({tmp / 'test.jsonl'} has the columns " \
+           "'answer')" in err, err
+
+
 def test_a_reward_of_the_wrong_length_stops_the_run_naming_it(user_code, capsys):
     tmp, mod = user_code
     config = write_config(tmp, "diffusion", f"[{mod}:short]")
