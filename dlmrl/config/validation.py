@@ -237,14 +237,22 @@ def _check_block_size(cfg: Config) -> None:
     if m.block_size is None:
         from dlmrl.models.loading import checkpoint_block_size
 
-        m.block_size = checkpoint_block_size(m.name_or_path, m.family)
+        try:
+            m.block_size = checkpoint_block_size(m.name_or_path, m.family)
+        except ValueError as e:  # (config.json records a bad block_size: named with its value)
+            raise ConfigError(f"config key 'model.block_size': model.kind block needs a block size, and {e}") from None
         _check(m.block_size is not None, "model.block_size",
                f"model.kind block needs a block size, and the config.json of {m.name_or_path!r} (and its family) "
                "records none or "
                "could not be read (a hub checkpoint's needs the hub); set model.block_size")
+        chosen = False
+    else:
+        chosen = True
     b = m.block_size
     _check(isinstance(b, int) and not isinstance(b, bool) and b >= 1, "model.block_size",
            f"must be an integer >= 1, got {b!r}")
+    if chosen:
+        _warn_untrained_block_size(m)
     _check(b <= s.gen_length, "model.block_size",
            f"{b} is longer than the completion (sampling.gen_length {s.gen_length}); one block is "
            f"model.block_size {s.gen_length}")
@@ -254,6 +262,36 @@ def _check_block_size(cfg: Config) -> None:
            f"it (got {s.block_length})")
     _check(s.cfg_scale == 0, "sampling.cfg_scale", "classifier-free guidance is not implemented for model.kind block "
                                                    "(set it 0)")
+
+
+def _warn_untrained_block_size(m: ModelConfig) -> None:
+    """Warn when ``model.block_size`` is not a size the local checkpoint was trained with, as its ``config.json``
+    records them (``block_sizes``, the sizes of dlmrl's block pretraining; else ``block_size``, SDAR's): the model
+    then decodes blocks it never saw. Hub ids are not fetched here; an unreadable config is left to the load."""
+    import warnings
+
+    from dlmrl.models.loading import read_checkpoint_config, resolve_model_path
+
+    path = Path(resolve_model_path(m.name_or_path))
+    if not (path / "config.json").is_file():
+        return
+    try:
+        config = read_checkpoint_config(str(path))
+    except (OSError, ValueError):
+        return
+    is_size = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1  # noqa: E731
+    sizes, recorded = config.get("block_sizes"), config.get("block_size")
+    if isinstance(sizes, list) and sizes and all(map(is_size, sizes)):
+        trained, what = sizes, f"block_sizes {sizes}"
+    elif is_size(recorded):
+        trained, what = [recorded], f"block_size {recorded}"
+    else:
+        return
+    if m.block_size not in trained:
+        warnings.warn(f"config key 'model.block_size': {m.block_size} is not a block size {m.name_or_path!r} was "
+                      f"trained with (its config.json records {what}); it will decode blocks of a size it never saw "
+                      f"(remove model.block_size to use {recorded if is_size(recorded) else trained[0]})",
+                      UserWarning, stacklevel=4)
 
 
 #: Families whose checkpoints always ship their own model code (``auto_map``): loading runs it.

@@ -77,7 +77,12 @@ def checkpoint_block_size(name_or_path: str, family: str = "auto") -> int | None
     """The block size a block-diffusion checkpoint records: its ``config.json`` ``block_size`` (SDAR's configs and
     dlmrl's tiny block model carry one), else its family's default (``llada2``: 32; ``family`` ``auto`` = detected
     from the config), following a LoRA adapter folder to its base model; ``None`` when there is none or the config
-    cannot be read (a hub id is looked up like any config)."""
+    cannot be read (a hub id is looked up like any config).
+
+    Raises:
+        ValueError: ``config.json`` records a ``block_size`` that is not an integer >= 1 (``0``, ``16.0``,
+            ``"16"``): naming the file and the value (a recorded size is never replaced by the family's default).
+    """
     import json
 
     from dlmrl.models.lora import BASE_NOTE
@@ -97,6 +102,10 @@ def checkpoint_block_size(name_or_path: str, family: str = "auto") -> int | None
     value = config.get("block_size")
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return value
+    if value is not None:  # (a bad recorded size is the checkpoint's mistake: refused, not silently replaced)
+        where = Path(path) / "config.json" if Path(path).is_dir() else f"the config.json of {path}"
+        raise ValueError(f"{where} records block_size {value!r}, which is not a block size (an integer >= 1); fix "
+                         "config.json's block_size, or set model.block_size")
     try:
         name = detect_family(config) if family == "auto" else family
     except ValueError:

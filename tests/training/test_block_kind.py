@@ -53,6 +53,38 @@ def test_a_checkpoint_recording_no_block_size_needs_one(tmp_path):
     validate(config(f"model.name_or_path={path}", "model.block_size=8"))
 
 
+@pytest.mark.parametrize("family", ["llada2_moe", "sdar"])
+@pytest.mark.parametrize("value", [0, -4, 16.0, "16"])
+def test_a_bad_recorded_block_size_is_refused_naming_config_json_and_its_value(family, value, tmp_path):
+    """LLaDA2's family default (32) used to replace it silently, and SDAR's refusal said the config "records none"."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": family, "block_size": value}))
+    with pytest.raises(ConfigError) as err:
+        validate(config(f"model.name_or_path={tmp_path}", "model.trust_remote_code=true"))
+    assert f"config key 'model.block_size': model.kind block needs a block size, and {tmp_path / 'config.json'} " \
+           f"records block_size {value!r}, which is not a block size (an integer >= 1)" in str(err.value)
+    assert "records none" not in str(err.value)
+    validate(config(f"model.name_or_path={tmp_path}", "model.trust_remote_code=true", "model.block_size=4"))
+
+
+def test_a_block_size_the_checkpoint_was_not_trained_with_is_warned_about(tmp_path):
+    """tiny-sudoku-block's config.json records block_sizes [1, 2, 4, 8, 16]; an SDAR-like one only block_size."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        validate(config("model.block_size=8"))  # (trained on)
+    with pytest.warns(UserWarning, match=r"config key 'model.block_size': 3 is not a block size 'tiny-sudoku-block' "
+                                         r"was trained with \(its config.json records block_sizes \[1, 2, 4, 8, 16\]\)"):
+        validate(config("model.block_size=3", "sampling.steps=12", "eval.steps=12"))
+    from tests.helpers import save_tiny_checkpoint
+
+    path = save_tiny_checkpoint(tmp_path / "m")
+    recorded = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**recorded, "block_size": 4}))
+    with pytest.warns(UserWarning, match=r"records block_size 4\); .*\(remove model.block_size to use 4\)"):
+        validate(config(f"model.name_or_path={path}", "model.block_size=8"))
+
+
 def test_other_kinds_refuse_a_block_size_and_the_block_model_brings_its_kind():
     cfg = Config()
     apply_overrides(cfg, ["model.block_size=4"])
