@@ -333,6 +333,7 @@ def _run_eval(cfg: Config, lengths: tuple[int, ...] | None, out_dir: Path | None
     versions, dtype, device, hashes). Several lengths (``--gen-lengths`` or the ``eval.preset``'s): one JSON line
     per length, then one ``best_of_lengths`` line. With ``--output-dir``, the same is also written to
     ``<output-dir>/eval.json`` (a list of those objects)."""
+    from dlmrl.training.evaluation import check_held_out_size
     from dlmrl.training.run_setup import build_task, evaluate_config, load_configured_policy
 
     try:
@@ -340,6 +341,7 @@ def _run_eval(cfg: Config, lengths: tuple[int, ...] | None, out_dir: Path | None
         configs = eval_length_configs(cfg, lengths) if lengths else [cfg]
         policy = load_configured_policy(cfg)
         task = build_task(cfg, policy)
+        check_held_out_size(task, cfg.eval.num_puzzles)  # (hub data: its size is known only once loaded)
     except ConfigError as e:
         print(f"dlmrl eval: {e}", file=sys.stderr)
         return 2

@@ -31,6 +31,22 @@ def task_metrics(task, examples: list, texts: list[str]) -> dict:
     return dict(task.metrics(examples, texts))
 
 
+def check_held_out_size(task, num_puzzles: int) -> None:
+    """Refuse ``eval.num_puzzles`` above the size of ``task``'s held-out split, known once the task has loaded it
+    (hub data: the config check could not count it), so a run stops before it trains or decodes anything.
+
+    Raises:
+        ConfigError: naming ``eval.num_puzzles``, the number asked and the split's size.
+    """
+    from dlmrl.errors import ConfigError
+
+    size = len(task.test_examples)
+    if num_puzzles > size:
+        raise ConfigError(f"config key 'eval.num_puzzles': {num_puzzles} held-out examples asked, the held-out split "
+                          f"of task {getattr(task, 'name', type(task).__name__)!r} has {size}; set eval.num_puzzles "
+                          f"{size} or less (0 = the whole split)")
+
+
 def held_out_examples(task, num: int) -> list:
     """The first ``num`` held-out examples (``num`` 0: the whole split)."""
     return task.test_batch(num if num > 0 else len(task.test_examples))
@@ -198,6 +214,7 @@ def evaluate_with_config(cfg, policy, task, gen_length: int | None = None, train
     if gen_length is not None:
         task.gen_length = gen_length
     s = settings
+    check_held_out_size(task, s.num_puzzles)  # (a ConfigError naming the key, not the task's bare ValueError)
     if getattr(task, "evaluates_episodes", False):  # (a task whose answers need its environment: multihop)
         result = evaluate_task_episodes(policy, task, num_puzzles=s.num_puzzles, batch_size=s.batch_size)
     elif getattr(task, "evaluates_ranking", False):  # (recommend: a beam search over the catalogue; AR only)

@@ -43,7 +43,7 @@ from dlmrl.training.distributed import (
     check_sharding_backend,
     launched_processes,
 )
-from dlmrl.training.evaluation import evaluate_with_config, primary_metric
+from dlmrl.training.evaluation import check_held_out_size, evaluate_with_config, primary_metric
 from dlmrl.training.logging import MetricsWriter
 from dlmrl.training.run_folder import RunState, check_run_folder
 from dlmrl.training.scorers import ARScorer, DiffusionScorer
@@ -154,6 +154,8 @@ def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None)
         ref = dataclasses.replace(policy, model=copy.deepcopy(policy.model)) if given else load_configured_policy(cfg)
         ref.model.requires_grad_(False).eval().to(accelerator.device)
     task = build_task(cfg, policy) if task is None else task
+    if cfg.eval.before or cfg.eval.after or cfg.eval.eval_steps:  # (hub data is counted only now it is loaded)
+        check_held_out_size(task, cfg.eval.num_puzzles)
     # (AR with one process: an entropy preset with μ = 1 takes its entropies from the update's own forward)
     scorer = (ARScorer(policy, ref, old_scores=objective.needs_old_scores, share_forward=processes.count == 1)
               if is_ar else

@@ -110,6 +110,27 @@ def test_cli_eval_prints_metrics(base, capsys):
     assert out["num_puzzles"] == 4 and 0.0 <= out["cell_accuracy"] <= 1.0
 
 
+def test_a_held_out_split_smaller_than_eval_num_puzzles_stops_before_any_step(base, tmp_path, monkeypatch, capsys):
+    """Hub data is counted only once the run loads it (the config check cannot): 300 puzzles asked of the 256
+    held-out ones stop the run naming eval.num_puzzles, before any evaluation or step (it was the task's bare
+    ValueError traceback at the first evaluation); dlmrl eval likewise."""
+    from dlmrl.cli import main
+
+    monkeypatch.setattr(SudokuTask, "check_options", classmethod(lambda cls, options: None))  # (size unknown)
+    message = ("config key 'eval.num_puzzles': 300 held-out examples asked, the held-out split of task 'sudoku' has "
+               "256; set eval.num_puzzles 256 or less (0 = the whole split)")
+    for before in ("true", "false"):
+        out = tmp_path / before
+        args = ["train", f"model.name_or_path={base}", f"output_dir={out}", "max_steps=1", "prompts_per_step=2",
+                "num_generations=2", "sampling.steps=4", "eval.num_puzzles=300", f"eval.before={before}",
+                "--no-progress"]
+        assert main(args) == 2
+        assert message in capsys.readouterr().err
+        assert not (out / "metrics.jsonl").exists()
+    assert main(["eval", "--model", str(base), "eval.num_puzzles=300", "eval.steps=4"]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_fresh_run_refuses_a_folder_with_checkpoints(base, tmp_path):
     from dlmrl.config import ConfigError
 
