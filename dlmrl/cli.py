@@ -333,8 +333,12 @@ def _run_eval(cfg: Config, lengths: tuple[int, ...] | None, out_dir: Path | None
     versions, dtype, device, hashes). Several lengths (``--gen-lengths`` or the ``eval.preset``'s): one JSON line
     per length, then one ``best_of_lengths`` line. With ``--output-dir``, the same is also written to
     ``<output-dir>/eval.json`` (a list of those objects)."""
+    from dlmrl.training.finite import json_ready
     from dlmrl.training.evaluation import check_held_out_size
     from dlmrl.training.run_setup import build_task, evaluate_config, load_configured_policy
+
+    def dumps(obj, **kw) -> str:  # (a non-finite metric prints as null: the output stays valid JSON)
+        return json.dumps(json_ready(obj), allow_nan=False, **kw)
 
     try:
         lengths = eval_lengths(cfg, lengths)
@@ -353,13 +357,13 @@ def _run_eval(cfg: Config, lengths: tuple[int, ...] | None, out_dir: Path | None
         if lengths:
             steps = result["record"]["sampling"]["steps"]
             printed.append({"gen_length": c.sampling.gen_length, "steps": steps, **result})
-            print(json.dumps(printed[-1]), flush=True)
+            print(dumps(printed[-1]), flush=True)
         else:
             printed.append(result)
-            print(json.dumps(result, indent=2))
+            print(dumps(result, indent=2))
     if lengths and len(results) > 1:
         printed.append(best_of_lengths(results))
-        print(json.dumps(printed[-1]), flush=True)
+        print(dumps(printed[-1]), flush=True)
     if out_dir is not None:
         from dlmrl.training.checkpoint import write_json_atomic
 
@@ -439,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         from dlmrl.data.loading import DataError
         from dlmrl.rewards.functions import RewardFunctionError
         from dlmrl.training.checkpoint import CheckpointError
+        from dlmrl.training.finite import NonFiniteError
         from dlmrl.training.trainer import train
 
         try:
@@ -449,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
             summary = train(cfg, resume=args.resume, progress=not args.no_progress)
         except KeyboardInterrupt:
             return 130
-        except (FileNotFoundError, ConfigError, RewardFunctionError, CheckpointError, DataError) as e:
+        except (FileNotFoundError, ConfigError, RewardFunctionError, CheckpointError, DataError,
+                NonFiniteError) as e:
             print(f"dlmrl train: {e}", file=sys.stderr)
             return 2
         if os.environ.get("RANK", "0") != "0":  # (several processes: the main one reports)

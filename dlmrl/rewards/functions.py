@@ -11,6 +11,11 @@ and checks what it returns, :meth:`~RewardFunctions.combine` is TRL's weighted s
 is left out of the sum: ``nansum``), :meth:`~RewardFunctions.metrics` TRL's per-function log
 (``rewards/<name>/mean`` and ``rewards/<name>/std``, NaN-aware).
 
+**Non-finite values** (our rule): a function that returns NaN, ``inf`` or ``-inf`` for a completion is read as
+returning ``None`` there (not applicable: left out of the sum and of its mean), with a warning naming the function
+(once per function and run); so rewards, advantages and every logged mean stay finite. A step in which *no*
+completion gets a finite value from any function stops the run (:mod:`dlmrl.training.finite`).
+
 Source: TRL ``trl/trainer/grpo_trainer.py`` (``GRPOTrainer._calculate_rewards``: ``None`` → NaN,
 ``(rewards_per_func * reward_weights).nansum(dim=1)``, a warning when every function returned ``None`` for a
 row; ``_generate_and_score_completions``: ``rewards/{name}/mean`` = ``nanmean``, ``/std`` = ``nanstd``, Bessel-
@@ -27,6 +32,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
+
+#: the largest float32: a reward beyond it would be stored as an infinity
+_FLOAT32_MAX = torch.finfo(torch.float32).max
 
 __all__ = ["RewardFunctionError", "RewardFunctions", "ScoresEachReward", "gold_column_problems", "resolve_reward_func"]
 
@@ -124,6 +132,7 @@ class RewardFunctions:
                 raise ValueError(f"reward_weights entry {i}: expected a finite number, got {w!r}")
         self.weights = torch.tensor([float(w) for w in weights], dtype=torch.float32)  # (F,)
         self._warned_all_none = False
+        self._warned_non_finite: set[str] = set()
 
     def __len__(self) -> int:
         return len(self.funcs)
@@ -171,7 +180,8 @@ class RewardFunctions:
 
     def table(self, prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, Sequence],
               locations: Sequence[str] | None = None) -> torch.Tensor:
-        """Every function on one batch: ``(B, F)`` float32, NaN where a function returned ``None`` (or NaN).
+        """Every function on one batch: ``(B, F)`` float32, NaN where a function returned ``None`` or a non-finite
+        number (NaN, ``inf``, ``-inf``: read as ``None``, with a warning once per function).
 
         A function that raises on the batch is called again row by row, so one bad row cannot stop a run: the rows
         that raise again get NaN (as ``None``) and a warning names them and the error; when every row raises the
@@ -204,14 +214,26 @@ class RewardFunctions:
                 raise RewardFunctionError(f"reward function {name!r} returned {len(values)} values for {B} "
                                           f"completions (expected {B}: one float or None per completion, in the "
                                           "order of the completions)")
+            non_finite = []
             for i, v in enumerate(values):
                 if v is None:
                     out[i, j] = math.nan
                 elif isinstance(v, numbers.Real):
-                    out[i, j] = float(v)
+                    x = float(v)
+                    if not abs(x) <= _FLOAT32_MAX:  # (NaN, ±inf, or beyond float32's range: read as None)
+                        x = math.nan
+                        non_finite.append((i, v))
+                    out[i, j] = x
                 else:
                     raise RewardFunctionError(f"reward function {name!r} returned {type(v).__name__} {_short(v)} "
                                               f"for completion {i}; expected a float or None")
+            if non_finite and name not in self._warned_non_finite:  # (once per function: it would repeat)
+                self._warned_non_finite.add(name)
+                i, v = non_finite[0]
+                warnings.warn(f"reward function {name!r} returned {len(non_finite)} non-finite values of {B} (e.g. "
+                              f"{v} for completion {i}); they count as None (not applicable: left out of the sum "
+                              "and of its mean). Return a finite number, or None (shown once; the run goes on)",
+                              UserWarning, stacklevel=2)
         missing = torch.isnan(out).all(dim=1)
         if bool(missing.any()) and not self._warned_all_none:  # (once per run: it would repeat at every step)
             self._warned_all_none = True

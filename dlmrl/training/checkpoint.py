@@ -4,6 +4,7 @@ a copy cut short)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -48,10 +49,13 @@ def atomic_dir(final: str | os.PathLike):
 
 
 def write_json_atomic(path: str | os.PathLike, obj) -> None:
-    """Write JSON to ``path`` through a temporary file and ``os.replace``."""
+    """Write JSON to ``path`` through a temporary file and ``os.replace``; a non-finite number is written as ``null``
+    (:func:`~dlmrl.training.finite.json_ready`), so the file is valid JSON."""
+    from dlmrl.training.finite import json_ready
+
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False))
+    tmp.write_text(json.dumps(json_ready(obj), indent=2, sort_keys=False, allow_nan=False))
     os.replace(tmp, path)
 
 
@@ -80,20 +84,32 @@ TORCH_SAVE_SUFFIXES = (".bin", ".pkl", ".pt", ".pth")
 MANIFEST = "dlmrl_checkpoint.json"
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes, hex (``sha256sum``'s), read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def write_manifest(folder: str | os.PathLike) -> None:
-    """List every file of a just-saved checkpoint folder with its size in bytes (:data:`MANIFEST`), so that a file
-    later deleted or cut short is found by :func:`damaged_file` whatever its format."""
+    """List every file of a just-saved checkpoint folder with its size in bytes and its SHA-256 (:data:`MANIFEST`),
+    so that a file later deleted, cut short or overwritten is found by :func:`damaged_file` whatever its format
+    (hashing reads the checkpoint once: about a second per GB)."""
     folder = Path(folder)
-    files = {p.relative_to(folder).as_posix(): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
-    write_json_atomic(folder / MANIFEST, {"files": files})
+    paths = [p for p in sorted(folder.rglob("*")) if p.is_file()]
+    names = [p.relative_to(folder).as_posix() for p in paths]
+    write_json_atomic(folder / MANIFEST, {"files": {n: p.stat().st_size for n, p in zip(names, paths)},
+                                          "sha256": {n: file_sha256(p) for n, p in zip(names, paths)}})
 
 
 def damaged_file(folder: str | os.PathLike) -> str | None:
     """What is wrong with a checkpoint folder, or ``None`` when every weights and state file in it is whole.
 
-    A cheap check that reads headers, not tensors (an 8B checkpoint is not loaded twice): every file the checkpoint
-    lists in its :data:`MANIFEST` is there at the size it was saved with (checkpoints written before the list
-    existed skip this); a ``.safetensors`` file
+    Every file the checkpoint lists in its :data:`MANIFEST` is there at the size it was saved with and with the
+    SHA-256 it was saved with (content damaged in place, at the same size; checkpoints written before the list, or
+    the checksums, existed skip these); and, a check that reads headers only, a ``.safetensors`` file
     must be as long as its header says (8-byte little-endian header size, JSON header, then the byte ranges its
     ``data_offsets`` name; see the safetensors format, huggingface/safetensors ``README.md``); a ``torch.save``
     file (:data:`TORCH_SAVE_SUFFIXES`) must be a zip archive whose central directory, written last, is there and
@@ -119,12 +135,14 @@ def damaged_file(folder: str | os.PathLike) -> str | None:
 
 
 def _manifest_problem(folder: Path) -> str | None:
-    """A file the checkpoint was saved with that is gone or has another size (``None`` without a manifest)."""
+    """A file the checkpoint was saved with that is gone, has another size or another SHA-256 (``None`` without a
+    manifest)."""
     manifest = folder / MANIFEST
     if not manifest.is_file():
         return None
     try:
-        listed = json.loads(manifest.read_text())["files"]
+        manifest_data = json.loads(manifest.read_text())
+        listed = manifest_data["files"]
     except (ValueError, KeyError, TypeError):
         return f"{manifest}: damaged file list"
     for name, size in listed.items():
@@ -133,6 +151,11 @@ def _manifest_problem(folder: Path) -> str | None:
             return f"{path}: missing (the checkpoint was saved with it)"
         if path.stat().st_size != size:
             return f"{path}: {path.stat().st_size} bytes, saved with {size} (truncated or overwritten)"
+    for name, saved in (manifest_data.get("sha256") or {}).items():
+        now = file_sha256(folder / name)
+        if now != saved:
+            return (f"{folder / name}: its contents changed since it was saved (SHA-256 {now[:12]}..., saved with "
+                    f"{saved[:12]}...)")
     return None
 
 

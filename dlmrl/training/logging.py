@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dlmrl.training.finite import json_ready
+
 
 class MetricsWriter:
     """Appends one JSON line per logged step; on resume, drops lines past the resumed step."""
@@ -19,8 +21,9 @@ class MetricsWriter:
             self.path.write_text("")
 
     def write(self, record: dict) -> None:
+        """Append ``record`` as one line; a non-finite number is written as ``null`` (valid JSON)."""
         with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps(json_ready(record), allow_nan=False) + "\n")
 
 
 def read_metrics(path: str | Path) -> list[dict]:

@@ -41,7 +41,9 @@ from dlmrl.models.sampler import left_to_right_reveal_steps
 from dlmrl.objectives.entropy import HapoEntropyStats
 from dlmrl.training.anchors import add_anchors
 from dlmrl.training.callbacks import Callbacks
+from dlmrl.training.checkpoint import latest_checkpoint
 from dlmrl.training.dynamic_sampling import SamplingStats
+from dlmrl.training.finite import NonFiniteError, step_problem
 from dlmrl.training.rollout import Rollout
 from dlmrl.training.run_folder import save_checkpoint, write_final_files
 from dlmrl.training.run_setup import Run, evaluate_config, set_up_run
@@ -76,6 +78,8 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, *, policy=No
         ConfigError: on an invalid config (before any model is loaded), or a ``policy`` of another kind.
         FileNotFoundError: ``resume=True`` with no checkpoint in ``output_dir``.
         dlmrl.rewards.functions.RewardFunctionError: a reward function returned the wrong number of values.
+        dlmrl.training.finite.NonFiniteError: a step's rewards (every one), loss, gradient norm or weights went
+            non-finite; the run stops before that step's checkpoint (the saved ones stay finite).
     """
     spec = validate(cfg, data=task is None)
     hooks = Callbacks(callbacks)
@@ -124,6 +128,8 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, *, policy=No
             t2 = time.time()
             # 5. μ inner updates (diffusion: each on a fresh MaskPlan shared by old/new/ref)
             result = run_updates(run, batch)
+            # a step whose rewards, loss or weights went non-finite stops the run before its checkpoint
+            stop_if_non_finite(run, sampled, result)
             # 6. log
             state.step += 1
             state.completions_total += sampled.completions
@@ -176,6 +182,19 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, *, policy=No
         time.sleep(0.2)
     accelerator.end_training()
     return summary
+
+
+def stop_if_non_finite(run: Run, sampled: SamplingStats, result: UpdateResult) -> None:
+    """Raise :class:`~dlmrl.training.finite.NonFiniteError` on every process when the step went non-finite on any
+    (:func:`~dlmrl.training.finite.step_problem`), before its checkpoint is written."""
+    problem = step_problem(sampled.rewards, sampled.reward_parts, result.logs, run.policy.model)
+    problems = [p for p in run.processes.gather(problem) if p]  # (every process stops, or none)
+    if problems:
+        newest = latest_checkpoint(run.out)
+        resume = (f"the newest checkpoint, {newest.name}, is the last finite state: remove the cause and --resume"
+                  if newest is not None else "no checkpoint was saved yet")
+        raise NonFiniteError(f"step {run.state.step + 1} went non-finite: {problems[0]}; the run stopped before "
+                             f"saving this step ({resume})")
 
 
 def hapo_temperature(run: Run) -> HapoTemperature | None:

@@ -122,3 +122,40 @@ def test_every_damaged_checkpoint_is_named_with_its_own_reason(tmp_path):
     assert re.fullmatch(r"  .*step-2 \(.*step-2.model\.safetensors: truncated safetensors file \(0 bytes.*\)", lines[1])
     assert re.fullmatch(r"  .*step-1 \(.*step-1.model\.safetensors: truncated safetensors file \(3 bytes.*\)", lines[2])
     assert lines[3].startswith("restore the damaged files")
+
+
+def overwrite_tail(path, nbytes: int) -> None:
+    """Overwrite the last ``nbytes`` of a file in place with 0xFF bytes (float32 NaNs), keeping its size."""
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.seek(size - nbytes)
+        f.write(b"\xff" * nbytes)
+
+
+def test_weights_damaged_in_place_at_the_same_size_are_found_by_their_checksum(base, tmp_path, monkeypatch):
+    """Overwriting the end of the newest model.safetensors keeps its size and header (on main the resume loaded
+    NaN weights and ran on with reward 0, exit 0): its SHA-256 no longer matches the one saved, so the resume
+    passes over it as over a truncated file, and the run ends as the uninterrupted one."""
+    full = tmp_path / "full"
+    train(small_config(base, full), progress=False)
+    out = tmp_path / "run"
+    weights = out / "checkpoints" / "step-2" / "model.safetensors"
+    with pytest.warns(UserWarning, match=r"step-2 is damaged \(.*model\.safetensors: its contents changed since it "
+                                         r"was saved \(SHA-256 .*\); resuming from .*step-1"):
+        crash_then_resume(monkeypatch, lambda resume: train(small_config(base, out), resume=resume, progress=False),
+                          2, after_crash=lambda: overwrite_tail(weights, min(200_000, weights.stat().st_size // 2)))
+    a, b = load_file(str(full / "final_model" / "model.safetensors")), load_file(
+        str(out / "final_model" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_manifest_records_each_files_sha256(tmp_path):
+    import hashlib
+
+    from dlmrl.training.checkpoint import MANIFEST, write_manifest
+
+    (tmp_path / "model.safetensors").write_bytes(b"abc")
+    write_manifest(tmp_path)
+    listed = json.loads((tmp_path / MANIFEST).read_text())
+    assert listed["sha256"] == {"model.safetensors": hashlib.sha256(b"abc").hexdigest()}
+    assert listed["files"] == {"model.safetensors": 3}
