@@ -333,8 +333,8 @@ def _run_eval(cfg: Config, lengths: tuple[int, ...] | None, out_dir: Path | None
     versions, dtype, device, hashes). Several lengths (``--gen-lengths`` or the ``eval.preset``'s): one JSON line
     per length, then one ``best_of_lengths`` line. With ``--output-dir``, the same is also written to
     ``<output-dir>/eval.json`` (a list of those objects)."""
-    from dlmrl.training.finite import json_ready
     from dlmrl.training.evaluation import check_held_out_size
+    from dlmrl.training.finite import json_ready
     from dlmrl.training.run_setup import build_task, evaluate_config, load_configured_policy
 
     def dumps(obj, **kw) -> str:  # (a non-finite metric prints as null: the output stays valid JSON)
