@@ -441,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{cpu_processes} CPU processes with torch.distributed.run", file=sys.stderr, flush=True)
             return subprocess.call(cpu_relaunch_command(argv if argv is not None else sys.argv[1:], cpu_processes))
         from dlmrl.data.loading import DataError
+        from dlmrl.envs.tools.simulator import ToolAnswerError
         from dlmrl.rewards.functions import RewardFunctionError
         from dlmrl.training.checkpoint import CheckpointError
         from dlmrl.training.finite import NonFiniteError

@@ -9,7 +9,7 @@ import pytest
 from dlmrl.envs.tools import Entity, KnowledgeBase, ToolSet, ToolSimulator, kb_tools
 from dlmrl.envs.tools.knowledge_base import RELATIONS
 from dlmrl.envs.tools.react import parse_action
-from dlmrl.envs.tools.simulator import is_error
+from dlmrl.envs.tools.simulator import ToolAnswerError, is_error
 from tests.envs.tool_world import ENTITIES, FACTS, KB, SIM
 
 
@@ -119,6 +119,11 @@ def test_user_simulator_hook():
     assert ToolSimulator([weather], answer_fn=lambda n, a: "sunny")("weather", "{}") == "sunny"
     with pytest.raises(TypeError, match="must return a str"):
         ToolSimulator([weather], answer_fn=lambda n, a: 3)("weather", {})
+    with pytest.raises(ToolAnswerError, match=r"tool 'weather': answer_fn must return a str, got int 3"):
+        ToolSimulator([weather], answer_fn=lambda n, a: 3)("weather", {})
+    with pytest.raises(ToolAnswerError, match=r"tool 'weather': answer_fn returned text that is not valid Unicode "
+                                              r"\(surrogates not allowed: '\\udcff' at character 4 of"):
+        ToolSimulator([weather], answer_fn=lambda n, a: "bad \udcff")("weather", {})
     with pytest.raises(ValueError, match="pass answer_fn"):
         ToolSimulator([weather], kb=KB)
     with pytest.raises(ValueError, match="needs a knowledge base"):

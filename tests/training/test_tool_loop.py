@@ -116,6 +116,26 @@ def test_observations_are_spliced_in_as_context_tokens_and_the_trajectory_scores
     assert ro.reward_parts is not None and ro.reward_parts.shape[0] == 6
 
 
+def test_a_tool_answer_no_tokenizer_can_encode_is_an_error_naming_the_tool(world):
+    """A user's simulator returning a lone surrogate (bytes decoded with surrogateescape) stopped the loop with the
+    tokenizer's bare TypeError; it is now an error naming the tool and the character."""
+    from dlmrl.envs.tools.simulator import ToolAnswerError
+
+    policy, _ = world
+    broken = {"on": False}  # (the task's construction runs the simulator on a reference trace: answered well)
+    task = MultiHopTask(policy.tokenizer, None,
+                        answer_fn=lambda name, arguments: "bad \udcff" if broken["on"] else "Kavoni")
+    broken["on"] = True
+    examples = task.train_batch(1, 0, 0)
+    agent = ScriptedAgent(MultiHopTask(policy.tokenizer, None).simulator)
+    fake = _ScriptedPolicy(policy, {f"Question: {q.question}": agent.turns(q) for q in examples})
+    first_tool = agent.trace(examples[0]).steps[0].action.name
+    with pytest.raises(ToolAnswerError, match=rf"tool '{first_tool}': answer_fn returned text that is not valid "
+                                              r"Unicode \(surrogates not allowed: '\\udcff' at character 4 of"):
+        rollout_tool_loop(fake, lambda: make_env("multihop_react", task, 5), examples, 1,
+                          torch.Generator().manual_seed(0), 400)
+
+
 def test_a_budget_too_small_for_the_next_observation_ends_the_row_and_scores_it(world):
     policy, task = world
     examples = task.train_batch(1, 0, 0)

@@ -16,7 +16,7 @@ from dlmrl.envs.tools.knowledge_base import KnowledgeBase
 from dlmrl.envs.tools.react import Action
 from dlmrl.envs.tools.toolset import ToolSet, kb_tools
 
-__all__ = ["ERROR_KINDS", "ERROR_PREFIX", "Observation", "ToolSimulator", "is_error"]
+__all__ = ["ERROR_KINDS", "ERROR_PREFIX", "Observation", "ToolAnswerError", "ToolSimulator", "is_error"]
 
 ERROR_PREFIX = "Error:"
 #: every kind of error observation, in the order the checks run
@@ -24,6 +24,32 @@ ERROR_KINDS = ("malformed_action", "unknown_tool", "bad_json", "schema", "unknow
 _KB_TOOLS = ("lookup", "search")
 
 AnswerFn = Callable[[str, dict], str]
+
+
+class ToolAnswerError(TypeError):
+    """A simulator's ``answer_fn`` returned what the policy cannot read as an observation: not a ``str``, or a
+    ``str`` that is not valid Unicode (a lone surrogate such as ``"\\udcff"``, which ``bytes.decode(...,
+    errors="surrogateescape")`` leaves, and which a tokenizer refuses with a bare ``TypeError``). The message names
+    the tool and the value."""
+
+
+def check_answer_text(name: str, text) -> str:
+    """``text`` when it is an observation a tokenizer can encode (a ``str`` that encodes as UTF-8).
+
+    Raises:
+        ToolAnswerError: naming the tool ``name``, what was returned and (a lone surrogate) where.
+    """
+    if not isinstance(text, str):
+        raise ToolAnswerError(f"tool {name!r}: answer_fn must return a str, got {type(text).__name__} "
+                              f"{repr(text)[:60]}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ToolAnswerError(f"tool {name!r}: answer_fn returned text that is not valid Unicode "
+                              f"({e.reason}: {text[e.start:e.end]!r} at character {e.start} of "
+                              f"{repr(text)[:60]}), which no tokenizer can encode; decode bytes with "
+                              "errors='replace' before returning them") from None
+    return text
 
 
 class Observation(NamedTuple):
@@ -78,7 +104,8 @@ class ToolSimulator:
             :class:`Observation`: the answer, or an error of kind ``unknown_tool``, ``bad_json``,
             ``schema`` (the declarations' JSON Schema), ``unknown_entity`` or ``no_fact`` (the knowledge base).
         Raises:
-            TypeError: ``answer_fn`` returned something other than a string. Whatever ``answer_fn`` raises.
+            ToolAnswerError: ``answer_fn`` returned something other than a string, or a string that is not valid
+                Unicode (a ``TypeError``; naming the tool). Whatever ``answer_fn`` raises.
         """
         if not isinstance(name, str):  # (a parsed action's name is always text; a caller's may not be)
             return _error("unknown_tool", f"a tool name is text, got {type(name).__name__}")
@@ -86,10 +113,7 @@ class ToolSimulator:
         if not check.ok:
             return _error(check.kind, check.message)
         if self.answer_fn is not None:
-            text = self.answer_fn(name, check.arguments)
-            if not isinstance(text, str):
-                raise TypeError(f"answer_fn must return a str, got {type(text).__name__}")
-            return Observation(text)
+            return Observation(check_answer_text(name, self.answer_fn(name, check.arguments)))
         args = check.arguments
         # the knowledge base reads kb_tools()' arguments; a look-alike declaration may let others through
         keys = ("query",) if name == "search" else ("entity", "relation")
