@@ -456,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             return 130
         except (FileNotFoundError, ConfigError, RewardFunctionError, CheckpointError, DataError,
-                NonFiniteError) as e:
+                NonFiniteError, ToolAnswerError) as e:
             print(f"dlmrl train: {e}", file=sys.stderr)
             return 2
         if os.environ.get("RANK", "0") != "0":  # (several processes: the main one reports)
