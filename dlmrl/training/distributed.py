@@ -237,6 +237,35 @@ def loss_share(loss_type: str | Aggregation, local_mask: torch.Tensor, global_ma
     return part.units(local_mask) / total if total > 0 else 0.0
 
 
+def agreed_count(local: int, processes: Processes | None) -> int:
+    """The number of passes every process runs when each may be a collective: the largest ``local`` over the
+    processes (one all-reduce with ``MAX``).
+
+    Under FSDP or DeepSpeed ZeRO every forward gathers parameters and every backward reduces gradients across the
+    processes, so a process that ran fewer micro-batches than another would leave it waiting forever; each
+    process runs the agreed number instead, padding its own count with passes of loss weight 0. It is a collective
+    itself: every process calls it at the same point, with its own count.
+
+    Args:
+        local: this process's count (``>= 0``). processes: :class:`Processes` (``None`` or one process: ``local``).
+    Returns:
+        ``max`` over the processes of ``local``.
+    Raises:
+        ValueError: ``local`` is not an integer ``>= 0``.
+    """
+    if isinstance(local, bool) or not isinstance(local, int) or local < 0:
+        raise ValueError(f"agreed_count: local must be an integer >= 0, got {local!r}")
+    if processes is None or processes.count == 1:
+        return local
+    backend = torch.distributed.get_backend()
+    if backend not in ("gloo", "nccl"):  # (another backend: all_gather_object finds its own device)
+        return max(processes.gather(local))
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    count = torch.tensor([local], dtype=torch.long, device=device)
+    torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+    return int(count.item())
+
+
 @dataclass
 class Processes:
     """This process's place in a data-parallel run and the collectives the trainer needs.
