@@ -191,6 +191,11 @@ class Trainer:
             prompts the tokenizer cannot render.
         TypeError: a model, dataset, reward function or callback of a type it cannot use.
         dlmrl.plugins.PluginError: an import string whose module or attribute cannot be found.
+        dlmrl.rewards.functions.RewardFunctionError: a reward function whose signature cannot take a dataset's
+            columns (naming the function and the column), before any model is loaded.
+    Warns:
+        UserWarning: before any model is loaded, when ``output_dir`` already holds a run (``train()`` then needs
+            ``resume=True``), and when a block model would decode each block in one step (the config check).
     """
 
     def __init__(self, model, reward_funcs, train_dataset, eval_dataset=None, eval_metric: Callable | None = None,
@@ -226,6 +231,14 @@ class Trainer:
             raise ConfigError(f"config key 'eval.num_puzzles': {cfg.eval.num_puzzles} examples asked, eval_dataset has "
                               f"{len(test_examples)} (0 = all of it)")
         self.config = cfg
+        from dlmrl.training.run_folder import holds_run
+
+        if holds_run(cfg.output_dir):  # (said before the model loads; train() refuses it unless resume=True)
+            import warnings
+
+            warnings.warn(f"config key 'output_dir': {cfg.output_dir} already holds a run, so trainer.train() will "
+                          f"refuse to start another there; continue it with trainer.train(resume=True), or give "
+                          f"the Trainer a new output_dir", UserWarning, stacklevel=2)
         # (everything above needs no weights: a mistake there costs no model load)
         from dlmrl.training.run_setup import canvas_token_id, check_policy
 
@@ -257,15 +270,20 @@ class Trainer:
             ``summary.json``'s content: ``eval_before``, ``eval_after`` (``None`` without an eval dataset), the
             steps, the final metrics, ``train_seconds``.
         Raises:
-            ConfigError: ``output_dir`` holds a run and ``resume`` is off, or the saved settings differ.
+            ConfigError: ``output_dir`` holds a run and ``resume`` is off (also warned about by the constructor,
+                before the model loads), or the saved settings differ.
             FileNotFoundError: ``resume`` with nothing to resume.
             dlmrl.rewards.functions.RewardFunctionError: a reward function returned the wrong number of values
                 (checked on every call, naming it, the length got and expected).
         """
+        from dlmrl.training.run_folder import holds_run
         from dlmrl.training.trainer import train
 
         if resume_from is not None:
             self.config.output_dir, resume = str(resume_from), True
+        if not resume and holds_run(self.config.output_dir):  # (the command line's message names its flags)
+            raise ConfigError(f"config key 'output_dir': {self.config.output_dir} already holds a run; continue it "
+                              "with trainer.train(resume=True), or give the Trainer a new output_dir")
         return train(self.config, resume=resume, progress=progress, policy=self.policy, task=self.task,
                      callbacks=self.callbacks.callbacks)
 

@@ -134,7 +134,7 @@ class SamplingConfig:
               "the block whose confidence (the drawn token's probability under the model's full softmax) is >= "
               "this, at least the most confident one; null = off (the steps schedule). 0 < threshold <= 1; needs "
               "remasking low_confidence. A block then runs until decoded (1 to block_length steps, data-dependent; "
-              "steps must still split over the blocks but does not set the pace); the run logs nfe_sampling, the "
+              "steps is unused, any integer >= 1, except for DaGRPO's anchors); the run logs nfe_sampling, the "
               "mean forward passes per completion. Rollouts only: evaluation decodes with eval.steps.")
     threshold_factor: float | None = doc(
         None, "Fast-dLLM's factor rule instead of a fixed threshold: each step reveals the longest run of the most "

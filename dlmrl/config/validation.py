@@ -36,6 +36,13 @@ from dlmrl.config.task_options import check_task, check_task_keys, task_class, t
 from dlmrl.errors import ConfigError, OptionError
 
 
+def _warn(msg: str) -> None:
+    """A ``UserWarning`` from the config check (attributed to the caller of :func:`validate`)."""
+    import warnings
+
+    warnings.warn(msg, UserWarning, stacklevel=3)
+
+
 def _check(cond: bool, key: str, msg: str) -> None:
     if not cond:
         raise ConfigError(f"config key {key!r}: {msg}")
@@ -162,12 +169,22 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
                f"gen_length {s.gen_length} is not divisible by block_length {s.block_length}")
         blocks = s.gen_length // s.block_length
         where = f"sampling.gen_length {s.gen_length} / sampling.block_length {s.block_length}"
+    # threshold decoding runs each block until it is decoded: the rollouts' step count is unused (only DaGRPO's
+    # anchors, revealed on the plain schedule, read it)
+    steps_unused = s.adaptive and getattr(preset, "anchor_threshold", None) is None
     for key, steps in (("sampling.steps", s.steps), ("eval.steps", ev.steps)):
         if key == "eval.steps" and ev.preset != "none" or blocks is None:  # (eval presets: check_eval_protocol)
             continue
         _check(isinstance(steps, int) and not isinstance(steps, bool), key, f"must be an integer, got {steps!r}")
+        if key == "sampling.steps" and steps_unused:
+            _check(steps >= 1, key, f"must be >= 1, got {steps}")
+            continue
         _check(steps >= blocks and steps % blocks == 0, key,
                f"{steps} steps do not split evenly over {blocks} blocks ({where}); use a multiple of {blocks}")
+        if m.kind == "block" and steps == blocks and m.block_size > 1:
+            _warn(f"config key {key!r}: {steps} steps over {blocks} blocks ({where}) decode each block of "
+                  f"{m.block_size} tokens in one step, all of them at once from one forward pass; use "
+                  f"{blocks * m.block_size} for one token per step")
     _check(s.temperature >= 0, "sampling.temperature", f"must be a number >= 0, got {s.temperature!r}")  # (NaN too)
     _check(ev.temperature >= 0, "eval.temperature", f"must be a number >= 0, got {ev.temperature!r}")
     check_eval_protocol(cfg, for_training)

@@ -100,12 +100,13 @@ def _validate(
     num_blocks = gen_length // block_length
     if isinstance(steps, bool) or not isinstance(steps, int):  # (a ValueError, as every other bad setting here)
         raise ValueError(f"steps must be an integer, got {steps!r}")  # noqa: TRY004
-    if steps % num_blocks != 0:
+    thresholded = threshold is not None or threshold_factor is not None  # (each block runs until decoded)
+    if not thresholded and steps % num_blocks != 0:  # (with a threshold the steps are unused: not checked)
         raise ValueError(
             f"steps ({steps}) must be divisible by the number of blocks "
             f"(gen_length / block_length = {gen_length} / {block_length} = {num_blocks})"
         )
-    if steps // num_blocks < 1:
+    if not thresholded and steps // num_blocks < 1:
         raise ValueError(f"steps ({steps}) must give >= 1 step per block ({num_blocks} blocks)")
     if remasking not in REMASKING:
         raise ValueError(f"unknown remasking {remasking!r}; expected one of {REMASKING}")
@@ -296,7 +297,7 @@ def generate(
         gen_length: canvas length ``L``.
         block_length: block size; must divide ``gen_length``.
         steps: total denoising steps; must be a positive multiple of ``gen_length / block_length`` (with a
-            threshold: checked, not used).
+            threshold: unused, so any integer).
         temperature: Gumbel-max temperature; ``0`` is greedy.
         remasking: ``"low_confidence"``, ``"random"`` or ``"left_to_right"`` (a threshold needs
             ``"low_confidence"``).
@@ -322,8 +323,8 @@ def generate(
         ``reveal_step`` and ``token_logprobs`` (same shape as ``canvas``) and ``row_nfe`` ``(B,)`` (``rows``:
         ``(stop - start,)``).
     Raises:
-        ValueError: if ``gen_length % block_length != 0``, ``steps % num_blocks != 0``, fewer than
-            one step per block, an unknown ``remasking``, mismatched ``prompt_mask`` / ``canvas``
+        ValueError: if ``gen_length % block_length != 0``, ``steps % num_blocks != 0`` or fewer than
+            one step per block (without a threshold), an unknown ``remasking``, mismatched ``prompt_mask`` / ``canvas``
             shapes, negative ``temperature``, ``fill_after_eos`` without ``eos_token_id``, a
             policy without ``mask_token_id``, ``threshold`` outside ``(0, 1]``, ``threshold_factor <= 0``, both
             given, either with a ``remasking`` other than ``low_confidence``, an unknown ``cache``, a cache with

@@ -76,6 +76,12 @@ def check_same_config(cfg: Config, saved_path: Path) -> None:
                           + "; ".join(diff))
 
 
+def holds_run(output_dir: str | Path) -> bool:
+    """Whether ``output_dir`` holds a run (a checkpoint or the run's ``config.yaml``): a new run there is refused."""
+    out = Path(output_dir)
+    return latest_checkpoint(out) is not None or (out / "config.yaml").exists()
+
+
 def check_run_folder(cfg: Config, resume: bool) -> Path | None:
     """The output folder's state against ``--resume``: the checkpoint to resume from (``None`` for a new run), the
     newest intact one (:func:`~dlmrl.training.checkpoint.resumable_checkpoint`: a damaged newer one is passed over
@@ -101,7 +107,7 @@ def check_run_folder(cfg: Config, resume: bool) -> Path | None:
         # give the same run)
         check_same_config(cfg, out / "config.yaml")
         return None
-    if not resume and (latest_checkpoint(out) is not None or (out / "config.yaml").exists()):
+    if not resume and holds_run(out):
         raise ConfigError(f"output_dir {out} already holds a run; "
                           "continue that run with --resume or choose a new --output-dir")
     if resume and (out / "config.yaml").exists():

@@ -106,6 +106,20 @@ def test_threshold_decoding_steps_nfe_and_trajectory():
     assert out.nfe == 4 and out.row_nfe.tolist() == [4] and len(policy.calls) == 4
 
 
+def test_threshold_decoding_leaves_the_step_count_unused():
+    """Each block runs until decoded: a step count that does not split over the blocks (3 over 2) is not refused
+    (it was, though nothing reads it) and decodes exactly as 2 steps do."""
+    probs = torch.tensor([0.95, 0.5, 0.95, 0.6, 0.97, 0.99, 0.96, 0.98])
+    p, m = one_prompt()
+    outs = [generate(FakePolicy(fixed_logits(confident_logits(probs), prompt_len=2)), p, m, gen_length=8,
+                     block_length=4, steps=steps, threshold=0.9) for steps in (2, 3, 1)]
+    for out in outs[1:]:
+        assert torch.equal(out.canvas, outs[0].canvas) and torch.equal(out.reveal_step, outs[0].reveal_step)
+    with pytest.raises(ValueError, match="divisible by the number of blocks"):  # (without a threshold: read)
+        generate(FakePolicy(fixed_logits(confident_logits(probs), prompt_len=2)), p, m, gen_length=8,
+                 block_length=4, steps=3)
+
+
 def test_rows_leave_the_model_batch_when_their_block_is_decoded():
     # row 0 is confident everywhere (one step per block), row 1 nowhere (one token per step)
     probs = torch.stack([torch.full((4,), 0.99), torch.full((4,), 0.3)])  # (2, L)

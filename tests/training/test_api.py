@@ -174,6 +174,34 @@ def test_a_column_a_reward_needs_missing_from_a_dataset_stops_before_any_model_l
                 eval_dataset=Dataset.from_dict({"prompt": ["1234="]}))
 
 
+def test_a_second_run_into_the_same_folder_is_said_before_the_model_loads_in_the_apis_words(tmp_path, monkeypatch):
+    """The warning comes before the (possibly long) model load; train() refuses naming trainer.train(resume=True)
+    and output_dir, not the command line's --resume / --output-dir."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("{}\n")
+    import dlmrl.api
+
+    real = dlmrl.api._policy_of
+    with pytest.warns(UserWarning, match=r"config key 'output_dir': .*run already holds a run, so trainer.train\(\) "
+                                         r"will refuse") as caught:
+        warned_before_load = []  # (the number of warnings caught when the model starts loading)
+        monkeypatch.setattr(dlmrl.api, "_policy_of", lambda *a: warned_before_load.append(len(caught)) or real(*a))
+        trainer = Trainer("tiny-sudoku", reward_funcs=[cells_right], train_dataset=sudoku_dataset(0, 2),
+                          config=small(tmp_path / "run"))
+    assert warned_before_load == [1]
+    with pytest.raises(ConfigError, match=r"config key 'output_dir': .*run already holds a run; continue it with "
+                                          r"trainer.train\(resume=True\), or give the Trainer a new output_dir") as err:
+        trainer.train(progress=False)
+    assert "--" not in str(err.value)
+
+
+def test_a_block_model_decoding_one_step_per_block_is_warned_about_before_it_loads(no_model_load):
+    """The default recipe's 4 steps on tiny-sudoku-block's 4 blocks of 4: each block revealed in one pass."""
+    with pytest.warns(UserWarning, match=r"config key 'sampling.steps': 4 steps over 4 blocks .* use 16 for one "
+                                         r"token per step"), pytest.raises(AssertionError, match="model was loaded"):
+        Trainer("tiny-sudoku-block", reward_funcs=[cells_right], train_dataset=sudoku_dataset(0, 2))
+
+
 def test_a_reward_of_the_wrong_length_names_itself_after_the_first_sampling(tmp_path):
     def short(prompts, completions, **columns):
         return [0.0] * (len(completions) - 1)

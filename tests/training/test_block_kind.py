@@ -85,6 +85,23 @@ def test_a_block_size_the_checkpoint_was_not_trained_with_is_warned_about(tmp_pa
         validate(config(f"model.name_or_path={path}", "model.block_size=8"))
 
 
+def test_one_step_per_block_is_warned_about():
+    """4 steps over 4 blocks of 4 tokens reveal each block whole from one forward pass (the default recipe's
+    sampling.steps on the block model: the Python API's default), said once per key; 16 steps do not warn."""
+    import warnings
+
+    with pytest.warns(UserWarning, match=r"config key 'sampling.steps': 4 steps over 4 blocks \(⌈sampling.gen_length "
+                                         r"16 / model.block_size 4⌉\) decode each block of 4 tokens in one step, all "
+                                         r"of them at once from one forward pass; use 16 for one token per step"):
+        validate(config("sampling.steps=4"))
+    with pytest.warns(UserWarning, match=r"config key 'eval.steps': 4 steps over 4 blocks"):
+        validate(config("eval.steps=4"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        validate(config("sampling.steps=8"))
+        validate(config("model.block_size=1", "eval.steps=16"))  # (one token per block: one step is all)
+
+
 def test_other_kinds_refuse_a_block_size_and_the_block_model_brings_its_kind():
     cfg = Config()
     apply_overrides(cfg, ["model.block_size=4"])

@@ -86,6 +86,20 @@ def test_every_diffusion_preset_trains_with_threshold_decoding_and_the_dual_cach
     assert all(1 <= r["nfe_sampling"] <= 16 for r in rows)
 
 
+def test_threshold_decoding_does_not_ask_sampling_steps_to_split_over_the_blocks():
+    """The rollouts' step count is unused with a threshold (each block runs until decoded); DaGRPO's anchors,
+    revealed on the plain schedule, still read it, and evaluation decodes with eval.steps."""
+    cfg = Config()
+    apply_overrides(cfg, ["sampling.threshold=0.9", "sampling.block_length=4", "sampling.steps=6"])
+    validate(cfg)
+    for overrides, key in ((["train.algorithm=dagrpo"], "sampling.steps"), (["eval.steps=6"], "eval.steps"),
+                           (["sampling.threshold=null"], "sampling.steps")):
+        cfg = Config()
+        apply_overrides(cfg, ["sampling.threshold=0.9", "sampling.block_length=4", "sampling.steps=6", *overrides])
+        with pytest.raises(ConfigError, match=rf"config key '{key}': 6 steps do not split evenly over 4 blocks"):
+            validate(cfg)
+
+
 def test_an_error_of_a_sampler_alias_override_names_the_override(capsys):
     assert cli.main(["train", "--dry-run", "sampler.cache=Dual"]) == 2
     assert "command-line override 'sampler.cache=Dual': config key 'sampling.cache'" in capsys.readouterr().err
