@@ -144,6 +144,24 @@ def test_validation_error_from_yaml_names_file_and_line(tmp_path, capsys):
     assert "c.yaml line 2" in capsys.readouterr().err
 
 
+def test_an_error_in_a_key_the_file_does_not_set_says_it_is_the_default(tmp_path, capsys):
+    """A held-out file of 10 puzzles with the default eval.num_puzzles (256): the YAML file, which does not set it,
+    is not blamed (it was prefixed "c.yaml: " as if it did); a key set as a dotted top-level key is found."""
+    from dlmrl.data.sudoku import load_test_split
+
+    test = tmp_path / "test.csv"
+    test.write_text("Puzzle,Solution\n" + "".join(f"{e.puzzle},{e.solution}\n" for e in load_test_split()[:10]))
+    p = tmp_path / "c.yaml"
+    p.write_text(f"task:\n  test_file: {test}\n")
+    assert main(["train", "--config", str(p), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"config error: config key 'eval.num_puzzles': 256 puzzles asked, the held-out split has 10 (the default " \
+           f"value: {p} does not set eval.num_puzzles)" in err, err
+    p.write_text(f"task:\n  test_file: {test}\neval.num_puzzles: 300\n")
+    assert main(["train", "--config", str(p), "--dry-run"]) == 2
+    assert f"config error: {p} line 3: config key 'eval.num_puzzles': 300 puzzles" in capsys.readouterr().err
+
+
 def test_a_bad_override_is_blamed_on_the_override_not_on_the_file(tmp_path, capsys):
     """The file sets a valid value on line 2; the bad one came from the command line (found by a new user)."""
     p = tmp_path / "c.yaml"

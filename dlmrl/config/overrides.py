@@ -175,7 +175,15 @@ def mapping_keys(cls: type, mapping: dict) -> set[str]:
 
 def _yaml_line(path: Path, dotted: str) -> str:
     """``"<file> line N: "`` for the line that sets ``dotted`` (section-aware), else ``"<file>: "``."""
-    *sections, leaf = dotted.split("[", 1)[0].split(".")  # (a list entry, key[i], is set on its key's line)
+    line = _yaml_line_number(path, dotted)
+    return f"{path} line {line}: " if line is not None else f"{path}: "
+
+
+def _yaml_line_number(path: Path, dotted: str) -> int | None:
+    """The line of ``path`` that sets ``dotted``: its leaf under its section, the bare leaf or the whole dotted key
+    at the top level; ``None`` when no line does."""
+    whole = dotted.split("[", 1)[0]  # (a list entry, key[i], is set on its key's line)
+    *sections, leaf = whole.split(".")
     section = sections[0] if sections else None
     current = None
     for i, line in enumerate(path.read_text().splitlines(), 1):
@@ -184,8 +192,10 @@ def _yaml_line(path: Path, dotted: str) -> str:
         stripped = line.strip()
         top = bool(line) and not line[0].isspace()
         if stripped.startswith(f"{leaf}:") and (current == section if not top else section is None or top):
-            return f"{path} line {i}: "
-    return f"{path}: "
+            return i
+        if top and "." in whole and stripped.startswith(f"{whole}:"):
+            return i
+    return None
 
 
 def _yaml_error_place(e: yaml.YAMLError) -> str:
@@ -254,7 +264,8 @@ def load_yaml(cfg: Any, path: str | Path) -> None:
 
 def locate_error(error: ConfigError, path: str | Path | None, overrides: list[str] = ()) -> ConfigError:
     """Prefix a validation error with where its key was set: the command-line override that set it (overrides win
-    over the file), else the YAML file and line, when there is one."""
+    over the file), else the YAML file and line, when there is one. A ``config key '...'`` error whose key neither
+    sets keeps its value from the default: it says so, and the file is not blamed."""
     key = _key_in(str(error))
     if key:
         whole = key.split("[", 1)[0]  # (a list entry, key[i], is set by its key)
@@ -267,9 +278,14 @@ def locate_error(error: ConfigError, path: str | Path | None, overrides: list[st
     if path is None or str(error).startswith(str(path)) or not Path(path).is_file():
         return error
     try:
-        return ConfigError(f"{_yaml_line(Path(path), key)}{error}")
+        line = _yaml_line_number(Path(path), key)
     except (OSError, UnicodeDecodeError):  # (load_yaml reported an unreadable file already)
         return error
+    if line is not None:
+        return ConfigError(f"{path} line {line}: {error}")
+    if str(error).startswith("config key "):  # (a key the file does not set: its value is the default)
+        return ConfigError(f"{error} (the default value: {path} does not set {key.split('[', 1)[0]})")
+    return ConfigError(f"{path}: {error}")
 
 
 def apply_overrides(cfg: Any, overrides: list[str]) -> None:
