@@ -274,6 +274,15 @@ def test_unreadable_config_files_are_config_errors(tmp_path, capsys):
         assert match in capsys.readouterr().err, path
 
 
+def test_a_utf16_config_file_is_named_utf16(tmp_path, capsys):
+    path = tmp_path / "u16.yaml"
+    path.write_text("train:\n  max_steps: 3\n", encoding="utf-16")
+    assert main(["train", "--dry-run", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: UTF-16 text (its first two bytes are the UTF-16 little-endian byte-order mark 0xFF 0xFE); " \
+           "config files are read as UTF-8: save it as UTF-8" in err, err
+
+
 @pytest.mark.parametrize("overrides, key", [
     (["algorithm=spg", "estimator.name=spg", "estimator.mask_block_length=5"], "estimator.mask_block_length"),
     (["algorithm=spg", "estimator.name=spg", "estimator.mask_block_length=32"], "estimator.mask_block_length"),

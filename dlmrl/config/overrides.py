@@ -243,7 +243,13 @@ def load_yaml(cfg: Any, path: str | Path) -> None:
         raise ConfigError(f"config file {path} does not exist")
     if not path.is_file():
         raise ConfigError(f"config file {path} is not a file (a folder?)")
+    from dlmrl.data.text_files import utf16_problem
+
     try:
+        utf16 = utf16_problem(path.read_bytes())
+        if utf16 is not None:
+            raise ConfigError(f"{path}: UTF-16 text ({utf16}); config files are read as UTF-8: save it as UTF-8 (e.g. "
+                              "iconv -f utf-16 -t utf-8 IN > OUT)")
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         line = path.read_bytes()[: e.start].count(b"\n") + 1

@@ -208,6 +208,19 @@ def test_a_file_that_is_not_utf8_names_the_file_the_byte_offset_and_the_encoding
         load_records(str(csv_file), cache_dir=cache)
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be"])
+def test_a_utf16_file_is_named_utf16_not_given_latin1_advice(encoding, tmp_path, cache):
+    """Windows editors' "Unicode" (UTF-16, with its byte-order mark or without): the advice was to convert from
+    latin-1 (with the mark), or the file read as text full of NULs (without)."""
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"question": "ok", "answer": "1"}\n', encoding=encoding)
+    with pytest.raises(DataError, match=rf"^{re.escape(str(path))}: UTF-16 text \(.*\); data files are read as UTF-8: "
+                                        r"save it as UTF-8 \(e.g. iconv -f utf-16 -t utf-8 IN > OUT\)$") as err:
+        load_records(str(path), cache_dir=cache)
+    assert "latin" not in str(err.value)
+    assert ("byte-order mark 0xFF 0xFE" in str(err.value)) == (encoding == "utf-16")  # (Python writes it LE)
+
+
 @pytest.mark.parametrize("task", ["gsm8k", "dataset", "sudoku"])
 def test_the_cli_blames_a_non_utf8_data_file_on_the_key_that_names_it(task, tmp_path, capsys):
     from dlmrl.cli import main
