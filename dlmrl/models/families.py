@@ -43,6 +43,7 @@ from dlmrl.models.llada2 import (
     load_llada2,
 )
 from dlmrl.models.sdar import SDAR_MASK_TOKEN_ID, load_sdar, sdar_block_forward, sdar_logits
+from dlmrl.models.token_scores import hf_output_head, narrowed_request, unwrap_model
 from dlmrl.registry import Registry
 
 #: LLaDA's mask token ``<|mdm_mask|>``. Source: LLaDA's ``generate.py`` (``mask_id=126336``, "The token id
@@ -81,6 +82,12 @@ class Family:
             were trained (:func:`dlmrl.models.block_attention.prompt_block_ids`); False = one clean prompt block.
         default_block_size: the block size of ``model.kind: block`` when neither ``model.block_size`` nor the
             checkpoint's ``config.json`` gives one (LLaDA2's configs record none; its sampler's default is 32).
+        output_head: ``(model) -> nn.Module | None``, the module whose output the model's forward returns as its
+            logits, unchanged (``lm_head``), for scoring chosen tokens from the final hidden states in chunks
+            (``estimator.logits_chunk``, :mod:`dlmrl.models.token_scores`); ``None`` (or a function returning
+            ``None`` for a model) = no such split: scoring takes the full logits.
+        logit_shift: how far the model's outputs sit before the token they predict (Dream: 1, the output at
+            ``i − 1`` predicts token ``i``; :func:`shift_logits_right`), 0 for the others.
     """
 
     load: Callable[[str, bool, torch.dtype], nn.Module]
@@ -93,6 +100,8 @@ class Family:
     block_forward: BlockForwardFn | None = None
     prompt_blocks: bool = False
     default_block_size: int | None = None
+    output_head: Callable[[nn.Module], nn.Module | None] | None = None
+    logit_shift: int = 0
 
 
 FAMILIES: Registry[Family] = Registry("model family")
@@ -235,11 +244,24 @@ def llada_logits(model, input_ids, attention_mask, position_ids):
     out = None
     for pad in pads.unique().tolist():
         rows = (pads == pad).nonzero()[:, 0]
-        logits = model(input_ids=input_ids[rows, pad:]).logits  # (b, T - pad, V)
+        with narrowed_request(rows, pad):  # (a tapped head scores these rows and positions: token_scores)
+            logits = model(input_ids=input_ids[rows, pad:]).logits  # (b, T - pad, V)
         if out is None:
             out = logits.new_zeros(*input_ids.shape, logits.shape[-1])  # (B, T, V)
         out[rows, pad:] = logits
     return out
+
+
+def llada_output_head(model: nn.Module) -> nn.Module | None:
+    """LLaDA's output head ``model.transformer.ff_out`` (``LLaDAModel.forward``: ``logits =
+    self.transformer.ff_out(x)``), or ``None`` when the config ties it to the input embedding (the code then calls
+    ``F.linear`` on ``wte.weight``, no module) or scales the logits after it (``scale_logits``)."""
+    inner = unwrap_model(model)
+    config = getattr(inner, "config", None)
+    if config_value(config, "weight_tying", False) or config_value(config, "scale_logits", False):
+        return None
+    head = getattr(getattr(getattr(inner, "model", None), "transformer", None), "ff_out", None)
+    return head if isinstance(head, nn.Module) else None
 
 
 def shift_logits_right(logits: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -335,7 +357,7 @@ def _is_tiny(config) -> bool:
 
 FAMILIES.register("tiny")(
     Family(load=_load_causal_lm, logits=_tiny_logits, detect=_is_tiny, cached_logits=hf_cached_logits,
-           block_forward=hf_block_forward)
+           block_forward=hf_block_forward, output_head=hf_output_head)
 )
 FAMILIES.register("masked_lm")(
     Family(load=_load_masked_lm, logits=_masked_lm_logits, detect=_is_masked_lm,
@@ -343,7 +365,7 @@ FAMILIES.register("masked_lm")(
 )
 FAMILIES.register("llada")(
     Family(load=_load_auto_model, logits=llada_logits, detect=_is_llada, default_mask_token_id=LLADA_MASK_TOKEN_ID,
-           activation_checkpointing=llada_activation_checkpointing,
+           activation_checkpointing=llada_activation_checkpointing, output_head=llada_output_head,
            no_cache_reason="dlmrl has no cache adapter for LLaDA's checkpoint code: its released modeling_llada.py "
                            "takes past_key_values but cannot replace a block's keys inside the cache (dual), and its "
                            "prefix path cannot be tested here without that code (Fast-dLLM ships a modified copy of "
@@ -351,19 +373,21 @@ FAMILIES.register("llada")(
 )
 FAMILIES.register("dream")(
     Family(load=_load_auto_model, logits=dream_logits, detect=_is_dream, default_mask_token_id=DREAM_MASK_TOKEN_ID,
+           output_head=hf_output_head, logit_shift=1,
            no_cache_reason="dlmrl has no cache adapter for Dream's checkpoint code (modeling_dream.py; Fast-dLLM "
                            "ships a modified copy for block caching)")
 )
 
 FAMILIES.register("sdar")(
     Family(load=load_sdar, logits=sdar_logits, detect=_is_sdar, default_mask_token_id=SDAR_MASK_TOKEN_ID,
-           block_forward=sdar_block_forward, prompt_blocks=True,
+           block_forward=sdar_block_forward, prompt_blocks=True, output_head=hf_output_head,
            no_cache_reason="SDAR and TraDo are block-diffusion checkpoints: run them with model.kind block, "
                            "whose key/value cache is exact")
 )
 FAMILIES.register("llada2")(
     Family(load=load_llada2, logits=llada2_logits, detect=_is_llada2, default_mask_token_id=LLADA2_MASK_TOKEN_ID,
            block_forward=bool_mask_block_forward, prompt_blocks=True, default_block_size=LLADA2_BLOCK_SIZE,
+           output_head=hf_output_head,
            no_cache_reason="LLaDA2 checkpoints are block-diffusion models: run them with model.kind block, whose "
                            "key/value cache is exact")
 )
@@ -420,5 +444,6 @@ __all__ = [
     "left_padding",
     "llada_activation_checkpointing",
     "llada_logits",
+    "llada_output_head",
     "shift_logits_right",
 ]
