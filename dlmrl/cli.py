@@ -210,7 +210,7 @@ def _build(args, cls):
     source = saved or args.config or default_config_path()
     args.config_source = str(source)  # (errors and --dry-run name it)
     if cls is Config:
-        load_yaml(cfg, source)
+        load_yaml(cfg, source, chosen=False if saved is not None else None)  # (a saved config: the run's, in full)
         if saved is not None and args.config and getattr(args, "resume", False):
             _check_resume_config(args, saved)
     elif args.config:

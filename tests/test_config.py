@@ -1,4 +1,5 @@
 import pytest
+import yaml
 
 from dlmrl.cli import default_config_path, main
 from dlmrl.config import Config, ConfigError, apply_overrides, help_text, iter_fields, load_yaml, validate
@@ -323,6 +324,37 @@ def test_list_keys_take_comma_lists_yaml_lists_and_top_level_names(tmp_path):
 
 
 AR_JOB = ["model.kind=ar", "model.name_or_path=tiny-sudoku-ar", "task.answer_mode=full", "algorithm=grpo"]
+
+
+@pytest.mark.parametrize("key", ["estimator.num_nodes=3", "estimator.micro_batch=0", "estimator.merge=2",
+                                 "estimator.options={}"])
+def test_the_ar_kind_refuses_estimator_keys_the_user_set_to_their_defaults_too(key, tmp_path, capsys):
+    """Equal to the default (or the recipe's value) the key is still ignored by an AR run: refused as any other,
+    from an override, the user's YAML file or the Python API's dict; a run's saved config (a full dump, which
+    holds the estimator section) resumes."""
+    from dlmrl.api import trainer_config
+    from dlmrl.config import default_job_config
+
+    name, value = key.split("=")
+    with pytest.raises(ConfigError, match=rf"config key '{name}': model.kind 'ar' scores exact token log-probs"):
+        validate(default_job_config([*AR_JOB, key]))
+    section, leaf = name.split(".")
+    p = tmp_path / "ar.yaml"
+    p.write_text("model:\n  kind: ar\n  name_or_path: tiny-sudoku-ar\ntask:\n  answer_mode: full\ntrain:\n"
+                 f"  algorithm: grpo\n{section}:\n  {leaf}: {value}\n")
+    assert main(["train", "--dry-run", "--config", str(p)]) == 2
+    assert f"{p} line 9: config key '{name}': model.kind 'ar'" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match=rf"config key '{name}': model.kind 'ar'"):
+        validate(trainer_config({"model.kind": "ar", name: yaml.safe_load(value)}, "tiny-sudoku-ar"), data=False)
+
+
+def test_an_ar_run_resumes_from_its_saved_config(tmp_path, capsys):
+    from dlmrl.config import default_job_config, save_yaml
+
+    out = tmp_path / "run"
+    out.mkdir()
+    save_yaml(default_job_config([*AR_JOB, f"output_dir={out}"]), out / "config.yaml")  # (estimator keys in full)
+    assert main(["train", "--resume", "--dry-run", "--output-dir", str(out)]) == 0, capsys.readouterr().err
 
 
 @pytest.mark.parametrize("key", ["estimator.merge=4", "estimator.name=sdmc", "estimator.micro_batch=8",

@@ -114,11 +114,26 @@ def keys_set(cfg: Any) -> frozenset[str] | None:
     return frozenset(keys) if keys is not None else None
 
 
-def _note_set(cfg: Any, key: str) -> None:
+#: attribute of a config object holding the dotted keys the user chose (:func:`user_keys`)
+_USER_KEYS = "_dlmrl_user_keys"
+
+
+def user_keys(cfg: Any) -> frozenset[str] | None:
+    """The dotted keys the user chose: set by an override, a mapping (the Python API's ``config`` dict) or a YAML
+    file of theirs, not by the packaged default recipe or a run's saved config (:func:`load_yaml`'s ``chosen``);
+    ``None`` for a config built in Python (no key applied)."""
+    keys = getattr(cfg, _USER_KEYS, None)
+    return frozenset(keys) if keys is not None else None
+
+
+def _note_set(cfg: Any, key: str, chosen: bool = True) -> None:
     keys = cfg.__dict__.get(_KEYS_SET)
     if keys is None:
         keys = cfg.__dict__[_KEYS_SET] = set()
     keys.add(key)
+    user = cfg.__dict__.setdefault(_USER_KEYS, set())
+    if chosen:
+        user.add(key)
 
 
 def _set(obj: Any, dotted: str, value: Any) -> None:
@@ -136,14 +151,15 @@ def _field_type(fields: dict, key: str) -> Any:
     return fields.get(key, typing.Any)
 
 
-def apply_mapping(cfg: Any, mapping: dict, where: str = "", prefix: str = "") -> None:
-    """Apply a nested mapping (from YAML) to ``cfg``; unknown keys raise ``ConfigError``."""
+def apply_mapping(cfg: Any, mapping: dict, where: str = "", prefix: str = "", chosen: bool = True) -> None:
+    """Apply a nested mapping (from YAML) to ``cfg``; unknown keys raise ``ConfigError``. ``chosen``: the keys
+    count as the user's (:func:`user_keys`)."""
     fields = {k: t for k, _, t in iter_fields(type(cfg))}
     for k, v in mapping.items():
         key = f"{prefix}{k}"
         is_section = any(f.startswith(key + ".") for f in fields)
         if is_section and (v is None or isinstance(v, dict)):
-            apply_mapping(cfg, v or {}, where, prefix=key + ".")
+            apply_mapping(cfg, v or {}, where, prefix=key + ".", chosen=chosen)
             continue
         if key not in fields:
             if is_section:
@@ -153,7 +169,7 @@ def apply_mapping(cfg: Any, mapping: dict, where: str = "", prefix: str = "") ->
         if key in _options_fields(type(cfg)):  # (a YAML mapping adds to the options set before it)
             value = {**_get(cfg, key), **value}
         _set(cfg, key, value)
-        _note_set(cfg, key)
+        _note_set(cfg, key, chosen)
 
 
 def _get(obj: Any, dotted: str) -> Any:
@@ -236,9 +252,18 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load_yaml(cfg: Any, path: str | Path) -> None:
-    """Update ``cfg`` from a YAML file; errors name the file and (when found) the line."""
+def load_yaml(cfg: Any, path: str | Path, chosen: bool | None = None) -> None:
+    """Update ``cfg`` from a YAML file; errors name the file and (when found) the line.
+
+    Args:
+        chosen: whether the file's keys are the user's choices (:func:`user_keys`); ``None``: unless the file is
+            the packaged default recipe (a run's saved ``config.yaml``, a full dump, is passed ``False``).
+    """
     path = Path(path)
+    if chosen is None:
+        from dlmrl.config.schema import default_config_path
+
+        chosen = path.resolve() != Path(default_config_path()).resolve()
     if not path.exists():
         raise ConfigError(f"config file {path} does not exist")
     if not path.is_file():
@@ -263,7 +288,7 @@ def load_yaml(cfg: Any, path: str | Path) -> None:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     try:
-        apply_mapping(cfg, data)
+        apply_mapping(cfg, data, chosen=chosen)
     except ConfigError as e:
         raise ConfigError(f"{_yaml_line(path, _key_in(str(e)))}{e}") from None
 

@@ -468,12 +468,19 @@ def _check_rollout_is_cap(cfg: Config, estimator) -> None:
 
 def _refuse_ar_estimator_keys(cfg: Config) -> None:
     """An AR policy scores its completions by their exact token log-probs: no estimator runs, so an ``estimator.*``
-    key set away from its default (or the default recipe's value) would be ignored silently; refused, naming it."""
+    key the user set (:func:`~dlmrl.config.overrides.user_keys`: an override, their YAML file, the API's dict; at a
+    default's value too), or set away from its default (or the default recipe's value), would be ignored silently;
+    refused, naming it. The default recipe's own estimator section and a run's saved config are not the user's."""
+    from dlmrl.config.overrides import user_keys
+
     e = cfg.estimator
     defaults = (EstimatorConfig(), _default_recipe().estimator)
+    chosen = user_keys(cfg) or frozenset()
     for f in dataclasses.fields(e):
         value = getattr(e, f.name)
-        if all(value != getattr(d, f.name) for d in defaults):
+        key = f"estimator.{f.name}"
+        if any(k == key or k.startswith(key + ".") for k in chosen) or all(value != getattr(d, f.name)
+                                                                           for d in defaults):
             raise ConfigError(f"config key 'estimator.{f.name}': model.kind 'ar' scores exact token log-probs (no "
                               f"likelihood estimator runs, so estimator settings do not apply); remove "
                               f"estimator.{f.name} (got {value!r}), or train a diffusion policy (model.kind diffusion)")
