@@ -102,18 +102,6 @@ def _coerce(key: str, ftype: Any, value: Any, where: str = "") -> Any:
     return float(value) if ftype is float else value
 
 
-#: attribute of a config object holding the dotted keys a YAML file or an override set (:func:`keys_set`)
-_KEYS_SET = "_dlmrl_keys_set"
-
-
-def keys_set(cfg: Any) -> frozenset[str] | None:
-    """The dotted keys that :func:`load_yaml`, :func:`apply_mapping` and :func:`apply_overrides` set on ``cfg``
-    (whatever value they gave), or ``None`` for a config built in Python, whose keys were never applied: then
-    only a value differing from its default tells that it was chosen."""
-    keys = getattr(cfg, _KEYS_SET, None)
-    return frozenset(keys) if keys is not None else None
-
-
 #: attribute of a config object holding the dotted keys the user chose (:func:`user_keys`)
 _USER_KEYS = "_dlmrl_user_keys"
 
@@ -127,10 +115,6 @@ def user_keys(cfg: Any) -> frozenset[str] | None:
 
 
 def _note_set(cfg: Any, key: str, chosen: bool = True) -> None:
-    keys = cfg.__dict__.get(_KEYS_SET)
-    if keys is None:
-        keys = cfg.__dict__[_KEYS_SET] = set()
-    keys.add(key)
     user = cfg.__dict__.setdefault(_USER_KEYS, set())
     if chosen:
         user.add(key)

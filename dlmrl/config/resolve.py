@@ -11,7 +11,7 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dlmrl.config.overrides import _resolve_key, keys_set, load_yaml
+from dlmrl.config.overrides import _resolve_key, load_yaml, user_keys
 from dlmrl.config.schema import Config, EstimatorConfig, SamplingConfig, TrainConfig, default_config_path
 from dlmrl.errors import ConfigError, OptionError
 
@@ -115,8 +115,9 @@ def build_estimator(e: EstimatorConfig, name: str | None = None, sampling: Sampl
 
 def adopt_checkpoint_kind(cfg: Config) -> None:
     """Give ``cfg`` the policy kind its checkpoint was saved as (``config.json``'s ``dlmrl_kind``, a LoRA folder's
-    note: :func:`dlmrl.models.loading.checkpoint_kind`) when the config did not choose ``model.kind``: a YAML file
-    or an override that sets it chooses it, and so does a config built in Python whose kind is not the default.
+    note: :func:`dlmrl.models.loading.checkpoint_kind`) when the config did not choose ``model.kind``: the user's YAML
+    file, an override or the API's dict that sets it chooses it (:func:`~dlmrl.config.overrides.user_keys`; not the
+    packaged recipe nor a run's saved config), and so does a config built in Python whose kind is not the default.
     So ``dlmrl eval --model moved/final_model`` and ``Trainer("moved/final_model")`` run a block or causal model
     as one, not as full diffusion. Idempotent; nothing is fetched for a hub id (it records nothing here).
 
@@ -131,7 +132,7 @@ def adopt_checkpoint_kind(cfg: Config) -> None:
     recorded = checkpoint_kind(m.name_or_path)
     if recorded is None or recorded == m.kind:
         return
-    keys = keys_set(cfg)
+    keys = user_keys(cfg)
     chosen = "model.kind" in keys if keys is not None else m.kind != type(m)().kind
     if chosen:
         how = "shipped" if is_shipped(m.name_or_path) else "saved"
