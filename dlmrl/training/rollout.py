@@ -60,6 +60,9 @@ class Rollout:
         turns: ``(B,)`` long policy turns of each trajectory (tools inside the rollout); ``None`` otherwise.
         tool_errors: ``(B,)`` long turns whose observation was an error (a call that did not parse, an unknown tool,
             invalid arguments, no action); ``None`` otherwise.
+        exact: ``(B,)`` bool, whether each completion matches its example exactly (``task.exact_matches`` of the
+            texts decoded for the rewards), set by the sampler when the preset's advantage reads it (SRPO's pass@k
+            bonus); ``None`` otherwise.
     """
 
     examples: list
@@ -81,6 +84,7 @@ class Rollout:
     observation_mask: torch.Tensor | None = None
     turns: torch.Tensor | None = None
     tool_errors: torch.Tensor | None = None
+    exact: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.completion)
@@ -88,7 +92,7 @@ class Rollout:
     #: the per-row tensor fields (``None`` allowed), which :meth:`rows` and :meth:`to` map
     _TENSORS = ("prompt_ids", "prompt_mask", "completion", "completion_mask", "group_ids", "trajectory_ids",
                 "anchor", "rewards", "train_rewards", "reveal_step", "token_logprobs", "row_nfe", "reward_parts",
-                "observation_mask", "turns", "tool_errors")
+                "observation_mask", "turns", "tool_errors", "exact")
 
     def _map(self, fn, **changes) -> Rollout:
         """A copy with ``fn`` applied to every per-row tensor field and the ``changes`` made."""
@@ -128,7 +132,7 @@ class Rollout:
         width. Group and trajectory ids are renumbered so rows of different parts never share one (each part's
         group ids first made 0, 1, ... in their order, so kept rows of a sampled batch number as a fresh one); NFE
         and sampling passes add up; ``anchor`` / ``rewards`` / ``train_rewards`` / ``reveal_step`` /
-        ``token_logprobs`` / ``row_nfe`` / ``reward_parts`` / ``observation_mask`` / ``turns`` / ``tool_errors`` must be
+        ``token_logprobs`` / ``row_nfe`` / ``reward_parts`` / ``observation_mask`` / ``turns`` / ``tool_errors`` / ``exact`` must be
         set on every part or on none (``anchor``: a
         missing one means no anchors).
 
@@ -170,7 +174,7 @@ class Rollout:
             optional("rewards"), optional("train_rewards"), sum(p.sampling_passes() for p in parts),
             optional("reveal_step"), optional("token_logprobs"), optional("row_nfe"),
             reward_parts=optional("reward_parts"), observation_mask=optional("observation_mask"),
-            turns=optional("turns"), tool_errors=optional("tool_errors"),
+            turns=optional("turns"), tool_errors=optional("tool_errors"), exact=optional("exact"),
         )
 
 

@@ -74,6 +74,8 @@ def sample_groups(policy, task, cfg: Config, preset, examples: list, generator: 
         ro.rewards = task.reward_functions.combine(ro.reward_parts)  # (B,) TRL's weighted nansum
     else:
         ro.rewards = torch.tensor(task.rewards(ro.examples, texts), dtype=torch.float32)  # (B,)
+    if preset.advantage == "srpo_passk" and hasattr(task, "exact_matches"):  # (SRPO's bonus: from these texts)
+        ro.exact = torch.tensor(task.exact_matches(ro.examples, texts), dtype=torch.bool)  # (B,)
     ro.train_rewards = shaped_rewards(preset, ro.rewards, ro.completion_mask.sum(-1).cpu(), max_length)
     return ro if share is None else gather_rollout(ro, processes, pad_id)
 

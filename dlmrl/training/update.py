@@ -126,8 +126,9 @@ def prepare_update(run, ro: Rollout, generator: torch.Generator) -> UpdateBatch:
     if preset.advantage == "dagrpo":  # distinctiveness: token 3-gram Jaccard within each group
         adv_inputs["similarity"] = ngram_jaccard(ro.completion, ro.completion_mask, group_ids)
     if preset.advantage == "srpo_passk" and hasattr(run.task, "exact_matches"):  # SRPO's bonus counts exact matches
-        adv_inputs["exact"] = torch.tensor(run.task.exact_matches(ro.examples, run.task.decode(ro.completion)),
-                                           dtype=torch.bool)
+        # (the sampler's flags, from the texts it decoded for the rewards; a rollout without them decodes here)
+        adv_inputs["exact"] = ro.exact if ro.exact is not None else torch.tensor(
+            run.task.exact_matches(ro.examples, run.task.decode(ro.completion)), dtype=torch.bool)
     keep = torch.ones(len(ro), dtype=torch.bool)
     adv = None
     if "entropy" not in needs and len(ro):

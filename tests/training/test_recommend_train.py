@@ -72,6 +72,25 @@ def test_each_config_trains_a_step_and_srpo_reads_the_exact_flags(algorithm, bas
         assert seen == []
 
 
+def test_srpo_takes_its_exact_flags_from_the_rollouts_decoded_texts(base, tmp_path, monkeypatch):
+    """The flags come with the rollout (the texts decoded for the rewards): one decode of the completions per step,
+    not a second one in the update."""
+    from dlmrl.data.recommend_task import RecommendTask
+
+    calls = []
+    original = RecommendTask.decode
+    monkeypatch.setattr(RecommendTask, "decode", lambda self, canvas: calls.append(len(canvas)) or original(self,
+                                                                                                          canvas))
+    cfg = Config()
+    load_yaml(cfg, ROOT / "configs/srpo_recommend_tiny_ar.yaml")
+    apply_overrides(cfg, [f"model.name_or_path={base}", f"output_dir={tmp_path}", "max_steps=1", "save_steps=1",
+                          "prompts_per_step=2", "num_generations=4", "eval.before=false", "eval.after=false",
+                          *(f"task.options.{k}={v}" for k, v in SMALL.items())])
+    validate(cfg)
+    train(cfg, progress=False)
+    assert calls == [8]  # (the step's 2 x 4 completions, decoded once)
+
+
 def test_pretrain_config_errors_name_the_key():
     for overrides, key in ((["task=recommend", "kind=diffusion"], "kind"),
                            (["task=sudoku", "task_options.mode=direct"], "task_options")):
