@@ -315,11 +315,6 @@ def _warn_untrained_block_size(m: ModelConfig) -> None:
 CODE_SHIPPING_FAMILIES = ("llada", "dream", "sdar", "llada2")
 
 
-def _completion_width(cfg: Config) -> int:
-    """The completion width a run samples: ``sampling.gen_length`` (AR: plus its EOS)."""
-    return cfg.sampling.gen_length + (1 if cfg.model.kind == "ar" else 0)
-
-
 def _local_families(name_or_path: str) -> list[str] | None:
     """The registered families whose ``detect`` accepts a local checkpoint's ``config.json`` (read as JSON, no code
     runs); ``None`` for a hub id or a folder without one."""
@@ -602,9 +597,15 @@ def _check_rollout_parts(cfg: Config, preset) -> None:
                f"environment {env!r} rewrites its prompt every turn; tools inside the rollout need one that appends "
                "its observations (multihop_react)")
         turn = int((cfg.task.options or {}).get("turn_length", 64)) if cfg.task.name == "multihop" else 1
-        _check(_completion_width(cfg) >= turn, "sampling.gen_length",
-               f"{cfg.sampling.gen_length} tokens is the whole trajectory's budget with the tools inside the rollout "
-               f"(actions and observations); it cannot hold one turn of task.options.turn_length {turn} tokens")
+        from dlmrl.objectives.shaping import generation_budget
+
+        budget = generation_budget(cfg.model.kind, cfg.sampling.gen_length, preset)  # (the run's max_length)
+        extra = ("" if cfg.model.kind != "ar" else " and EOS" if preset.overlong_cache_fraction is None
+                 else ", EOS and DAPO's overlong cache")
+        _check(budget >= turn, "sampling.gen_length",
+               f"{budget} tokens (sampling.gen_length {cfg.sampling.gen_length}{extra}) is the whole trajectory's "
+               f"budget with the tools inside the rollout (actions and observations); it cannot hold one turn of "
+               f"task.options.turn_length {turn} tokens")
 
 
 def _check_env(cfg: Config, env: str) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ from dlmrl.models.lora import (
     register_adapter_checkpointing,
 )
 from dlmrl.objectives.segments import delimiter_token_ids
+from dlmrl.objectives.shaping import generation_budget  # (also imported from here: plan.py)
 from dlmrl.rewards.functions import RewardFunctions
 from dlmrl.training.distributed import (
     Processes,
@@ -204,17 +204,6 @@ def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None)
                env=(tr.env or default_env(cfg.task.name)) if preset.multi_turn else tr.env,  # (else: tools in the loop)
                gap_measured=not is_ar and measures_rollout_mismatch(scorer),  # (rollout_logp_gap_* logged)
                metric=primary_metric(task), solved=solved_reward(task))
-
-
-def generation_budget(kind: str, gen_length: int, preset) -> int:
-    """The tokens a rollout may sample per completion: ``gen_length`` (AR: plus EOS; with DAPO's soft overlong
-    punishment, ``⌈(gen_length + 1) / (1 − fraction)⌉``, **dlmrl interpretation**: the cache sits past the answer, so a
-    complete answer is never punished and only tokens beyond it are)."""
-    if kind != "ar":
-        return gen_length
-    if preset.overlong_cache_fraction is None:
-        return gen_length + 1
-    return math.ceil((gen_length + 1) / (1 - preset.overlong_cache_fraction))
 
 
 def canvas_token_id(policy) -> int | None:

@@ -442,6 +442,21 @@ def test_a_budget_that_cannot_hold_one_turn_is_refused_naming_it(tmp_path):
            **{**TOOL_LOOP, "sampling.gen_length": 63, "sampling.block_length": 160, "sampling.steps": 7})
 
 
+def test_the_budget_check_counts_dapos_overlong_cache_as_the_run_does(tmp_path):
+    """The trajectory's budget is generation_budget's, the run's max_length: with DAPO (cache fraction 0.2)
+    gen_length 13 gives ⌈14 / 0.8⌉ = 18 tokens, which holds a 16-token turn (it was refused counting 13 + 1)."""
+    from dlmrl.objectives.presets import get_algorithm
+    from dlmrl.objectives.shaping import generation_budget
+
+    assert generation_budget("ar", 13, get_algorithm("dapo")) == 18
+    config("configs/mtr_multihop_tiny_ar.yaml", "tiny-multihop-ar", tmp_path,
+           **{**TOOL_LOOP, "sampling.gen_length": 13, "train.algorithm": "dapo"})
+    with pytest.raises(ConfigError, match=r"config key 'sampling.gen_length': 14 tokens \(sampling.gen_length 13 and "
+                                          r"EOS\) is the whole trajectory's budget .*turn_length 16 tokens"):
+        config("configs/mtr_multihop_tiny_ar.yaml", "tiny-multihop-ar", tmp_path,
+               **{**TOOL_LOOP, "sampling.gen_length": 13, "train.algorithm": "grpo"})
+
+
 def test_eval_num_puzzles_is_checked_only_when_the_run_evaluates(tmp_path):
     config("configs/mtr_multihop_tiny_ar.yaml", "tiny-multihop-ar", tmp_path,
            **{"eval.num_puzzles": 10_000, "eval.before": False, "eval.after": False})
