@@ -68,8 +68,8 @@ def _parser() -> argparse.ArgumentParser:
                             help="evaluate at each generation length (e.g. 128,256,512: d1's), one JSON line per "
                                  "length; eval.steps scales with the length (steps per token kept)")
     _estimators_parser(sub)
-    sp = sub.add_parser("list", help="List a registry (algorithms, estimators, rewards, tasks, advantages, "
-                                         "clip_rules, loss_types, weightings).")
+    # (the names from the registry table itself: a registry added there is in the help too)
+    sp = sub.add_parser("list", help=f"List a registry ({', '.join(_REGISTRIES)}).")
     sp.add_argument("registry", choices=sorted(_REGISTRIES))
     _import_argument(sp)
     return p
@@ -77,8 +77,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _import_argument(sp) -> None:
     sp.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                    help="import MODULE first (repeatable), so the estimators, algorithms, rewards, tasks and "
-                         "objective parts it registers are known (also: the dlmrl.plugins entry points, loaded at start)")
+                    help="import MODULE first (repeatable), so the estimators, algorithms, rewards, tasks, "
+                         "objective parts, model families and environments it registers are known (also: the "
+                         "dlmrl.plugins entry points, loaded at start)")
 
 
 def _load_user_code(args) -> None:

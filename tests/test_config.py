@@ -102,6 +102,17 @@ def test_cli_help_lists_fields(capsys):
     assert "train.num_iterations" in out and "estimator.num_nodes" in out
 
 
+def test_the_top_level_help_names_every_registry_dlmrl_list_takes(capsys):
+    """families and envs were missing from `dlmrl --help` though `dlmrl list` takes them."""
+    from dlmrl.listing import _REGISTRIES
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())  # (argparse wraps the help)
+    assert f"List a registry ({', '.join(_REGISTRIES)})." in out
+    assert {"families", "envs"} <= set(_REGISTRIES)
+
+
 def test_dataclass_defaults_are_the_default_recipe():
     """--help shows the defaults the default job uses; a --config file starts from them too."""
     from dlmrl.config import to_dict
