@@ -149,6 +149,22 @@ class SamplingConfig:
                 "logs their gap to exact scores (rollout_logp_gap_*) and train.rollout_is_cap corrects it. Families with a cache: tiny (transformers "
                 "Llama/Qwen-style models with is_causal=False); others are refused by name. Not with cfg_scale > 0. "
                 "Rollouts only.")
+    rollout_batch_size: int = doc(
+        0, "Rows (completions) per sampling call on each process: a process samples its share of the rollout batch "
+           "in calls of at most this many rows, which bounds the sampler's memory (activations, key/value cache, "
+           "noise). Each row keeps the random numbers it has in the whole batch, so the completions, their records "
+           "and the step's random state are those of one call (up to the model's floating-point batch effects). "
+           "0 = the whole share in one call. Single-turn rollouts and AR episodes; not with tools inside the "
+           "rollout. Evaluation batches with eval.batch_size.")
+    stop_at_eos: bool | None = doc(
+        None, "Diffusion kinds: a row ends at the block holding its first EOS (a finished block: model.block_size "
+              "for block, sampling.block_length for diffusion); its later blocks are EOS, not decoded and not part "
+              "of the completion (no score, loss or length counts them), and a sampling call stops its forward "
+              "passes once all its rows have ended (threshold decoding: an ended row leaves the pass). Every block "
+              "up to a row's EOS block is decoded as without the stop. null = the kind's default: block true (SDAR's "
+              "generate stops there; no position attends a later block), diffusion false (LLaDA's generate decodes "
+              "the whole canvas, and a bidirectional scorer would see the EOS filling where a full decode leaves its "
+              "own tokens). AR rollouts always end at EOS (null or true). Single-turn rollouts only.")
 
     @property
     def adaptive(self) -> bool:

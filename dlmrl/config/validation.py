@@ -194,6 +194,7 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
     _check(s.cfg_scale >= 0, "sampling.cfg_scale", "must be >= 0")
     _check_threshold(cfg)
     _check_cache(cfg)
+    _check_rollout_calls(cfg, preset)
     _check_remote_code(cfg)  # (after the sampler's checks: a family's missing cache is the more specific error)
     name, e, chosen_by = estimator_choice(cfg, preset)
     try:
@@ -384,6 +385,24 @@ def _check_threshold(cfg: Config) -> None:
                f"(got {s.remasking!r})")
         _check(cfg.model.kind in DIFFUSION_KINDS, key,
                "is a diffusion-sampler setting; model.kind 'ar' decodes left to right (set it null)")
+
+
+def _check_rollout_calls(cfg: Config, preset) -> None:
+    """``sampling.rollout_batch_size`` (an integer >= 0) and ``sampling.stop_at_eos`` (null or a bool; AR rollouts
+    always end at EOS); neither applies to tools inside the rollout, whose loop samples every trajectory at once and
+    ends turns itself."""
+    s = cfg.sampling
+    n = s.rollout_batch_size
+    _check(isinstance(n, int) and not isinstance(n, bool) and n >= 0, "sampling.rollout_batch_size",
+           f"must be an integer >= 0 (rows per sampling call on each process; 0 = all at once), got {n!r}")
+    _check(s.stop_at_eos is None or isinstance(s.stop_at_eos, bool), "sampling.stop_at_eos",
+           f"must be true, false or null (the kind's default), got {s.stop_at_eos!r}")
+    _check(not (cfg.model.kind == "ar" and s.stop_at_eos is False), "sampling.stop_at_eos",
+           "model.kind 'ar' always ends a completion at EOS (transformers' generate stops there); set it null")
+    if cfg.train.env is not None and preset is not None and not preset.multi_turn:
+        why = "tools inside the rollout (train.env with a single-turn preset) "
+        _check(n == 0, "sampling.rollout_batch_size", why + "sample every trajectory in one call; set 0")
+        _check(s.stop_at_eos is None, "sampling.stop_at_eos", why + "end each turn themselves; set it null")
 
 
 def _check_cache(cfg: Config) -> None:

@@ -89,10 +89,11 @@ class BlockDiffusionPolicy(MaskedDiffusionPolicy):
                       temperature: float = 0.0, remasking: str = "low_confidence", threshold: float | None = None,
                       threshold_factor: float | None = None, canvas: torch.Tensor | None = None,
                       generator: torch.Generator | None = None, rows: tuple[int, int] | None = None,
-                      cache: bool = True):
+                      cache: bool = True, eos_token_id: int | None = None, stop_at_eos: bool = False):
         """:func:`~dlmrl.models.block_sampler.block_generate` in this policy's blocks with ``steps`` total denoising
         steps split evenly over its ``⌈gen_length / block_size⌉`` blocks (with a threshold: checked, not used), the
-        way :func:`~dlmrl.models.sampler.generate` splits them over its blocks.
+        way :func:`~dlmrl.models.sampler.generate` splits them over its blocks; ``stop_at_eos`` stops rows at the
+        block holding their first ``eos_token_id``.
 
         Raises:
             ValueError: if ``steps`` is not a positive multiple of the number of blocks, or as ``block_generate``.
@@ -107,7 +108,7 @@ class BlockDiffusionPolicy(MaskedDiffusionPolicy):
                               steps_per_block=None if adaptive else steps // blocks, temperature=temperature,
                               remasking=remasking, threshold=threshold, threshold_factor=threshold_factor,
                               canvas=canvas, generator=generator, cache=cache, forward=self.forward, rows=rows,
-                              prompt_blocks=self.prompt_blocks)
+                              prompt_blocks=self.prompt_blocks, eos_token_id=eos_token_id, stop_at_eos=stop_at_eos)
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         raise TypeError("a block-diffusion policy needs to know where its prompt ends: call "

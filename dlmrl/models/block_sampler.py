@@ -41,7 +41,14 @@ from dlmrl.models.block_attention import (
 from dlmrl.models.gumbel import _gumbel, _uniform, add_gumbel_noise
 from dlmrl.models.policy import position_ids_from_mask
 from dlmrl.models.reveal import NOT_SAMPLED, _confidence, num_transfer_tokens, threshold_reveal
-from dlmrl.models.sampler import REMASKING, SampleOutput, _revealed_logprobs, _step_generator
+from dlmrl.models.sampler import (
+    REMASKING,
+    EosStop,
+    SampleOutput,
+    _revealed_logprobs,
+    _step_generator,
+    skip_step_draws,
+)
 
 
 @dataclass
@@ -56,7 +63,7 @@ class BlockSampleOutput(SampleOutput):
 
     Attributes:
         cache_passes: passes that only build the cache: 1 for the prompt plus 1 per finished block but the last
-            (its keys are never needed); 0 with ``cache=False``.
+            (its keys are never needed) and but those after the call stopped at EOS; 0 with ``cache=False``.
     """
 
     cache_passes: int = 0
@@ -191,6 +198,8 @@ def block_generate(
     forward: BlockForwardFn = hf_block_forward,
     rows: tuple[int, int] | None = None,
     prompt_blocks: bool = False,
+    eos_token_id: int | None = None,
+    stop_at_eos: bool = False,
 ) -> BlockSampleOutput:
     """Decode ``gen_length`` tokens after each prompt with a block-causal denoiser, block by block.
 
@@ -200,6 +209,15 @@ def block_generate(
     block; ties to the leftmost), or, with a threshold, the positions :func:`~dlmrl.models.reveal.threshold_reveal`
     picks, a block then taking as many steps as its rows need (at most its length; rows whose block is decoded leave
     the pass). A step at which no row reveals anything runs no pass.
+
+    Early stop (``stop_at_eos``; SDAR's ``block_diffusion_generate`` stops at the block holding a stop token): a row
+    ends once a finished block holds ``eos_token_id``, and its later blocks are EOS that no step wrote
+    (``reveal_step`` ``NOT_SAMPLED``, ``token_logprobs`` 0, ``decoded_length`` the end of its EOS block), whatever
+    the call decoded there (:class:`~dlmrl.models.sampler.EosStop`). Every block up to and including that one is
+    decoded exactly as without the stop: no position attends a later block. Without a threshold the passes stop
+    once every row of the call has ended (no more denoising or cache passes) and the remaining steps' numbers are
+    drawn without a pass (:func:`~dlmrl.models.sampler.skip_step_draws`), so ``generator`` ends where the full
+    decode leaves it; with a threshold a row that has ended leaves the pass, as a row whose block is decoded does.
 
     Args:
         policy: a block-causal masked-diffusion policy: ``model`` (a ``transformers`` decoder for the default
@@ -221,15 +239,18 @@ def block_generate(
             decoding the whole batch, as :func:`~dlmrl.models.sampler.generate`'s ``rows``. ``None``: every row.
         prompt_blocks: the prompt cut into blocks too (:func:`~dlmrl.models.block_attention.prompt_block_ids`; the
             SDAR family), else one clean block.
+        eos_token_id: the token a row ends at (``stop_at_eos``). stop_at_eos: stop rows at EOS (above).
     Returns:
         :class:`BlockSampleOutput`: ``canvas`` ``(B, L)`` long, ``token_logprobs`` ``(B, L)`` float32 (the log-prob of
         each revealed token under ``log_softmax(logits / T)`` with the mask token excluded, ``T = 1`` when greedy; 0
         where nothing was drawn), ``reveal_step`` ``(B, L)`` long (global numbering, ``NOT_SAMPLED`` on given infill
-        tokens), ``nfe``, ``row_nfe`` ``(B,)`` and ``cache_passes`` (``rows``: ``stop - start`` rows).
+        tokens and after an early stop), ``nfe``, ``row_nfe`` and ``decoded_length`` ``(B,)`` and ``cache_passes``
+        (``rows``: ``stop - start`` rows).
     Raises:
         ValueError: on mismatched shapes, a prompt mask that is not left-padded, ``gen_length`` or ``block_size``
             below 1, a missing ``steps_per_block``, an unknown ``remasking``, a threshold outside its range, both
-            threshold rules, a negative temperature, or a policy without ``mask_token_id``.
+            threshold rules, a negative temperature, ``stop_at_eos`` without ``eos_token_id``, or a policy without
+            ``mask_token_id``.
     Reference: SDAR arXiv 2510.06303 (``block_diffusion_generate``); LLaDA arXiv 2502.09992 (``generate``);
     Fast-dLLM arXiv 2505.22618 (``get_transfer_index``).
     """
@@ -237,6 +258,8 @@ def block_generate(
               threshold, threshold_factor)
     if getattr(policy, "mask_token_id", None) is None:
         raise ValueError("policy must have a mask_token_id attribute")
+    if stop_at_eos and eos_token_id is None:
+        raise ValueError("stop_at_eos=True needs eos_token_id")
     _check_token_ids(policy, prompt_ids)
     mask_id = int(policy.mask_token_id)
     prompt_mask = prompt_mask.bool()
@@ -257,31 +280,42 @@ def block_generate(
     fwd = _ExactBlockForward(policy.model, forward, prompt_ids, prompt_mask, gen_length, block_size, cache,
                              prompt_blocks)
     record = (x, reveal_step, token_logprobs)
+    ends = EosStop(eos_token_id if stop_at_eos else None, x.shape[0], gen_length, x.device)
     if threshold is None and threshold_factor is None:
         nfe = _decode_scheduled(fwd, record, x_all, start, mask_id, block_size, steps_per_block, temperature, score_t,
-                                remasking, generator, noise_rows)
+                                remasking, generator, noise_rows, ends)
         row_nfe = torch.full((x.shape[0],), nfe, dtype=torch.long, device=x.device)
     else:
         nfe, row_nfe = _decode_threshold(fwd, record, mask_id, block_size, temperature, score_t, generator,
-                                         threshold, threshold_factor, noise_rows)
+                                         threshold, threshold_factor, noise_rows, ends)
+    ends.fill(x, reveal_step, token_logprobs)
     return BlockSampleOutput(canvas=x, nfe=nfe, reveal_step=reveal_step, token_logprobs=token_logprobs,
-                             row_nfe=row_nfe, cache_passes=fwd.cache_passes)
+                             row_nfe=row_nfe, decoded_length=ends.decoded_length, cache_passes=fwd.cache_passes)
 
 
 def _decode_scheduled(fwd: _ExactBlockForward, record, x_all, start: int, mask_id: int, block_size: int, steps: int,
-                      temperature: float, score_t: float, remasking: str, generator, noise_rows) -> int:
-    """The block loop with LLaDA's schedule (as ``generate``'s): fills ``record`` in place; returns ``nfe``."""
+                      temperature: float, score_t: float, remasking: str, generator, noise_rows,
+                      ends: EosStop) -> int:
+    """The block loop with LLaDA's schedule (as ``generate``'s): fills ``record`` in place; returns ``nfe``. Once
+    every row has ended (``ends``) no pass runs; the remaining steps' numbers are drawn and dropped."""
     x, reveal_step, token_logprobs = record
     bounds = block_bounds(x.shape[1], block_size)
-    nfe = 0
+    nfe, vocab, running = 0, None, True
+    draws = temperature > 0 or remasking == "random"  # (steps that draw numbers even without a pass)
     for block, (lo, hi) in enumerate(bounds):
+        if not running and not draws:  # (every row has ended and nothing is left to draw)
+            break
         fwd.start_block(lo, hi)
         schedule = num_transfer_tokens(x_all[:, lo:hi] == mask_id, steps)  # (B_all, steps)
         for step in range(steps):
             if not bool((schedule[:, step] > 0).any()):
                 continue
+            if not running:  # (the step's numbers, as the full decode draws them, without its pass)
+                skip_step_draws(x.shape[0], hi - lo, vocab, temperature, remasking, generator, x.device, noise_rows)
+                continue
             k = schedule[start : start + x.shape[0], step]  # (B,)
             logits = fwd.logits(x)  # (B, Lb, V)
+            vocab = logits.shape[-1]
             nfe += 1
             choice = logits.clone()
             choice[..., mask_id] = float("-inf")  # (never drawn; the confidence keeps the full softmax)
@@ -301,15 +335,20 @@ def _decode_scheduled(fwd: _ExactBlockForward, record, x_all, start: int, mask_i
             x[:, lo:hi] = torch.where(reveal, x0, x[:, lo:hi])
             reveal_step[:, lo:hi] = torch.where(reveal, block * steps + step, reveal_step[:, lo:hi])
             token_logprobs[:, lo:hi] += _revealed_logprobs(logits, x0, reveal, mask_id, score_t)
-        if block + 1 < len(bounds):
+        if running and ends.finish_block(x, hi):
+            # (passes stop; a call whose rows all ended before any pass, on a given EOS, has no vocabulary size to
+            # replay the draws with: it keeps decoding, and its rows are filled all the same)
+            running = vocab is None
+        if running and block + 1 < len(bounds):
             fwd.finish_block(x)
     return nfe
 
 
 def _decode_threshold(fwd: _ExactBlockForward, record, mask_id: int, block_size: int, temperature: float,
-                      score_t: float, generator, threshold, factor, noise_rows) -> tuple[int, torch.Tensor]:
+                      score_t: float, generator, threshold, factor, noise_rows,
+                      ends: EosStop) -> tuple[int, torch.Tensor]:
     """The block loop of threshold decoding (as ``generate``'s: one generator draw seeds every step's noise, rows
-    whose block is decoded leave the pass); returns ``(nfe, row_nfe (B,))``."""
+    whose block is decoded or that have ended at EOS leave the pass); returns ``(nfe, row_nfe (B,))``."""
     x, reveal_step, token_logprobs = record
     bounds = block_bounds(x.shape[1], block_size)
     seed = None
@@ -323,7 +362,7 @@ def _decode_threshold(fwd: _ExactBlockForward, record, mask_id: int, block_size:
         fwd.start_block(lo, hi)
         for step in range(hi - lo):  # (each step reveals >= 1 token of every row still decoding)
             masked = x[:, lo:hi] == mask_id  # (B, Lb)
-            active = masked.any(dim=1)  # (B,)
+            active = masked.any(dim=1) & ~ends.ended  # (B,)
             if not bool(active.any()):
                 break
             idx = None if bool(active.all()) else active.nonzero().squeeze(1)  # (n,)
@@ -343,6 +382,8 @@ def _decode_threshold(fwd: _ExactBlockForward, record, mask_id: int, block_size:
             x[rows, lo:hi] = torch.where(reveal, x0, x[rows, lo:hi])
             reveal_step[rows, lo:hi] = torch.where(reveal, block * block_size + step, reveal_step[rows, lo:hi])
             token_logprobs[rows, lo:hi] += _revealed_logprobs(logits, x0, reveal, mask_id, score_t)
+        if ends.finish_block(x, hi):  # (every row has ended: no pass is left to run, nothing to draw)
+            break
         if block + 1 < len(bounds):
             fwd.finish_block(x)
     return nfe, row_nfe

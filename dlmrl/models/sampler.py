@@ -62,6 +62,10 @@ class SampleOutput:
             tokens.
         row_nfe: ``(B,)`` long, the forward passes each row took part in (same counting as ``nfe``). Without a
             threshold every entry is ``nfe``; with one a row leaves the model batch once its block is decoded.
+        decoded_length: ``(B,)`` long, the canvas positions ``[0, n)`` each row decoded: ``L``, or with
+            ``stop_at_eos`` the end of the block holding the row's first EOS, after which the row holds EOS that
+            no step wrote (``reveal_step`` :data:`NOT_SAMPLED`, ``token_logprobs`` 0). ``None`` from samplers that
+            do not record it.
     """
 
     canvas: torch.Tensor
@@ -69,6 +73,7 @@ class SampleOutput:
     reveal_step: torch.Tensor | None = None
     token_logprobs: torch.Tensor | None = None
     row_nfe: torch.Tensor | None = None
+    decoded_length: torch.Tensor | None = None
 
 
 def _validate(
@@ -168,6 +173,60 @@ def fill_after_first(canvas: torch.Tensor, token_id: int) -> torch.Tensor:
     return canvas.masked_fill(seen, token_id)
 
 
+class EosStop:
+    """Early stop at EOS (``stop_at_eos``) for one sampling call: which rows have ended and where.
+
+    A row ends once a finished block holds an EOS: positions ``[0, hi)`` decoded, one of them ``eos``. Its later
+    blocks are then not part of its completion (its text ends at its first EOS, and the blocks before them were
+    decoded while they were still masked), so :meth:`fill` overwrites them with EOS whatever the call decoded
+    there: a row's output does not depend on the rows it is sampled with. ``eos=None``: no stop (nothing ends).
+
+    Attributes:
+        ended: ``(B,)`` bool. decoded_length: ``(B,)`` long, ``L`` until the row ends, then the end of its EOS
+            block.
+    """
+
+    def __init__(self, eos: int | None, rows: int, length: int, device: torch.device):
+        self.eos, self.length = eos, length
+        self.ended = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.decoded_length = torch.full((rows,), length, dtype=torch.long, device=device)
+
+    def finish_block(self, x: torch.Tensor, hi: int) -> bool:
+        """After a block ending at canvas position ``hi`` is decoded in ``x (B, L)``: mark the rows whose
+        positions ``[0, hi)`` hold an EOS as ended there; return whether every row has ended."""
+        if self.eos is None:
+            return False
+        now = (x[:, :hi] == self.eos).any(dim=1) & ~self.ended  # (B,)
+        self.decoded_length[now] = hi
+        self.ended |= now
+        return bool(self.ended.all())
+
+    def fill(self, x: torch.Tensor, reveal_step: torch.Tensor, token_logprobs: torch.Tensor) -> None:
+        """In place: EOS, :data:`NOT_SAMPLED` and log-prob 0 at every position of a row from its
+        ``decoded_length`` on."""
+        if self.eos is None:
+            return
+        tail = torch.arange(self.length, device=x.device)[None, :] >= self.decoded_length[:, None]  # (B, L)
+        x.masked_fill_(tail, self.eos)
+        reveal_step.masked_fill_(tail, NOT_SAMPLED)
+        token_logprobs.masked_fill_(tail, 0.0)
+
+
+def skip_step_draws(rows: int, width: int, vocab: int, temperature: float, remasking: str,
+                    generator: torch.Generator | None, device: torch.device,
+                    noise_rows: tuple[int, int] | None) -> None:
+    """Advance ``generator`` as one scheduled step over ``rows`` rows of a ``width``-token block would (the Gumbel
+    noise ``(rows, width, vocab)`` at ``temperature > 0``, then ``random`` remasking's ``(rows, width)``
+    confidences), drawing and dropping the numbers without a forward pass: a call that stopped early leaves the
+    generator where the full decode leaves it, so every later draw of the step (and every micro-batch, every
+    process) stays the same. Nothing is drawn for a greedy ``low_confidence`` or ``left_to_right`` step."""
+    where = generator.device if generator is not None else device  # (drawn where the decode draws; not copied)
+    if temperature > 0:
+        _uniform((rows, width, vocab), generator, where, noise_rows)
+    if remasking == "random":
+        _uniform((rows, width), generator, where, noise_rows)
+
+
 def _revealed_logprobs(logits: torch.Tensor, x0: torch.Tensor, reveal: torch.Tensor, mask_id: int,
                        temperature: float) -> torch.Tensor:
     """``(n, Lb)`` float32: ``log p(x0)`` under :func:`sampler_log_softmax` at ``temperature`` where ``reveal``
@@ -240,6 +299,7 @@ def generate(
     threshold: float | None = None,
     threshold_factor: float | None = None,
     cache: str = "none",
+    stop_at_eos: bool = False,
 ) -> SampleOutput:
     """Decode a canvas after each prompt by iterative unmasking, block by block.
 
@@ -279,6 +339,16 @@ def generate(
     Infilling: pass ``canvas`` with some positions already filled; only positions equal to the
     policy's ``mask_token_id`` are decoded, filled positions never change.
 
+    Early stop (``stop_at_eos``, with ``eos_token_id``): a row ends once a finished block holds an EOS; its later
+    blocks are not part of its output (EOS, ``reveal_step`` :data:`NOT_SAMPLED`, ``token_logprobs`` 0,
+    ``SampleOutput.decoded_length`` the end of its EOS block), whatever the call decoded there. Every block up to
+    and including that one is decoded exactly as without the stop. Without a threshold the call stops its forward
+    passes once every row has ended and draws the numbers of the remaining steps without a pass
+    (:func:`skip_step_draws`), so ``generator`` ends where the full decode leaves it; with one a row that has ended
+    leaves the model batch like a row whose block is decoded. ``nfe`` / ``row_nfe`` count the passes run. Off by
+    default: LLaDA's ``generate`` decodes the whole canvas, and a bidirectional scorer sees the EOS filling where
+    the full decode would have left its own tokens.
+
     EOS: with ``eos_token_id`` given and ``fill_after_eos=True``, after decoding every position
     after a row's first EOS is set to EOS (the padded form LLaDA-style models are trained to emit;
     this also overwrites filled positions of an infilling canvas that lie after an EOS). Without
@@ -304,7 +374,7 @@ def generate(
         cfg_scale: classifier-free guidance scale ``s``; ``0`` disables it. Guided logits are
             ``un + (s + 1)(cond - un)``, the unconditional pass seeing the real prompt tokens masked.
         canvas: optional ``(B, L)`` long starting canvas (infilling); default all masks.
-        eos_token_id: EOS id, used only by ``fill_after_eos``.
+        eos_token_id: EOS id, used by ``fill_after_eos`` and ``stop_at_eos``.
         fill_after_eos: fill everything after each row's first EOS with EOS.
         generator: the only source of randomness (Gumbel noise, random confidences).
         rows: ``(start, stop)``: decode only rows ``[start, stop)`` of the batch (one process's share of a
@@ -318,14 +388,15 @@ def generate(
         threshold_factor: ``f > 0`` of the factor rule (Fast-dLLM's ``factor``); ``None``: off. Not with
             ``threshold``.
         cache: ``"none"`` (every pass over the whole sequence), ``"prefix"`` or ``"dual"`` (block caching).
+        stop_at_eos: stop a row at the block holding its first EOS (see above); needs ``eos_token_id``.
     Returns:
         :class:`SampleOutput` with ``canvas`` ``(B, L)`` long (``rows``: ``(stop - start, L)``), ``nfe``,
-        ``reveal_step`` and ``token_logprobs`` (same shape as ``canvas``) and ``row_nfe`` ``(B,)`` (``rows``:
-        ``(stop - start,)``).
+        ``reveal_step`` and ``token_logprobs`` (same shape as ``canvas``), ``row_nfe`` and ``decoded_length``
+        ``(B,)`` (``rows``: ``(stop - start,)``).
     Raises:
         ValueError: if ``gen_length % block_length != 0``, ``steps % num_blocks != 0`` or fewer than
             one step per block (without a threshold), an unknown ``remasking``, mismatched ``prompt_mask`` / ``canvas``
-            shapes, negative ``temperature``, ``fill_after_eos`` without ``eos_token_id``, a
+            shapes, negative ``temperature``, ``fill_after_eos`` or ``stop_at_eos`` without ``eos_token_id``, a
             policy without ``mask_token_id``, ``threshold`` outside ``(0, 1]``, ``threshold_factor <= 0``, both
             given, either with a ``remasking`` other than ``low_confidence``, an unknown ``cache``, a cache with
             ``cfg_scale > 0``, or a cache for a family that has none (the message names the family and why).
@@ -333,14 +404,18 @@ def generate(
     2505.22618, NVlabs/Fast-dLLM ``llada/generate.py`` (``generate`` with ``threshold`` / ``factor``,
     ``generate_with_prefix_cache``, ``generate_with_dual_cache``).
     """
+    if stop_at_eos and eos_token_id is None:
+        raise ValueError("stop_at_eos=True needs eos_token_id")
+    stop_eos = eos_token_id if stop_at_eos else None
     sample_blocks = getattr(policy, "sample_blocks", None)
     if sample_blocks is not None:
         if cfg_scale != 0 or cache != "none":
             raise ValueError("a block-diffusion policy decodes with its exact cache and no classifier-free guidance: "
                              f"cfg_scale must be 0 and cache 'none' (got {cfg_scale}, {cache!r})")
+        stop = {"eos_token_id": stop_eos, "stop_at_eos": True} if stop_at_eos else {}  # (else: the call as before)
         out = sample_blocks(prompt_ids, prompt_mask, gen_length=gen_length, steps=steps, temperature=temperature,
                             remasking=remasking, threshold=threshold, threshold_factor=threshold_factor, canvas=canvas,
-                            generator=generator, rows=rows)
+                            generator=generator, rows=rows, **stop)
         if fill_after_eos:
             if eos_token_id is None:
                 raise ValueError("fill_after_eos needs eos_token_id")
@@ -383,19 +458,29 @@ def generate(
     score_temperature = temperature if temperature > 0 else 1.0  # (greedy rows are scored at T = 1)
     passes = 2 if cfg_scale > 0 else 1
     forward = _BlockForward(policy, prompt_ids, prompt_mask, mask_id, cfg_scale, cache)
+    ends = EosStop(stop_eos, x.shape[0], gen_length, x.device)
 
     if threshold is None and threshold_factor is None:
-        nfe = 0
+        nfe, vocab, running = 0, None, True
+        draws = temperature > 0 or remasking == "random"  # (steps that draw numbers even without a pass)
         for block in range(num_blocks):
             lo, hi = block * block_length, (block + 1) * block_length
-            forward.start_block(lo, hi)
+            if running:
+                forward.start_block(lo, hi)
+            elif not draws:  # (every row has ended and nothing is left to draw)
+                break
             # (a block's positions are revealed only in its own steps, so x_all's undecoded rows count right)
             schedule = num_transfer_tokens(x_all[:, lo:hi] == mask_id, block_steps)  # (B_all, steps)
             for step in range(block_steps):
                 if not bool((schedule[:, step] > 0).any()):
                     continue
+                if not running:  # (the step's numbers, as the full decode draws them, without its pass)
+                    skip_step_draws(x.shape[0], hi - lo, vocab, temperature, remasking, generator, x.device,
+                                    noise_rows)
+                    continue
                 k = schedule[start:stop, step]  # (B,)
                 logits = forward(x)  # (B, Lb, V)
+                vocab = logits.shape[-1]
                 nfe += passes
                 choice = logits.clone()  # (B, Lb, V)
                 choice[..., mask_id] = float("-inf")  # (never drawn; the confidence keeps the full softmax)
@@ -416,24 +501,31 @@ def generate(
                 x[:, lo:hi] = torch.where(reveal, x0, x[:, lo:hi])
                 reveal_step[:, lo:hi] = torch.where(reveal, block * block_steps + step, reveal_step[:, lo:hi])
                 token_logprobs[:, lo:hi] += _revealed_logprobs(logits, x0, reveal, mask_id, score_temperature)
+            if running and ends.finish_block(x, hi):
+                # (passes stop; without the vocabulary size from a pass the draws cannot be replayed, so a call
+                # whose rows all ended before any pass, e.g. on a given EOS, keeps decoding: its rows are filled)
+                running = vocab is None
         row_nfe = torch.full((x.shape[0],), nfe, dtype=torch.long, device=x.device)
     else:
         nfe, row_nfe = _decode_threshold(
             forward, x, reveal_step, token_logprobs, mask_id, num_blocks, block_length,
-            temperature, score_temperature, passes, generator, noise_rows, threshold, threshold_factor)
+            temperature, score_temperature, passes, generator, noise_rows, threshold, threshold_factor, ends)
 
+    ends.fill(x, reveal_step, token_logprobs)
     if fill_after_eos:
         x = fill_after_first(x, eos_token_id)
-    return SampleOutput(canvas=x, nfe=nfe, reveal_step=reveal_step, token_logprobs=token_logprobs, row_nfe=row_nfe)
+    return SampleOutput(canvas=x, nfe=nfe, reveal_step=reveal_step, token_logprobs=token_logprobs, row_nfe=row_nfe,
+                        decoded_length=ends.decoded_length)
 
 
 def _decode_threshold(forward: _BlockForward, x, reveal_step, token_logprobs, mask_id: int,
                       num_blocks: int, block_length: int, temperature: float, score_temperature: float,
                       passes: int, generator: torch.Generator | None,
                       noise_rows: tuple[int, int] | None, threshold: float | None,
-                      factor: float | None) -> tuple[int, torch.Tensor]:
+                      factor: float | None, ends: EosStop) -> tuple[int, torch.Tensor]:
     """The block loop of threshold decoding (see :func:`generate`): fills ``x``, ``reveal_step`` and
-    ``token_logprobs`` in place; returns ``(nfe, row_nfe (B,))``."""
+    ``token_logprobs`` in place; returns ``(nfe, row_nfe (B,))``. Rows that have ended (``ends``) leave the model
+    batch; once all have, the loop stops (its noise comes from per-step generators: nothing to replay)."""
     seed = None
     noise_device = generator.device if generator is not None else x.device
     if temperature > 0:  # one draw: every step's generator is seeded from it
@@ -446,7 +538,7 @@ def _decode_threshold(forward: _BlockForward, x, reveal_step, token_logprobs, ma
         forward.start_block(lo, hi)
         for step in range(block_length):  # (each step reveals >= 1 token of every row still decoding)
             masked = x[:, lo:hi] == mask_id  # (B, Lb)
-            active = masked.any(dim=1)  # (B,) rows whose block is not decoded yet
+            active = masked.any(dim=1) & ~ends.ended  # (B,) rows whose block is not decoded yet, not ended
             if not bool(active.any()):
                 break
             idx = None if bool(active.all()) else active.nonzero().squeeze(1)  # (n,) the rows still decoding
@@ -474,12 +566,15 @@ def _decode_threshold(forward: _BlockForward, x, reveal_step, token_logprobs, ma
                 x[:, lo:hi], reveal_step[:, lo:hi], token_logprobs[:, lo:hi] = new_x, new_step, new_lp
             else:
                 x[idx, lo:hi], reveal_step[idx, lo:hi], token_logprobs[idx, lo:hi] = new_x, new_step, new_lp
+        if ends.finish_block(x, hi):
+            break
     return nfe, row_nfe
 
 
 __all__ = [
     "NOT_SAMPLED",
     "REMASKING",
+    "EosStop",
     "SampleOutput",
     "add_gumbel_noise",
     "fill_after_first",
@@ -487,5 +582,6 @@ __all__ = [
     "left_to_right_reveal_steps",
     "num_transfer_tokens",
     "sampler_log_softmax",
+    "skip_step_draws",
     "threshold_reveal",
 ]

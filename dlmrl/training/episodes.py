@@ -18,7 +18,7 @@ import torch
 
 from dlmrl.data.encoding import encode_prompts
 from dlmrl.training.anchors import first_rows
-from dlmrl.training.rollout import Rollout
+from dlmrl.training.rollout import Rollout, generate_ar_rows
 
 
 def encode_observations(tokenizer, texts: Sequence[str], device: str | torch.device = "cpu"):
@@ -30,7 +30,7 @@ def encode_observations(tokenizer, texts: Sequence[str], device: str | torch.dev
 
 def rollout_episodes(policy, task, make_env: Callable[[], object], examples: Sequence, num_generations: int,
                      generator: torch.Generator, max_new_tokens: int, temperature: float = 1.0,
-                     temperature_fn=None, processes=None) -> Rollout:
+                     temperature_fn=None, processes=None, rows_per_call: int = 0) -> Rollout:
     """Play ``num_generations`` episodes per example, all active episodes' turns sampled in one batch.
 
     Episode ``e = prompt · G + g`` starts with ``env.reset(example)``; each turn the policy samples a
@@ -48,16 +48,19 @@ def rollout_episodes(policy, task, make_env: Callable[[], object], examples: Seq
             share of a data-parallel batch (each process holds consecutive episodes): every process then
             plays every turn of the whole batch (drawing the turn's seed even when none of its episodes is
             still running), samples its active episodes with the random numbers they have among all active
-            episodes, and counts ``nfe`` over the whole batch (``passes``: its own episodes' turns times the
-            turn's longest response in the whole batch). ``None``: one process.
+            episodes, and counts ``nfe`` over the whole batch (``passes``: the passes its own sampling calls
+            ran). ``None``: one process.
+        rows_per_call: a turn's episodes are sampled in calls of at most this many (``sampling.rollout_batch_size``;
+            0 = one call), each with the numbers it has in the turn's batch
+            (:func:`~dlmrl.training.rollout.generate_ar_rows`).
     Returns:
         A :class:`Rollout` of one row per turn, rows of a trajectory consecutive (episode order, then turn
         order): ``prompt_ids`` the turn's observation, ``completion`` the response (mask up to and
         including EOS), ``rewards`` = ``train_rewards`` = the trajectory's final reward ``(B,)`` float32,
         ``trajectory_ids`` = e, ``group_ids`` = e // G, ``nfe`` = the sum over turns of the longest
-        response (forward passes per episode), ``passes`` = the sum over turns of active episodes × that;
-        ``reward_parts`` ``(B, F)`` float32, the trajectory's ``env.reward_parts`` on each of its rows, when
-        every environment gives them (else ``None``).
+        response (forward passes per episode), ``passes`` = the sum over turns and sampling calls of the call's
+        episodes × its longest response; ``reward_parts`` ``(B, F)`` float32, the trajectory's
+        ``env.reward_parts`` on each of its rows, when every environment gives them (else ``None``).
     Raises:
         RuntimeError: an environment that has not ended its episode after its ``max_turns``.
     """
@@ -81,7 +84,7 @@ def rollout_episodes(policy, task, make_env: Callable[[], object], examples: Seq
         if active and turn >= max_turns:
             raise RuntimeError(f"episodes still running after {turn} turns: an environment must end its "
                                "episodes within its max_turns")
-        longest, still = 0, []
+        longest, still, own_passes = 0, [], 0
         if processes is None:
             sample = {"generator": generator}
         else:  # (the turn's seed is drawn on every process; rows: this share's place among all active episodes)
@@ -91,8 +94,9 @@ def rollout_episodes(policy, task, make_env: Callable[[], object], examples: Seq
                       "noise_rows": (sum(counts[: processes.index]), sum(counts))}
         if active:
             ids, mask = encode_observations(policy.tokenizer, [obs[e] for e in active], policy.device)
-            comp, cmask = policy.generate(ids, mask, max_new_tokens, temperature=temperature,
-                                          temperature_fn=temperature_fn, **sample)
+            comp, cmask, own_passes = generate_ar_rows(policy, ids, mask, max_new_tokens, rows_per_call,
+                                                       temperature=temperature, temperature_fn=temperature_fn,
+                                                       **sample)
             longest = int(cmask.sum(-1).max())
             texts = task.decode(comp)
             for k, e in enumerate(active):
@@ -106,7 +110,7 @@ def rollout_episodes(policy, task, make_env: Callable[[], object], examples: Seq
             (len(active), longest, len(still)))
         longest = max(n for _, n, _ in turn_stats)
         nfe += longest
-        passes += len(active) * longest  # (this share's; the shares' counts add up to the whole batch's)
+        passes += own_passes  # (the passes this share's calls ran: each ends when its own rows have)
         active, turn, counts = still, turn + 1, [s for _, _, s in turn_stats]
     if not E:  # (an empty share of a data-parallel batch)
         empty = torch.zeros((0, max_new_tokens), dtype=torch.long, device=policy.device)

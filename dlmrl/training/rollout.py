@@ -4,7 +4,9 @@
   with the order it revealed each position and the log-prob of each token it drew;
 - ``ar`` (:func:`rollout_ar`): ``AutoregressivePolicy.generate``.
 
-Both give ``(B, L)`` completions over the canvas; scoring them is :mod:`dlmrl.training.scorers`.
+Both give ``(B, L)`` completions over the canvas; scoring them is :mod:`dlmrl.training.scorers`. A process samples its
+rows in calls of at most ``sampling.rollout_batch_size`` rows (:func:`sampling_calls`), each row with the random
+numbers it has in the whole batch, so the split changes no completion.
 """
 
 from __future__ import annotations
@@ -192,6 +194,33 @@ def consecutive_groups(num_rows: int, num_generations: int, device: torch.device
     return torch.arange(num_rows, device=device) // num_generations
 
 
+def sampling_calls(lo: int, hi: int, rows_per_call: int) -> list[tuple[int, int]]:
+    """The row ranges ``[a, b)`` that sample rows ``[lo, hi)`` in calls of at most ``rows_per_call`` rows (0 = one
+    call), in order; ``[]`` for no rows."""
+    size = rows_per_call or max(1, hi - lo)
+    return [(a, min(a + size, hi)) for a in range(lo, hi, size)]
+
+
+def stops_at_eos(cfg, policy) -> bool:
+    """Whether a diffusion rollout stops rows at EOS: ``sampling.stop_at_eos``, or when it is null, the sampler's
+    default (the block sampler stops, as SDAR's ``block_diffusion_generate`` does; the full-diffusion sampler decodes
+    the whole canvas, as LLaDA's ``generate`` does) when the policy has an EOS.
+
+    Raises:
+        ConfigError: ``sampling.stop_at_eos: true`` for a policy without an EOS id.
+    """
+    setting = cfg.sampling.stop_at_eos
+    eos = getattr(policy, "eos_token_id", None)
+    if setting is None:
+        return hasattr(policy, "sample_blocks") and eos is not None
+    if setting and eos is None:
+        from dlmrl.errors import ConfigError
+
+        raise ConfigError("config key 'sampling.stop_at_eos': the policy's tokenizer has no EOS token to stop at; "
+                          "set it null or false")
+    return bool(setting)
+
+
 def _prompt_rows(num_prompts: int, G: int, prompts: tuple[int, int] | None) -> slice:
     """The completion rows of prompts ``[lo, hi)`` (all of them when ``prompts`` is None)."""
     lo, hi = (0, num_prompts) if prompts is None else prompts
@@ -209,24 +238,67 @@ def rollout_diffusion(policy, task, cfg, examples: list, generator: torch.Genera
     with the random numbers it has in the whole batch (the sampler's ``rows``); an empty share still runs the
     sampler on one row, which it drops, so that ``generator`` advances as on the other processes.
 
-    The rollout carries the sampler's record: ``reveal_step``, ``token_logprobs`` and ``row_nfe``; with threshold
-    decoding (``sampling.threshold`` / ``threshold_factor``) ``nfe`` is the mean of ``row_nfe`` and ``passes``
-    their sum.
+    ``sampling.rollout_batch_size`` ``n > 0``: the rows are sampled in calls of at most ``n`` rows, each from the
+    generator's state at the start and with its rows' numbers in the whole batch (the sampler's ``rows``), so the
+    completions and records are those of one call (to the model's floating-point batch effects) and the generator
+    ends where one call leaves it.
+
+    Early stop (:func:`stops_at_eos`; the block sampler by default): a row ends at the block holding its first EOS
+    (:class:`~dlmrl.models.sampler.EosStop`); its later blocks hold EOS and are left out of ``completion_mask`` (no
+    step wrote them: nothing scores, trains on or counts them). Each call stops its passes once all its rows have
+    ended.
+
+    The rollout carries the sampler's record: ``reveal_step``, ``token_logprobs`` and ``row_nfe``; ``nfe`` is the
+    mean of ``row_nfe`` (with the plain schedule and no early stop, every row's count) and ``passes`` their sum.
+
+    Raises:
+        ConfigError: ``sampling.stop_at_eos: true`` for a policy without an EOS.
     """
     s = cfg.sampling
     batch = task.encode(examples, device=policy.device).repeat(cfg.train.num_generations)  # the whole batch
     keep = _prompt_rows(len(examples), cfg.train.num_generations, prompts)
-    rows = None if prompts is None else (keep.start, keep.stop) if keep.stop > keep.start else (0, 1)
-    out = generate(policy, batch.prompt_ids, batch.prompt_mask, gen_length=task.gen_length,
-                   block_length=s.block_length, steps=s.steps, temperature=s.temperature, remasking=s.remasking,
-                   cfg_scale=s.cfg_scale, canvas=batch.canvas, generator=generator, rows=rows,
-                   threshold=s.threshold, threshold_factor=s.threshold_factor, cache=s.cache)
-    n = len(out.canvas) if keep.stop > keep.start else 0  # (an empty share drops the one row it ran)
-    return Rollout(batch.examples[keep], batch.prompt_ids[keep], batch.prompt_mask[keep], out.canvas[:n],
-                   batch.completion_mask[keep], mean_nfe(out.row_nfe[:n]) if s.adaptive else out.nfe,
-                   consecutive_groups(n, cfg.train.num_generations, out.canvas.device),
-                   passes=int(out.row_nfe[:n].sum()), reveal_step=out.reveal_step[:n],
-                   token_logprobs=out.token_logprobs[:n], row_nfe=out.row_nfe[:n])
+    calls = sampling_calls(keep.start, keep.stop, s.rollout_batch_size)
+    if not calls:  # (an empty share: one row, dropped, so that the generator advances as elsewhere)
+        calls = [(0, 1)]
+    elif prompts is None and len(calls) == 1:
+        calls = [None]  # (the whole batch in one call)
+    stop = stops_at_eos(cfg, policy)
+    state = _generator_state(generator, len(calls))
+    outs = []
+    for rows in calls:
+        if state is not None:  # (every call starts where the whole batch's would: its rows' numbers are the same)
+            generator.set_state(state)
+        outs.append(generate(policy, batch.prompt_ids, batch.prompt_mask, gen_length=task.gen_length,
+                             block_length=s.block_length, steps=s.steps, temperature=s.temperature,
+                             remasking=s.remasking, cfg_scale=s.cfg_scale, canvas=batch.canvas, generator=generator,
+                             rows=rows, threshold=s.threshold, threshold_factor=s.threshold_factor, cache=s.cache,
+                             eos_token_id=policy.eos_token_id if stop else None, stop_at_eos=stop))
+    n = keep.stop - keep.start  # (an empty share drops the one row it ran)
+
+    def rows_of(name: str) -> torch.Tensor:
+        return torch.cat([getattr(o, name) for o in outs])[:n]
+
+    canvas, row_nfe = rows_of("canvas"), rows_of("row_nfe")
+    mask = batch.completion_mask[keep]
+    if stop:  # (a row's blocks after its EOS block: no step wrote them, nothing reads them)
+        mask = mask & (torch.arange(canvas.shape[1], device=mask.device) < rows_of("decoded_length")[:, None])
+    nfe = mean_nfe(row_nfe) if n else (0 if s.adaptive else outs[0].nfe)
+    return Rollout(batch.examples[keep], batch.prompt_ids[keep], batch.prompt_mask[keep], canvas, mask, nfe,
+                   consecutive_groups(n, cfg.train.num_generations, canvas.device), passes=int(row_nfe.sum()),
+                   reveal_step=rows_of("reveal_step"), token_logprobs=rows_of("token_logprobs"), row_nfe=row_nfe)
+
+
+def _generator_state(generator: torch.Generator | None, calls: int) -> torch.Tensor | None:
+    """The state every one of ``calls`` sampling calls starts from (``None`` for a single call).
+
+    Raises:
+        ValueError: several calls without a generator (the global RNG's draws could not be repeated).
+    """
+    if calls <= 1:
+        return None
+    if generator is None:
+        raise ValueError("sampling in several calls (sampling.rollout_batch_size) needs a generator")
+    return generator.get_state()
 
 
 def rollout_ar(policy, task, cfg, examples: list, generator: torch.Generator, max_new_tokens: int | None = None,
@@ -238,6 +310,10 @@ def rollout_ar(policy, task, cfg, examples: list, generator: torch.Generator, ma
     ``prompts = (lo, hi)``: sample only the completions of prompts ``[lo, hi)`` (one process's share), each
     with the random numbers it has in the whole batch (``noise_rows`` of ``policy.generate``); an empty share
     draws the sampling seed only, so that ``generator`` advances as on the other processes.
+
+    ``sampling.rollout_batch_size`` ``n > 0``: the rows are sampled in calls of at most ``n`` rows
+    (:func:`generate_ar_rows`), each ending when its own rows have (``passes`` counts them), the completions as
+    in one call.
     """
     from dlmrl.models.ar import draw_seed
 
@@ -249,12 +325,49 @@ def rollout_ar(policy, task, cfg, examples: list, generator: torch.Generator, ma
         empty = batch.prompt_ids.new_zeros((0, length))
         return Rollout([], batch.prompt_ids[keep], batch.prompt_mask[keep], empty, empty.bool(), 0,
                        consecutive_groups(0, cfg.train.num_generations, empty.device))
-    extra = {} if prompts is None else {"noise_rows": (keep.start, len(batch.examples))}
-    comp, mask = policy.generate(batch.prompt_ids[keep], batch.prompt_mask[keep], length,
-                                 temperature=cfg.sampling.temperature, generator=generator,
-                                 temperature_fn=temperature_fn, **extra)
+    noise_rows = None if prompts is None else (keep.start, len(batch.examples))
+    comp, mask, passes = generate_ar_rows(policy, batch.prompt_ids[keep], batch.prompt_mask[keep], length,
+                                          cfg.sampling.rollout_batch_size, temperature=cfg.sampling.temperature,
+                                          generator=generator, temperature_fn=temperature_fn, noise_rows=noise_rows)
     return Rollout(batch.examples[keep], batch.prompt_ids[keep], batch.prompt_mask[keep], comp, mask,
-                   int(mask.sum(-1).max()), consecutive_groups(len(comp), cfg.train.num_generations, comp.device))
+                   int(mask.sum(-1).max()), consecutive_groups(len(comp), cfg.train.num_generations, comp.device),
+                   passes=passes)
+
+
+def generate_ar_rows(policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, length: int, rows_per_call: int,
+                     *, temperature: float, generator: torch.Generator | int | None, temperature_fn=None,
+                     noise_rows: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``policy.generate`` of ``B`` rows in calls of at most ``rows_per_call`` rows (0 = one call).
+
+    Several calls share one seed drawn from ``generator`` (:func:`~dlmrl.models.ar.draw_seed`, as one call draws it)
+    and give each its rows' place in the batch (``noise_rows`` of ``policy.generate``: rows ``[start + a, start +
+    b)`` of ``total``), so every row draws the numbers it draws in one call and the completions are the same (to the
+    model's floating-point batch effects); each call ends when its own rows have ended (transformers' ``generate``
+    stops at EOS).
+
+    Args:
+        prompt_ids, prompt_mask: ``(B, P)`` long / bool, left-padded. length: ``max_new_tokens``.
+        noise_rows: ``(start, total)``: these ``B`` rows are rows ``[start, start + B)`` of ``total`` (a process's
+            share); ``None``: the batch.
+    Returns:
+        ``(completion (B, length) long, completion_mask (B, length) bool, passes)``: ``passes`` the sequence forward
+        passes the calls ran (each call's rows times its longest completion).
+    """
+    from dlmrl.models.ar import draw_seed
+
+    B = prompt_ids.shape[0]
+    kw = {"temperature": temperature, "temperature_fn": temperature_fn}
+    calls = sampling_calls(0, B, rows_per_call)
+    if len(calls) <= 1:
+        comp, mask = policy.generate(prompt_ids, prompt_mask, length, generator=generator,
+                                     **kw, **({} if noise_rows is None else {"noise_rows": noise_rows}))
+        return comp, mask, B * int(mask.sum(-1).max()) if B else 0
+    seed = draw_seed(generator)
+    start, total = noise_rows if noise_rows is not None else (0, B)
+    parts = [policy.generate(prompt_ids[a:b], prompt_mask[a:b], length, generator=seed,
+                             noise_rows=(start + a, total), **kw) for a, b in calls]
+    passes = sum(len(m) * int(m.sum(-1).max()) for _, m in parts)
+    return torch.cat([c for c, _ in parts]), torch.cat([m for _, m in parts]), passes
 
 
 # -- DaGRPO off-policy anchors -----------------------------------------------------------------

@@ -61,7 +61,7 @@ def sample_groups(policy, task, cfg: Config, preset, examples: list, generator: 
         ro = rollout_episodes(policy, task, lambda: make_env(env, task, cfg.train.max_turns),
                               examples if share is None else examples[share[0] : share[1]], G, generator,
                               max_length, cfg.sampling.temperature, temperature_fn,
-                              processes if share is not None else None)
+                              processes if share is not None else None, cfg.sampling.rollout_batch_size)
         return ro if share is None else gather_rollout(ro, processes, pad_id)
     if cfg.model.kind == "ar":
         ro = rollout_ar(policy, task, cfg, examples, generator, max_new_tokens=max_length,
