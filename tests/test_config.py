@@ -142,6 +142,24 @@ def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
         load_yaml(Config(), p)
 
 
+def test_every_bad_value_of_a_file_is_reported_at_once_one_per_line(tmp_path, capsys):
+    """Three mistakes, one error with three lines naming each key and its line (only the first was reported, so
+    each fix took another run); the good values are not in it, and an override of a bad key does not take the
+    file's blame."""
+    p = tmp_path / "c.yaml"
+    p.write_text("train:\n  max_steps: abc\n  learning_rate: 1.0e-4\n  epsilonn: 0.2\neval:\n  steps: x\n")
+    with pytest.raises(ConfigError) as err:
+        load_yaml(Config(), p)
+    assert str(err.value).splitlines() == [
+        f"{p}: 3 bad values, one per line:",
+        f"  {p} line 2: config key 'train.max_steps' expects int, got 'abc'",
+        f"  {p} line 4: unknown config key 'train.epsilonn'. Did you mean train.epsilon, train.epsilon_high, "
+        "train.env? (see --help for every key)",
+        f"  {p} line 6: config key 'eval.steps' expects int, got 'x'"]
+    assert main(["train", "--dry-run", "--config", str(p), "train.max_steps=3"]) == 2
+    assert capsys.readouterr().err.startswith(f"dlmrl train: config error: {p}: 3 bad values, one per line:\n")
+
+
 def test_yaml_line_is_section_aware(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("sampling:\n  steps: 4\neval:\n  steps: abc\n")

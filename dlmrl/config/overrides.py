@@ -135,21 +135,30 @@ def _field_type(fields: dict, key: str) -> Any:
     return fields.get(key, typing.Any)
 
 
-def apply_mapping(cfg: Any, mapping: dict, where: str = "", prefix: str = "", chosen: bool = True) -> None:
+def apply_mapping(cfg: Any, mapping: dict, where: str = "", prefix: str = "", chosen: bool = True,
+                  errors: list[ConfigError] | None = None) -> None:
     """Apply a nested mapping (from YAML) to ``cfg``; unknown keys raise ``ConfigError``. ``chosen``: the keys
-    count as the user's (:func:`user_keys`)."""
+    count as the user's (:func:`user_keys`). ``errors``: a list that collects each bad key's ``ConfigError`` while
+    the others are applied (:func:`load_yaml` reports every bad value of a file at once); ``None``: raise the
+    first."""
     fields = {k: t for k, _, t in iter_fields(type(cfg))}
     for k, v in mapping.items():
         key = f"{prefix}{k}"
         is_section = any(f.startswith(key + ".") for f in fields)
         if is_section and (v is None or isinstance(v, dict)):
-            apply_mapping(cfg, v or {}, where, prefix=key + ".", chosen=chosen)
+            apply_mapping(cfg, v or {}, where, prefix=key + ".", chosen=chosen, errors=errors)
             continue
-        if key not in fields:
-            if is_section:
-                raise ConfigError(f"{where}config key {key!r} is a section; give it a mapping of settings")
-            key = _resolve_key(type(cfg), key)  # a unique bare leaf name, or raises with a suggestion
-        value = _coerce(key, _field_type(fields, key), v, where)
+        try:
+            if key not in fields:
+                if is_section:
+                    raise ConfigError(f"{where}config key {key!r} is a section; give it a mapping of settings")
+                key = _resolve_key(type(cfg), key)  # a unique bare leaf name, or raises with a suggestion
+            value = _coerce(key, _field_type(fields, key), v, where)
+        except ConfigError as e:
+            if errors is None:
+                raise
+            errors.append(e)
+            continue
         if key in _options_fields(type(cfg)):  # (a YAML mapping adds to the options set before it)
             value = {**_get(cfg, key), **value}
         _set(cfg, key, value)
@@ -237,7 +246,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def load_yaml(cfg: Any, path: str | Path, chosen: bool | None = None) -> None:
-    """Update ``cfg`` from a YAML file; errors name the file and (when found) the line.
+    """Update ``cfg`` from a YAML file; errors name the file and (when found) the line, every bad value of the file
+    in one ``ConfigError``, one line each (unknown keys, values of the wrong type).
 
     Args:
         chosen: whether the file's keys are the user's choices (:func:`user_keys`); ``None``: unless the file is
@@ -271,16 +281,21 @@ def load_yaml(cfg: Any, path: str | Path, chosen: bool | None = None) -> None:
         raise ConfigError(f"{path}{_yaml_error_place(e)}: invalid YAML: {_yaml_problem(e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
-    try:
-        apply_mapping(cfg, data, chosen=chosen)
-    except ConfigError as e:
-        raise ConfigError(f"{_yaml_line(path, _key_in(str(e)))}{e}") from None
+    errors: list[ConfigError] = []
+    apply_mapping(cfg, data, chosen=chosen, errors=errors)
+    located = [f"{_yaml_line(path, _key_in(str(e)))}{e}" for e in errors]
+    if len(located) == 1:
+        raise ConfigError(located[0])
+    if located:  # (every bad value of the file at once, one per line: not a fix-and-rerun round per value)
+        raise ConfigError(f"{path}: {len(located)} bad values, one per line:\n" + "\n".join(f"  {x}" for x in located))
 
 
 def locate_error(error: ConfigError, path: str | Path | None, overrides: list[str] = ()) -> ConfigError:
     """Prefix a validation error with where its key was set: the command-line override that set it (overrides win
     over the file), else the YAML file and line, when there is one. A ``config key '...'`` error whose key neither
     sets keeps its value from the default: it says so, and the file is not blamed."""
+    if path is not None and str(error).startswith(str(path)):  # (the file's own error, raised as it loaded)
+        return error
     key = _key_in(str(error))
     if key:
         whole = key.split("[", 1)[0]  # (a list entry, key[i], is set by its key)
