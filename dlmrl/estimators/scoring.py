@@ -2,17 +2,40 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from dlmrl.estimators.configurable import ConfigurableEstimator
 from dlmrl.estimators.mask_plan import MaskPlan, UpperBound
-from dlmrl.models.policy import canvas_logits
-from dlmrl.models.sampler import sampler_log_softmax  # (one function with the sampler's; re-exported)
+from dlmrl.models.canvas_scores import canvas_token_logprobs
+from dlmrl.models.sampler import sampler_log_softmax  # (one function with the sampler's; re-exported)  # noqa: F401
 
 Policy = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class Lockstep(Protocol):
+    """How micro-batched passes stay in step over processes whose every forward and backward is a collective
+    (FSDP, DeepSpeed ZeRO: :class:`dlmrl.training.distributed.GradientSync`).
+
+    ``count(local)``: the number of passes every process runs, given this one's ``local`` (a collective; every
+    process calls it at the same point); a process pads its own with passes of loss weight 0. ``sync(last)``: a
+    context for one backward, reducing gradients across the processes only when ``last`` (the update's last
+    backward), accumulating them locally before.
+    """
+
+    def count(self, local: int) -> int: ...
+
+    def sync(self, last: bool) -> AbstractContextManager: ...
+
+
+def lockstep_sync(lockstep: Lockstep | None, last: bool) -> AbstractContextManager:
+    """``lockstep.sync(last)``, or nothing without a lockstep (one process, or DDP's own synchronisation)."""
+    return lockstep.sync(last) if lockstep is not None else contextlib.nullcontext()
 
 
 @dataclass
@@ -96,6 +119,33 @@ def _chunks(plan: MaskPlan, micro_batch: int | None) -> list[torch.Tensor]:
     return list(flat.split(max(size, 1))) if len(flat) else []
 
 
+def _ghost(plan: MaskPlan) -> torch.Tensor:
+    """``(1,)`` the canvas a padding pass runs (its result weighs 0): the plan's first canvas that runs, else its
+    first canvas.
+
+    Raises:
+        ValueError: the plan has no canvas at all (``S·B = 0``), so this process cannot keep in step.
+    """
+    runs = torch.nonzero(plan.runs().flatten().cpu()).squeeze(-1)
+    if len(runs):
+        return runs[:1]
+    if plan.masks.shape[0] * plan.masks.shape[1] == 0:
+        raise ValueError("a process with no canvas to score cannot run the passes that keep the processes in step "
+                         f"(plan masks {tuple(plan.masks.shape)}): give every process at least one row")
+    return torch.zeros(1, dtype=torch.long)
+
+
+def _passes(plan: MaskPlan, micro_batch: int | None, lockstep: Lockstep | None) -> list[tuple[torch.Tensor, bool]]:
+    """``[(flat, real), ...]``: the chunks of :func:`_chunks`, then (with ``lockstep``) padding passes
+    (``real`` False, :func:`_ghost`) up to the count every process runs."""
+    chunks = _chunks(plan, micro_batch)
+    passes = [(flat, True) for flat in chunks]
+    if lockstep is not None:
+        agreed = lockstep.count(len(chunks))
+        passes += [(_ghost(plan), False)] * (agreed - len(chunks))
+    return passes
+
+
 @dataclass
 class _Chunk:
     """One forward call's canvases: ``logp (n, L)`` of the target tokens at the scored positions (0 elsewhere;
@@ -122,11 +172,14 @@ def _score_chunk(
     plan: MaskPlan,
     flat: torch.Tensor,
     with_entropy: bool = False,
+    logits_chunk: int | None = None,
 ) -> _Chunk:
     """One forward call on the canvases ``flat`` (indices ``s·B + b``): every masked position of a canvas is
     replaced by the mask token (and the prompt's masked positions, if the plan has ``prompt_masks``); the
     log-probs count at its scored positions, under the denoiser's softmax or, with ``plan.temperature``,
-    the sampler's token distribution (:func:`sampler_log_softmax`)."""
+    the sampler's token distribution (:func:`sampler_log_softmax`: ``log_softmax(logits / T)``, the mask token
+    excluded). ``logits_chunk``: take them from the output head in chunks of that many positions
+    (:func:`~dlmrl.models.canvas_scores.canvas_token_logprobs`), not from full logits."""
     batch = completion.shape[0]
     s_idx, rows = flat // batch, flat % batch  # (n,), (n,)
     device = completion.device
@@ -139,22 +192,12 @@ def _score_chunk(
     if plan.prompt_masks is not None:
         p_ids = torch.where(plan.prompt_masks[s_idx, rows], torch.full_like(p_ids, policy.mask_token_id), p_ids)
     # (``clean``: a block-diffusion policy scores each noised block next to the clean blocks before it)
-    logits = canvas_logits(policy, p_ids, prompt_mask[rows], canvas, clean=target)  # (n, L, V)
-    if logits.dtype != torch.float64:
-        logits = logits.float()
-    if plan.temperature is None:
-        logp_all = torch.log_softmax(logits, dim=-1)  # (n, L, V)
-    else:
-        logp_all = sampler_log_softmax(logits, policy.mask_token_id, plan.temperature)
-    logp = logp_all.gather(-1, target[..., None])[..., 0]  # (n, L)
-    logp = torch.where(scored, logp, torch.zeros_like(logp))
+    sampler = plan.temperature is not None
+    logp, ent = canvas_token_logprobs(policy, p_ids, prompt_mask[rows], canvas, target, scored, clean=target,
+                                      temperature=plan.temperature, exclude_token=policy.mask_token_id if sampler
+                                      else None, entropy=with_entropy, logits_chunk=logits_chunk)  # (n, L) each
     weights = plan.weights[s_idx, rows].to(logp.dtype)  # (n,) or (n, L)
     weights = weights[:, None].expand_as(logp) if weights.dim() == 1 else weights  # (n, L)
-    ent = None
-    if with_entropy:
-        with torch.no_grad():
-            probs = torch.softmax(logits, dim=-1) if plan.temperature is None else logp_all.exp()
-            ent = torch.where(scored, torch.special.entr(probs).sum(-1), 0.0)  # (n, L)
     return _Chunk(logp, s_idx, rows, weights, scored, ent)
 
 
@@ -196,6 +239,8 @@ def score(
     plan: MaskPlan,
     micro_batch: int | None = None,
     entropy: bool = False,
+    logits_chunk: int | None = None,
+    lockstep: Lockstep | None = None,
 ) -> Estimate:
     """Score ``completion`` under ``policy`` on the masks of ``plan``.
 
@@ -220,6 +265,12 @@ def score(
             ``None`` = all in one call. The result does not depend on it, only speed and memory do.
         entropy: also return ``Estimate.entropy`` (the predictive entropy at each token, averaged over
             the samples that score it), e.g. for entropy-based objectives on a diffusion policy.
+        logits_chunk: take the log-probs from the policy's output head in chunks of this many scored positions
+            (:mod:`dlmrl.models.token_scores`; a family without a head split takes full logits), never the
+            ``(n, L, V)`` float32 logits of a whole forward call; ``None`` or 0 = full logits. The result does
+            not depend on it beyond float rounding.
+        lockstep: several processes whose every forward is a collective (:class:`Lockstep`): this one runs the
+            forward calls every process runs, padding with calls whose result is dropped.
     Returns:
         :class:`Estimate` with ``sequence (B,)``, ``per_token (B, L)`` (float32; float64 for a
         float64 model), ``nfe = S`` and ``entropy`` (``None`` unless asked for).
@@ -233,10 +284,29 @@ def score(
     check_plan(plan, completion, completion_mask, prompt_mask)
     _check_decoded(completion, completion_mask, policy.mask_token_id)
     plan = plan.to(completion.device)
+    passes = _passes(plan, micro_batch, lockstep)
+    linear, upper_sum, ent_sum = _accumulate(policy, prompt_ids, prompt_mask, completion, plan, passes, entropy,
+                                             logits_chunk)
+    if linear is None:  # no canvas to run (S = 0, an empty batch, nothing scored)
+        per_token = torch.zeros(completion.shape, dtype=torch.float32, device=completion.device)
+    else:
+        per_token = _combine(plan, linear, upper_sum, completion_mask.bool())
+    # entropy averaged over the samples that score each token
+    mean_entropy = ent_sum / plan.scored_masks().sum(0).clamp(min=1) if entropy else None
+    return Estimate(sequence=per_token.sum(-1), per_token=per_token, nfe=plan.num_samples, entropy=mean_entropy)
+
+
+def _accumulate(policy, prompt_ids, prompt_mask, completion, plan: MaskPlan, passes, entropy: bool,
+                logits_chunk: int | None):
+    """Run ``passes`` (:func:`_passes`; padding passes run and are dropped) and sum their terms per row:
+    ``(linear (B, L) or None when no canvas ran, upper_sum (B, L) float64 or None without upper-bound rows,
+    ent_sum (B, L) float32)``."""
     linear = upper_sum = None
     ent_sum = torch.zeros(completion.shape, dtype=torch.float32, device=completion.device)  # (B, L)
-    for flat in _chunks(plan, micro_batch):
-        chunk = _score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat, entropy)
+    for flat, real in passes:
+        chunk = _score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat, entropy, logits_chunk)
+        if not real:
+            continue
         terms = chunk.terms()
         if linear is None:
             linear = torch.zeros(completion.shape, dtype=terms.dtype, device=completion.device)  # (B, L)
@@ -247,13 +317,7 @@ def score(
             upper_sum = upper_sum.index_add(0, chunk.rows, _upper_values(chunk, plan.upper))
         if chunk.entropy is not None:
             ent_sum.index_add_(0, chunk.rows, chunk.entropy.float())
-    if linear is None:  # no canvas to run (S = 0, an empty batch, nothing scored)
-        per_token = torch.zeros(completion.shape, dtype=torch.float32, device=completion.device)
-    else:
-        per_token = _combine(plan, linear, upper_sum, completion_mask.bool())
-    # entropy averaged over the samples that score each token
-    mean_entropy = ent_sum / plan.scored_masks().sum(0).clamp(min=1) if entropy else None
-    return Estimate(sequence=per_token.sum(-1), per_token=per_token, nfe=plan.num_samples, entropy=mean_entropy)
+    return linear, upper_sum, ent_sum
 
 
 def sample_scores(
@@ -264,6 +328,7 @@ def sample_scores(
     completion_mask: torch.Tensor,
     plan: MaskPlan,
     micro_batch: int | None = None,
+    logits_chunk: int | None = None,
 ) -> torch.Tensor:
     """Each sample's weighted score ``weights[s, b] · S(masks[s, b])`` separately.
 
@@ -281,7 +346,7 @@ def sample_scores(
     num_samples, batch = plan.masks.shape[:2]
     out = None
     for flat in _chunks(plan, micro_batch):
-        chunk = _score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat)
+        chunk = _score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat, logits_chunk=logits_chunk)
         values = chunk.terms().sum(-1)
         if out is None:
             out = torch.zeros(num_samples * batch, dtype=values.dtype, device=completion.device)
@@ -304,13 +369,16 @@ def score_and_backward(
     loss_fn: LossFn,
     micro_batch: int | None = None,
     backward: Callable[[torch.Tensor], None] | None = None,
+    logits_chunk: int | None = None,
+    lockstep: Lockstep | None = None,
 ) -> tuple[torch.Tensor, dict, Estimate]:
     """Accumulate ``∂ loss_fn(per_token) / ∂θ`` into the policy's ``.grad`` with bounded memory.
 
     The loss (e.g. a clipped ratio of ELBOs) is non-linear in the estimate, so a chunk's
     gradient cannot be taken on its own. Two passes make it exact:
 
-    1. score every canvas without grad, in chunks, to get the values ``c (B, L)``;
+    1. score every canvas without grad, in chunks, to get the values ``c (B, L)`` (and, for SPG's upper-bound
+       rows, the sums ``Σ_s w p^β`` from the same forward calls);
     2. evaluate ``loss_fn`` on a leaf copy of ``c`` and take ``g = ∂loss/∂c (B, L)``;
     3. for each chunk, recompute its log-probs ``ℓ`` with grad and back-propagate the surrogate
        ``Σ g · (∂c/∂ℓ) · ℓ`` with ``∂c/∂ℓ`` detached (the plan weight for ELBO terms; for SPG's upper-bound
@@ -322,9 +390,15 @@ def score_and_backward(
     one chunk (``micro_batch`` None or ``>= S·B``) a single pass with grad is used instead. The
     two passes must see the same function: dropout must be off (it is in the shipped models).
 
+    Several processes whose every forward and backward is a collective (FSDP, DeepSpeed ZeRO; ``lockstep``):
+    every process takes the path and the number of chunks the largest share needs (:meth:`Lockstep.count`), its own
+    chunks first, then padding chunks (its first canvas again) whose surrogate is ``0 · Σ ℓ``, so each backward
+    reaches the same parameters with a zero gradient; gradients are reduced across the processes on the last
+    backward only (:meth:`Lockstep.sync`). The accumulated gradient is the same as without padding.
+
     Args:
-        policy, prompt_ids, prompt_mask, completion, completion_mask, plan, micro_batch: as in
-            :func:`score`.
+        policy, prompt_ids, prompt_mask, completion, completion_mask, plan, micro_batch, logits_chunk,
+            lockstep: as in :func:`score`.
         loss_fn: ``per_token (B, L) -> (loss scalar, metrics dict)``; ``per_token.sum(-1)`` is the
             sequence estimate.
         backward: called on each (surrogate) loss; default ``Tensor.backward`` (pass
@@ -338,46 +412,57 @@ def score_and_backward(
     """
     backward = backward or (lambda x: x.backward())
     _check_micro_batch(micro_batch)
-    total = int(plan.runs().sum())
-    if micro_batch is None or micro_batch >= total:
-        est = score(policy, prompt_ids, prompt_mask, completion, completion_mask, plan)
+    check_plan(plan, completion, completion_mask, prompt_mask)
+    _check_decoded(completion, completion_mask, policy.mask_token_id)
+    plan = plan.to(completion.device)
+    passes = _passes(plan, micro_batch, lockstep)
+    if len(passes) <= 1:  # (everything in one call, on every process: one pass with grad)
+        flat = [f for f, real in passes if real]
+        est = score(policy, prompt_ids, prompt_mask, completion, completion_mask, plan, None if flat else micro_batch,
+                    logits_chunk=logits_chunk)
         loss, metrics = loss_fn(est.per_token)
-        if loss.requires_grad:  # (nothing scored: no graph, nothing to learn)
-            backward(loss)
+        with lockstep_sync(lockstep, last=True):
+            if loss.requires_grad:  # (nothing scored: no graph, nothing to learn)
+                backward(loss)
+            elif passes:  # (a padding pass: this process has nothing to score, the others one call)
+                ghost = _score_chunk(policy, prompt_ids, prompt_mask, completion, plan, passes[0][0],
+                                     logits_chunk=logits_chunk)
+                backward(_chunk_zero(ghost))
         per_token = est.per_token.detach()
         return loss.detach(), metrics, Estimate(per_token.sum(-1), per_token, est.nfe)
     with torch.no_grad():
-        est = score(policy, prompt_ids, prompt_mask, completion, completion_mask, plan, micro_batch)
-        upper_sum = _upper_sums(policy, prompt_ids, prompt_mask, completion, plan, micro_batch)
+        linear, upper_sum, _ = _accumulate(policy, prompt_ids, prompt_mask, completion, plan, passes, False,
+                                           logits_chunk)
+        per_token = (torch.zeros(completion.shape, device=completion.device) if linear is None
+                     else _combine(plan, linear, upper_sum, completion_mask.bool()))
+    est = Estimate(per_token.sum(-1), per_token, plan.num_samples)
     leaf = est.per_token.detach().requires_grad_(True)
     loss, metrics = loss_fn(leaf)
     (grad,) = torch.autograd.grad(loss, leaf, allow_unused=True)
     grad = torch.zeros_like(leaf) if grad is None else grad.detach()  # (B, L) ∂loss/∂c
-    plan = plan.to(completion.device)
     scale = None if plan.upper is None else _upper_scale(plan, completion_mask.bool())
-    for flat in _chunks(plan, micro_batch):
-        chunk = _score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat)
-        coef = chunk.weights  # (n, L) ∂c/∂ℓ of the ELBO terms
-        if plan.upper is not None:
-            up = plan.upper
-            with torch.no_grad():  # ∂/∂ℓ_s of (1/β) log Σ_s w_s e^{βℓ_s} = w_s e^{βℓ_s} / Σ
-                share = _upper_values(chunk, up) / upper_sum[chunk.rows].clamp(min=1e-300)
-                eubo_coef = (share * scale[chunk.rows]).to(coef.dtype)
-                coef = torch.where(up.rows[chunk.rows][:, None], up.mix * eubo_coef + (1 - up.mix) * coef, coef)
-        backward((chunk.logp * coef.detach() * grad[chunk.rows].to(chunk.logp.dtype)).sum())
-    return loss.detach(), metrics, Estimate(est.per_token.sum(-1), est.per_token, est.nfe)
+    for k, (flat, real) in enumerate(passes):
+        chunk = _score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat, logits_chunk=logits_chunk)
+        if not real:
+            surrogate = _chunk_zero(chunk)
+        else:
+            coef = chunk.weights  # (n, L) ∂c/∂ℓ of the ELBO terms
+            if plan.upper is not None:
+                up = plan.upper
+                with torch.no_grad():  # ∂/∂ℓ_s of (1/β) log Σ_s w_s e^{βℓ_s} = w_s e^{βℓ_s} / Σ
+                    share = _upper_values(chunk, up) / upper_sum[chunk.rows].clamp(min=1e-300)
+                    eubo_coef = (share * scale[chunk.rows]).to(coef.dtype)
+                    coef = torch.where(up.rows[chunk.rows][:, None], up.mix * eubo_coef + (1 - up.mix) * coef, coef)
+            surrogate = (chunk.logp * coef.detach() * grad[chunk.rows].to(chunk.logp.dtype)).sum()
+        with lockstep_sync(lockstep, last=k == len(passes) - 1):
+            backward(surrogate)
+    return loss.detach(), metrics, est
 
 
-def _upper_sums(policy, prompt_ids, prompt_mask, completion, plan: MaskPlan, micro_batch) -> torch.Tensor | None:
-    """``(B, L)`` float64 ``Σ_s w p^β`` of the plan's upper-bound rows (no grad), or ``None`` without them."""
-    if plan.upper is None:
-        return None
-    plan = plan.to(completion.device)
-    out = torch.zeros(completion.shape, dtype=torch.float64, device=completion.device)
-    for flat in _chunks(plan, micro_batch):
-        chunk = _score_chunk(policy, prompt_ids, prompt_mask, completion, plan, flat)
-        out.index_add_(0, chunk.rows, _upper_values(chunk, plan.upper))
-    return out
+def _chunk_zero(chunk: _Chunk) -> torch.Tensor:
+    """``0 · Σ ℓ`` of a padding pass: a loss whose backward reaches every parameter the pass used, with gradient
+    0 (its log-probs are finite: 0 off the scored positions, a decoded token's log-prob on them)."""
+    return chunk.logp.sum() * 0
 
 
 def as_generator(generator: torch.Generator | int | None, device: torch.device | str = "cpu"):

@@ -38,6 +38,15 @@ from transformers import (
 from dlmrl.models.loading import DTYPES, SHIPPED_AR, looks_local
 from dlmrl.models.lora import attach_adapter, check_adapter_kind, find_adapter
 from dlmrl.models.policy import position_ids_from_mask
+from dlmrl.models.token_scores import (
+    STAT_ENTROPY,
+    STAT_LOGP,
+    HeadRequest,
+    hf_output_head,
+    tap_head,
+    token_logprobs_from_logits,
+    unwrap_model,
+)
 from dlmrl.objectives.entropy import HapoEntropyStats, hapo_temperature
 
 #: Name that resolves to the tiny causal Sudoku model shipped in ``dlmrl/assets/tiny_sudoku_ar``.
@@ -239,11 +248,16 @@ class AutoregressivePolicy:
         completion: torch.Tensor,
         completion_mask: torch.Tensor,
         temperature: float | torch.Tensor = 1.0,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        logits_chunk: int | None = None,
+        entropy: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Exact ``log p(y_t | q, y_<t)`` of each completion token and the entropy of each prediction.
 
         One forward pass over ``[prompt | completion]``; the logits at position ``P − 1 + t`` predict
-        ``y_t``. Positions are counted over real prompt tokens, so left padding never changes a row.
+        ``y_t``. Positions are counted over real prompt tokens, so left padding never changes a row. With
+        ``logits_chunk`` the model's output head (``get_output_embeddings()``) is tapped and run only on the
+        hidden states of the ``completion_mask`` positions, that many at a time, recomputed in the backward
+        (:mod:`dlmrl.models.token_scores`): no ``(B, L, V)`` float32 logits; the same values up to float rounding.
 
         Args:
             prompt_ids: ``(B, P)`` long, left-padded; ``prompt_mask`` ``(B, P)`` bool, True on real tokens.
@@ -252,10 +266,16 @@ class AutoregressivePolicy:
             temperature: logits are divided by it before the softmax: a float, or ``(B, L)`` per-token
                 temperatures (e.g. the sampling temperatures of an adaptive sampler). 1 = the model's
                 own distribution.
+            logits_chunk: positions per output-head call (``estimator.logits_chunk``); ``None`` or 0 = full logits,
+                as does a model whose head cannot be tapped (none named by ``get_output_embeddings()``).
+            entropy: also compute the entropies (``False``: the second value is ``None``).
         Returns:
             ``logp`` ``(B, L)`` nats (differentiable) and ``entropy`` ``(B, L)`` nats (``−Σ_v p log p`` of the
-            same distribution, detached), float32 (float64 for a float64 model); both 0 outside
+            same distribution, detached) or ``None``, float32 (float64 for a float64 model); both 0 outside
             ``completion_mask``.
+        Raises:
+            HeadTapError: with ``logits_chunk``, a model whose forward changes its head's output (a soft cap, a
+                logit scale), naming ``estimator.logits_chunk``.
         Reference: GRPO arXiv 2402.03300 (token ratio inputs).
         """
         _check_left_padded(prompt_mask)
@@ -265,19 +285,34 @@ class AutoregressivePolicy:
         extra = {"logits_to_keep": length + 1} if self._keeps_logits else {}
         if self._takes_positions:  # (a model without position ids must handle left padding itself)
             extra["position_ids"] = position_ids_from_mask(attention_mask)
+        mask = completion_mask.bool()
+        head = hf_output_head(self.model) if logits_chunk else None
+        if head is not None:
+            request = self._head_request(completion, mask, input_ids.shape[1], temperature, logits_chunk, entropy)
+            with tap_head(unwrap_model(self.model), head, request):
+                out = self.model(input_ids=input_ids, attention_mask=attention_mask.long(), use_cache=False, **extra)
+            stats = out.logits[:, -(length + 1) : -1]  # (B, L, 2): position P-1+t scores y_t
+            return stats[..., STAT_LOGP], stats[..., STAT_ENTROPY].detach() if entropy else None
         out = self.model(input_ids=input_ids, attention_mask=attention_mask.long(), use_cache=False, **extra)
         logits = out.logits[:, -(length + 1) : -1]  # (B, L, V): position P-1+t predicts y_t
-        logits = logits if logits.dtype == torch.float64 else logits.float()  # (float64 weights: in float64)
+        logp, ent = token_logprobs_from_logits(logits, completion, temperature, entropy=entropy)
+        return torch.where(mask, logp, 0.0), torch.where(mask, ent, 0.0) if entropy else None
+
+    def _head_request(self, completion: torch.Tensor, mask: torch.Tensor, total: int,
+                      temperature: float | torch.Tensor, chunk: int, entropy: bool) -> HeadRequest:
+        """The request for the head's input positions: the last ``L + 1`` with ``logits_to_keep`` (else all
+        ``P + L``), position ``P − 1 + t`` scoring ``y_t`` on ``completion_mask``."""
+        width = completion.shape[1] + 1 if self._keeps_logits else total
+        b, length = completion.shape
+        target = completion.new_zeros(b, width)
+        scored = mask.new_zeros(b, width)
+        lo = width - length - 1  # (the head position that predicts y_0)
+        target[:, lo : lo + length], scored[:, lo : lo + length] = completion, mask
+        temps = temperature
         if isinstance(temperature, torch.Tensor):
-            logits = logits / temperature.to(logits)[..., None]
-        elif temperature != 1.0:
-            logits = logits / temperature
-        logp_all = logits.log_softmax(-1)  # (B, L, V)
-        logp = logp_all.gather(-1, completion[..., None]).squeeze(-1)  # (B, L)
-        with torch.no_grad():
-            entropy = torch.special.entr(logp_all.exp()).sum(-1)  # (B, L)
-        mask = completion_mask.bool()
-        return torch.where(mask, logp, 0.0), torch.where(mask, entropy, 0.0)
+            temps = torch.ones(b, width, dtype=temperature.dtype, device=temperature.device)
+            temps[:, lo : lo + length] = temperature
+        return HeadRequest(target, scored, chunk, temps, None, entropy)
 
     @torch.no_grad()
     def generate(

@@ -17,6 +17,7 @@ Everything here is a no-op with one process, so a 1-process run is the single-pr
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -264,6 +265,72 @@ def agreed_count(local: int, processes: Processes | None) -> int:
     count = torch.tensor([local], dtype=torch.long, device=device)
     torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
     return int(count.item())
+
+
+class GradientSync:
+    """Micro-batched backward passes of one update where every forward and backward is a collective (FSDP2 or FSDP
+    through ``accelerate``, dlmrl's ``train.sharding``, DeepSpeed ZeRO): the
+    :class:`~dlmrl.estimators.scoring.Lockstep` the scorers take.
+
+    - :meth:`count`: every process runs the most passes any process needs (:func:`agreed_count`), padding its own
+      with passes of loss weight 0, so no collective waits on a process that has stopped;
+    - :meth:`sync`: gradients are reduced across the processes in the update's last backward only, accumulated
+      locally before: FSDP2 ``set_requires_gradient_sync(False)`` on every sharded module, FSDP1 and DDP
+      ``no_sync()``, DeepSpeed the gradient-accumulation boundary (``accelerate``'s ``sync_gradients``, which
+      its ``backward`` hands to ``engine.set_gradient_accumulation_boundary`` and which keeps it from stepping
+      the optimizer before the last backward).
+
+    The reduced gradient is the sum of the passes' gradients averaged over the processes, as one backward of the
+    whole share would give; the loss weights (:func:`loss_share`) make that the 1-process gradient. Memory: FSDP2
+    keeps the accumulated gradients unsharded until the last backward (its documented accumulation mode).
+
+    Args:
+        processes: the run's :class:`Processes`. model: the prepared model (FSDP2 module, FSDP/DDP wrapper or
+            DeepSpeed engine). accelerator: ``accelerate``'s, read for DeepSpeed (``None``: none).
+    Reference: PyTorch FSDP2 ``FSDPModule.set_requires_gradient_sync``; DeepSpeed
+    ``DeepSpeedEngine.set_gradient_accumulation_boundary``; accelerate ``Accelerator.backward``.
+    """
+
+    def __init__(self, processes: Processes, model: torch.nn.Module, accelerator=None):
+        self.processes, self.model, self.accelerator = processes, model, accelerator
+
+    def count(self, local: int) -> int:
+        """The passes every process runs (:func:`agreed_count`; a collective: every process calls it)."""
+        return agreed_count(local, self.processes)
+
+    def _deepspeed(self) -> bool:
+        kind = getattr(self.accelerator, "distributed_type", None)
+        return kind is not None and str(kind).endswith("DEEPSPEED")
+
+    @contextlib.contextmanager
+    def sync(self, last: bool):
+        """One backward: reduced across the processes when ``last``, else accumulated on this process only."""
+        if last:
+            yield
+            return
+        if self._deepspeed():
+            state = self.accelerator.gradient_state
+            before = state.sync_gradients
+            state._set_sync_gradients(False)  # (accelerate's own switch; it has no public setter)
+            try:
+                yield
+            finally:
+                state._set_sync_gradients(before)
+            return
+        from torch.distributed.fsdp import FSDPModule
+
+        sharded = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
+        if sharded:
+            for m in sharded:
+                m.set_requires_gradient_sync(False, recurse=False)
+            try:
+                yield
+            finally:
+                for m in sharded:
+                    m.set_requires_gradient_sync(True, recurse=False)
+            return
+        with getattr(self.model, "no_sync", contextlib.nullcontext)():
+            yield
 
 
 @dataclass

@@ -20,7 +20,7 @@ import torch
 
 from dlmrl.estimators import score
 from dlmrl.estimators.block_plans import block_rollout_plan
-from dlmrl.estimators.scoring import score_and_backward
+from dlmrl.estimators.scoring import Lockstep, lockstep_sync, score_and_backward
 from dlmrl.training.rollout import Rollout
 
 LossFn = Callable[[torch.Tensor], "tuple[torch.Tensor, dict]"]
@@ -118,11 +118,18 @@ class DiffusionScorer:
     """
 
     def __init__(self, policy, ref, estimator, micro_batch: int | None, old_scores: bool = True,
-                 block_size: int | None = None):
+                 block_size: int | None = None, logits_chunk: int | None = None, lockstep: Lockstep | None = None):
         self.policy, self.ref, self.estimator, self.micro_batch = policy, ref, estimator, micro_batch
         self.old_scores = old_scores  # (a ratio-free objective reads no old-policy scores)
         self.block_size = block_size  # (a block-diffusion policy: plans drawn per block, scored in composite passes)
         self.nfe = estimator.nfe
+        # (estimator.logits_chunk: token log-probs from the output head in chunks; lockstep: processes whose every
+        # forward is a collective run the same passes, dlmrl.training.distributed.GradientSync)
+        self.logits_chunk, self.lockstep = logits_chunk or None, lockstep
+
+    @property
+    def _scoring(self) -> dict:
+        return {"logits_chunk": self.logits_chunk, "lockstep": self.lockstep}
 
     def _plan(self, ro: Rollout, generator: torch.Generator, advantages: torch.Tensor | None):
         if self.block_size is None:
@@ -149,12 +156,12 @@ class DiffusionScorer:
         args = (ro.prompt_ids, ro.prompt_mask, ro.completion, ro.completion_mask)
         ent = None
         with torch.no_grad():
-            old = [None] + [score(self.policy, *args, plan, self.micro_batch).per_token if self.old_scores else None
+            old = [None] + [score(self.policy, *args, plan, self.micro_batch, **self._scoring).per_token if self.old_scores else None
                             for plan in self.plans[1:]]
-            ref = ([score(self.ref, *args, plan, self.micro_batch).per_token for plan in self.plans]
+            ref = ([score(self.ref, *args, plan, self.micro_batch, **self._scoring).per_token for plan in self.plans]
                    if self.ref is not None else [None] * num_iterations)
             if entropy:
-                ent = score(self.policy, *args, self.plans[0], self.micro_batch, entropy=True).entropy
+                ent = score(self.policy, *args, self.plans[0], self.micro_batch, entropy=True, **self._scoring).entropy
         return OldScores(old, ref, ent)
 
     def backward(self, j: int, loss_fn: LossFn, backward) -> tuple[torch.Tensor, dict]:
@@ -162,7 +169,7 @@ class DiffusionScorer:
         ro = self.ro
         loss, metrics, _ = score_and_backward(self.policy, ro.prompt_ids, ro.prompt_mask, ro.completion,
                                               ro.completion_mask, self.plans[j], loss_fn, self.micro_batch,
-                                              backward=backward)
+                                              backward=backward, **self._scoring)
         return loss, metrics
 
 
@@ -220,11 +227,21 @@ class ARScorer:
         old_scores: whether the objective reads old-policy scores (``GroupObjective.needs_old_scores``).
         share_forward: allow the shared forward above (the trainer turns it off with several processes, whose
             gradient synchronisation is tied to the forward pass).
+        micro_batch: most rows per forward call (``estimator.micro_batch``; ``None`` = all): scoring with grad then
+            takes the two passes of :func:`~dlmrl.estimators.scoring.score_and_backward` over row chunks (no-grad
+            log-probs, ``g = ∂loss/∂logp``, then per chunk the surrogate ``Σ g · logp`` with grad), whose gradients
+            sum to the whole batch's; no forward is shared then.
+        logits_chunk: token log-probs from the output head in chunks of this many positions
+            (``estimator.logits_chunk``, :meth:`~dlmrl.models.ar.AutoregressivePolicy.token_logprobs`).
+        lockstep: processes whose every forward and backward is a collective (FSDP, DeepSpeed ZeRO) run the same
+            number of row chunks, padded with chunks of loss weight 0 (:class:`~dlmrl.estimators.scoring.Lockstep`).
     """
 
-    def __init__(self, policy, ref, old_scores: bool = True, share_forward: bool = True):
+    def __init__(self, policy, ref, old_scores: bool = True, share_forward: bool = True,
+                 micro_batch: int | None = None, logits_chunk: int | None = None, lockstep: Lockstep | None = None):
         self.policy, self.ref = policy, ref
-        self.old_scores, self.share_forward = old_scores, share_forward
+        self.old_scores, self.share_forward = old_scores, share_forward and not micro_batch
+        self.micro_batch, self.logits_chunk, self.lockstep = micro_batch or None, logits_chunk or None, lockstep
         self.nfe = 1
         self._shared: torch.Tensor | None = None  # (n, L) log-probs with grad of the first update, when shared
         self._deterministic: bool | None = None  # train_mode_is_deterministic(policy.model), computed once
@@ -239,16 +256,16 @@ class ARScorer:
         self.ro, self._shared = ro, None
         args = (ro.prompt_ids, ro.prompt_mask, ro.completion, ro.completion_mask)
         with torch.no_grad():
-            ref = self.ref.token_logprobs(*args)[0] if self.ref is not None else None
+            ref = self._logprobs(self.ref, args)[0] if self.ref is not None else None
         needs_old = num_iterations > 1 and self.old_scores
         logp = ent = None
         if entropy and not needs_old and self._can_share(num_iterations):
             self.policy.model.train()  # (the mode of the update; the trainer sets it right after anyway)
             with torch.enable_grad():
-                self._shared, ent = self.policy.token_logprobs(*args)
+                self._shared, ent = self.policy.token_logprobs(*args, logits_chunk=self.logits_chunk)
         elif needs_old or entropy:
             with torch.no_grad():
-                logp, ent = self.policy.token_logprobs(*args)
+                logp, ent = self._logprobs(self.policy, args)
         old = [None] + [logp] * (num_iterations - 1)
         return OldScores(old, [ref] * num_iterations, ent if entropy else None)
 
@@ -266,7 +283,64 @@ class ARScorer:
         if j == 0 and self._shared is not None:
             logp, self._shared = self._shared, None
         else:
-            logp, _ = self.policy.token_logprobs(ro.prompt_ids, ro.prompt_mask, ro.completion, ro.completion_mask)
+            return self._backward_rows(ro, loss_fn, backward)
         loss, metrics = loss_fn(logp)
         backward(loss)
+        return loss.detach(), metrics
+
+    def _passes(self, n: int) -> list[tuple[torch.Tensor, bool]]:
+        """``[(rows, real), ...]``: ``n`` rows in chunks of ``micro_batch``, then (with a lockstep) padding chunks
+        (row 0 again, ``real`` False) up to the count every process runs."""
+        chunks = list(torch.arange(n).split(self.micro_batch or max(n, 1))) if n else []
+        passes = [(rows, True) for rows in chunks]
+        if self.lockstep is not None:
+            agreed = self.lockstep.count(len(chunks))
+            if agreed > len(chunks) and not n:
+                raise ValueError("a process with no row to score cannot run the passes that keep the processes in "
+                                 "step: give every process at least one row")
+            passes += [(torch.zeros(1, dtype=torch.long), False)] * (agreed - len(chunks))
+        return passes
+
+    def _logprobs(self, policy, args: tuple, passes: list | None = None, entropy: bool = True):
+        """``policy``'s token log-probs and entropies ``(n, L)`` of the rows ``args`` = ``(prompt_ids, prompt_mask,
+        completion, completion_mask)``, in the row chunks of :meth:`_passes` (padding chunks run, dropped)."""
+        passes = self._passes(len(args[0])) if passes is None else passes
+        if len(passes) == 1 and passes[0][1]:
+            return policy.token_logprobs(*args, logits_chunk=self.logits_chunk, entropy=entropy)
+        logp = ent = None
+        for rows, real in passes:
+            part = policy.token_logprobs(*(a[rows] for a in args), logits_chunk=self.logits_chunk, entropy=entropy)
+            if not real:
+                continue
+            if logp is None:
+                logp = part[0].new_zeros(args[2].shape)
+                ent = part[0].new_zeros(args[2].shape) if entropy else None
+            logp[rows] = part[0]
+            if entropy:
+                ent[rows] = part[1]
+        return logp, ent
+
+    def _backward_rows(self, ro: Rollout, loss_fn: LossFn, backward) -> tuple[torch.Tensor, dict]:
+        """Back-propagate ``loss_fn(logp)`` of the rows ``ro``: one pass with grad when they fit in one chunk on
+        every process, else the two-pass surrogate over row chunks (see the class)."""
+        args = (ro.prompt_ids, ro.prompt_mask, ro.completion, ro.completion_mask)
+        passes = self._passes(len(ro))
+        if len(passes) <= 1:
+            logp, _ = self.policy.token_logprobs(*args, logits_chunk=self.logits_chunk, entropy=False)
+            loss, metrics = loss_fn(logp)
+            with lockstep_sync(self.lockstep, last=True):
+                backward(loss)
+            return loss.detach(), metrics
+        with torch.no_grad():
+            values, _ = self._logprobs(self.policy, args, passes, entropy=False)
+        leaf = values.detach().requires_grad_(True)
+        loss, metrics = loss_fn(leaf)
+        (grad,) = torch.autograd.grad(loss, leaf, allow_unused=True)
+        grad = torch.zeros_like(leaf) if grad is None else grad.detach()  # (n, L) ∂loss/∂logp
+        for k, (rows, real) in enumerate(passes):
+            logp, _ = self.policy.token_logprobs(*(a[rows] for a in args), logits_chunk=self.logits_chunk,
+                                                 entropy=False)
+            surrogate = (logp * grad[rows].to(logp.dtype)).sum() if real else logp.sum() * 0
+            with lockstep_sync(self.lockstep, last=k == len(passes) - 1):
+                backward(surrogate)
         return loss.detach(), metrics

@@ -253,3 +253,33 @@ def test_a_head_the_forward_never_calls_is_refused_naming_the_key():
     request = HeadRequest(torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.bool), chunk=2)
     with pytest.raises(HeadTapError, match="estimator.logits_chunk"), tap_head(policy.model, other, request):
         policy.model(input_ids=torch.ones(1, 3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("keeps_logits", [True, False])
+def test_ar_token_logprobs_from_the_head_equal_the_full_logits(keeps_logits):
+    from dlmrl.models.ar import load_ar_policy
+    from tests.tolerances import SHIPPED_TERMS
+
+    policy = load_ar_policy(dtype="float64")
+    policy._keeps_logits = keeps_logits  # (a model without logits_to_keep: the head sees every position)
+    g = torch.Generator().manual_seed(0)
+    vocab = len(policy.tokenizer)
+    prompt_ids = torch.randint(5, vocab, (3, 4), generator=g)
+    prompt_mask = torch.ones(3, 4, dtype=torch.bool)
+    prompt_mask[0, :2] = False
+    completion = torch.randint(5, vocab, (3, 6), generator=g)
+    completion_mask = torch.ones(3, 6, dtype=torch.bool)
+    completion_mask[1, 4:] = False
+    temperature = torch.rand(3, 6, generator=g, dtype=torch.float64) + 0.5  # (HAPO's per-token temperatures)
+    args = (prompt_ids, prompt_mask, completion, completion_mask, temperature)
+    params = list(policy.model.parameters())
+    (want, want_ent), (got, got_ent) = (policy.token_logprobs(*args, logits_chunk=c) for c in (None, 4))
+    want_grads, grads = _grads(params, want.sum()), _grads(params, got.sum())
+    scale = float(want.detach().abs().max()) + 1.0
+    assert torch.allclose(got, want, rtol=0, atol=forward_tol(scale, SHIPPED_TERMS))
+    assert torch.allclose(got_ent, want_ent, rtol=0, atol=forward_tol(scale, SHIPPED_TERMS))
+    assert (got[~completion_mask] == 0).all() and (got_ent[~completion_mask] == 0).all()
+    grad_scale = max(float(g.abs().max()) for g in want_grads)
+    for a, b in zip(grads, want_grads, strict=True):
+        assert torch.allclose(a, b, rtol=0, atol=forward_tol(grad_scale * scale, SHIPPED_TERMS))
+    assert policy.token_logprobs(*args, logits_chunk=4, entropy=False)[1] is None
