@@ -224,7 +224,8 @@ class TrainConfig:
     adam_beta1: float = doc(0.9, "AdamW beta1.")
     adam_beta2: float = doc(0.99, "AdamW beta2.")
     lr_scheduler_type: str = doc("cosine", "LR schedule: linear | cosine | cosine_with_restarts | polynomial | constant | constant_with_warmup | inverse_sqrt.")
-    warmup_steps: int = doc(5, "Warm-up steps of the LR schedule.")
+    warmup_steps: int = doc(5, "Warm-up of the LR schedule, in rollout steps (the schedule itself moves once per "
+                               "optimizer step: num_iterations * steps_per_generation per rollout step).")
     max_grad_norm: float = doc(1.0, "Gradient clipping norm (0 = off).")
     rollout_is_cap: float | None = doc(
         None, "Truncated importance sampling of the rollout/training mismatch (TRL's vllm_importance_sampling_cap): "
@@ -232,10 +233,21 @@ class TrainConfig:
               "logp_rollout the log-prob the sampler recorded for the token and logp_old the exact old-policy score "
               "of the same trajectory; null = off. C >= 1. Needs the trajectory estimator with merge 1 and order "
               "sampled (the only estimator that scores the sampler's own distribution) on a diffusion model.")
-    max_steps: int = doc(260, "Rollout steps (each: sample, reward, score, num_iterations updates).")
+    max_steps: int = doc(260, "Rollout steps (each: sample, reward, score, num_iterations * steps_per_generation "
+                              "optimizer steps; the LR schedule spans them all).")
     prompts_per_step: int = doc(64, "Prompts per rollout step; the batch is prompts_per_step * num_generations completions.")
     num_generations: int = doc(8, "Group size G: completions per prompt.")
-    num_iterations: int = doc(1, "Inner iterations mu per rollout batch, each with a fresh MaskPlan.")
+    num_iterations: int = doc(1, "Inner iterations mu per rollout batch, each with a fresh MaskPlan (TRL's "
+                                 "num_iterations): each is one pass over the batch's steps_per_generation "
+                                 "mini-batches.")
+    steps_per_generation: int = doc(
+        1, "Optimizer steps per pass over a rollout batch (TRL's steps_per_generation with gradient_accumulation_steps "
+           "1; verl's ppo_mini_batch_size = prompts_per_step / steps_per_generation prompts): the batch's groups are "
+           "shuffled (the step's seed) and cut into this many mini-batches of whole groups, each its own loss (its "
+           "mean in the preset's aggregation; dapo: over its own tokens) and one optimizer step; with num_iterations "
+           "mu the pass repeats mu times. The old-policy scores are the rollout policy's, taken once per batch, so "
+           "from the second step on the ratio, the clip and a KL toward the old policy act. Must divide "
+           "prompts_per_step.")
     epsilon: float | None = doc(None, "Clip epsilon (lower; and upper unless epsilon_high is set); null = the "
                                       "preset's (gdpo 0.5, grpo 0.2).")
     epsilon_high: float | None = doc(None, "Upper clip epsilon; null = the preset's (default: epsilon).")

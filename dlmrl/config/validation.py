@@ -227,6 +227,7 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
     _check(tr.prompts_per_step >= 1, "train.prompts_per_step", "must be >= 1")
     _check(tr.num_generations >= 2, "train.num_generations", "group size G must be >= 2 (advantages need a group)")
     _check(tr.num_iterations >= 1, "train.num_iterations", "must be >= 1")
+    _check_steps_per_generation(cfg, preset if for_training else None)
     _check(tr.max_grad_norm >= 0, "train.max_grad_norm", "must be >= 0")
     _check_rollout_is_cap(cfg, estimator)
     _check(tr.save_steps >= 1, "train.save_steps", "must be >= 1")
@@ -240,6 +241,61 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
     _check(ev.num_puzzles >= 0, "eval.num_puzzles", "must be >= 0 (0 = the whole held-out split)")
     _check(ev.batch_size >= 1, "eval.batch_size", "must be >= 1")
     return RunSpec(preset, name, e, estimator, chosen_by)
+
+
+def _check_steps_per_generation(cfg: Config, preset) -> None:
+    """``train.steps_per_generation``: an integer >= 1 that divides ``train.prompts_per_step`` (mini-batches of
+    equally many whole groups), and above 1 only for a loss that needs no statistics over the whole batch. With
+    the ``preset`` (training), warn about configured keys that cannot act because every update sees ratio 1
+    (:func:`_warn_inert_ratio`)."""
+    tr = cfg.train
+    count = tr.steps_per_generation
+    _check(isinstance(count, int) and not isinstance(count, bool) and count >= 1, "train.steps_per_generation",
+           f"must be an integer >= 1 (optimizer steps per rollout batch), got {count!r}")
+    divisors = [d for d in range(1, tr.prompts_per_step + 1) if tr.prompts_per_step % d == 0]
+    _check(tr.prompts_per_step % count == 0, "train.steps_per_generation",
+           f"{count} mini-batches of whole groups do not split a rollout batch of train.prompts_per_step "
+           f"{tr.prompts_per_step} groups evenly; use a divisor of it ({', '.join(map(str, divisors[:8]))}"
+           f"{', ...' if len(divisors) > 8 else ''})")
+    if preset is None:
+        return
+    objective = preset.objective
+    _check(count == 1 or not objective.needs_whole_batch, "train.steps_per_generation",
+           f"{tr.algorithm!r} ranks or normalises token entropies over the whole batch inside its loss "
+           f"({objective.whole_batch_reason()}), which a mini-batch holding part of the batch cannot do; use 1")
+    _warn_inert_ratio(cfg, preset)
+
+
+def _warn_inert_ratio(cfg: Config, preset) -> None:
+    """Warn about configured keys that can have no effect because every update sees ratio 1: with
+    ``train.num_iterations`` 1 and ``train.steps_per_generation`` 1 a rollout batch's only optimizer step starts
+    at the policy that sampled it, whose scores are its old scores. Then nothing is clipped (``train.epsilon``,
+    ``epsilon_high``, ``clip_rule``, ``dual_clip``, ``delta``), and a ``k2`` / ``k3`` KL toward the rollout policy
+    (``kl_reference: old``, TraceRL's) is 0 with gradient 0 (``train.beta``, ``kl_reference``). Keys left null
+    (the preset's values) are not warned about; ``k1``'s gradient is not 0 (its expectation is)."""
+    import warnings
+
+    tr, o = cfg.train, preset.objective
+    if tr.num_iterations > 1 or tr.steps_per_generation > 1:
+        return
+    inert, why = [], []
+    kl_keys = [k for k in ("beta", "kl_reference") if getattr(tr, k) is not None]
+    if kl_keys and o.beta > 0 and o.kl_reference == "old" and o.kl_kind in ("k2", "k3"):
+        inert += [f"train.{k}" for k in kl_keys]
+        why.append(f"the {o.kl_kind} KL toward the rollout policy (beta {o.beta:g}, kl_reference old) is 0 with "
+                   "gradient 0")
+    clip_keys = [k for k in ("epsilon", "epsilon_high", "clip_rule", "dual_clip", "delta")
+                 if getattr(tr, k) not in (None, 0)]  # (dual_clip / delta 0: off)
+    if clip_keys and o.ratio_level != "none":
+        inert += [f"train.{k}" for k in clip_keys]
+        why.append("nothing is clipped")
+    if inert:
+        warnings.warn(f"config keys {', '.join(inert)} have no effect: with train.num_iterations 1 and "
+                      "train.steps_per_generation 1 each rollout batch's only optimizer step starts at the policy "
+                      f"that sampled it, so its importance ratio is 1 at every token: {' and '.join(why)}. Set "
+                      "train.steps_per_generation > 1 (several optimizer steps per rollout batch, as TRL's "
+                      "steps_per_generation and TraceRL's code take) or train.num_iterations > 1, or remove them",
+                      UserWarning, stacklevel=4)
 
 
 def _check_block_size(cfg: Config) -> None:

@@ -249,7 +249,9 @@ def tracerl() -> AlgorithmPreset:
     averages the loss per (completion, step-group) row, weighting a token by one over the tokens revealed with
     it; here the ``grpo`` loss averages per completion. Its std is the population std (here Bessel's, as
     ``group``); its filter dropping groups with accuracy outside [0.2, 0.8] and its optional value model are
-    left out. With μ = 1 the KL toward the rollout policy is 0.
+    left out. With μ = 1 and one optimizer step per rollout batch (``train.steps_per_generation`` 1) every ratio is
+    1 and the KL toward the rollout policy is 0; the authors' code takes several optimizer steps per batch
+    (``configs/sdar_tracerl_math.yaml`` maps them).
     """
     objective = GroupObjective(epsilon=0.2, beta=0.01, kl_reference="old")
     return AlgorithmPreset("tracerl", objective, "group", policies=("diffusion",), estimator="trajectory",

@@ -79,13 +79,17 @@ def _algorithm_section(cfg: Config, preset) -> dict:
            "advantage": preset.advantage, "ratio_level": o.ratio_level,
            "epsilon": o.epsilon, "epsilon_high": o.epsilon_high if o.epsilon_high is not None else o.epsilon,
            "clip_rule": o.clip_rule, "loss_type": o.loss_type, "beta": o.beta,
-           "num_iterations": cfg.train.num_iterations}
+           "num_iterations": cfg.train.num_iterations, "steps_per_generation": cfg.train.steps_per_generation}
+    # (one optimizer step per rollout batch starts at the policy that sampled it: every ratio is 1)
+    one_step = cfg.train.num_iterations == 1 and cfg.train.steps_per_generation == 1
     # each part as it describes itself: its name and settings (weighting only when there is one)
     for kind, part in zip(("clip_rule", "loss_type", "weighting"), o.parts):
         if kind != "weighting" or part.name != "none":
             out[f"{kind}_settings"] = dataclasses.asdict(part)
     if o.beta > 0 and o.kl_reference == "old":
-        out["kl"] = f"{o.kl_kind} at {o.kl_level} level, toward the rollout policy"
+        out["kl"] = f"{o.kl_kind} at {o.kl_level} level, toward the rollout policy" + (
+            " (0 with gradient 0 here: one optimizer step per rollout batch, ratio 1; set "
+            "train.steps_per_generation > 1)" if one_step and o.kl_kind != "k1" else "")
         out["reference_model"] = "none (the KL is taken toward the rollout policy's own scores)"
     elif o.beta > 0:
         out["kl"] = f"{o.kl_kind} at {o.kl_level} level"
@@ -95,6 +99,9 @@ def _algorithm_section(cfg: Config, preset) -> dict:
         out["reference_model"] = "none (beta = 0)"
     if o.ratio_level == "none":
         out["ratio"] = "none: the loss weights the current policy's log-likelihood (no old-policy pass, no clip)"
+    elif one_step:
+        out["ratio"] = ("1 at every token (one optimizer step per rollout batch, from the policy that sampled it): "
+                        "the clip does not act")
     if cfg.train.rollout_is_cap is not None:
         out["rollout_is_cap"] = cfg.train.rollout_is_cap
         out["rollout_correction"] = (f"each token's policy loss x min(exp(logp_old - logp_rollout), "
@@ -333,15 +340,44 @@ def _sizes_section(cfg: Config, nfe_scoring: int, processes: int, written: tuple
         out["completion_tokens_note"] = (f"mean over the data: {rows} completions x {written[2]:g} blank cells "
                                          f"(infill; the canvas is {length} tokens, {rows * length} in all)")
     if cfg.model.kind in ("diffusion", "block"):
-        canvases = rows * nfe_scoring
+        # (an optimizer step scores one mini-batch of the batch with grad: train.steps_per_generation)
+        canvases = rows // tr.steps_per_generation * nfe_scoring
         if cfg.model.kind == "block":  # (each scoring canvas is a composite pass over [prompt | noisy | clean])
             out["scoring_pass"] = "composite: every block's noised copy next to the clean completion, 2L positions"
         out["scoring_canvases_per_update"] = canvases  # (at most, for data-dependent NFE)
         out["canvases_per_forward"] = min(e.micro_batch, canvases) if e.micro_batch else canvases
         out["scoring"] = ("two-pass chunks of estimator.micro_batch (memory of one chunk)"
                           if e.micro_batch and e.micro_batch < canvases else "one call with grad")
-    out["updates_per_step"] = tr.num_iterations
+    out.update(_update_structure(cfg, processes))
     out["max_steps"] = tr.max_steps
+    return out
+
+
+def _update_structure(cfg: Config, processes: int) -> dict:
+    """How a rollout batch becomes optimizer steps: ``num_iterations`` passes of ``steps_per_generation``
+    mini-batches of whole groups (:func:`dlmrl.training.update.split_minibatches`), and the LR schedule's length
+    in optimizer steps."""
+    tr = cfg.train
+    count, passes = tr.steps_per_generation, tr.num_iterations
+    per_step = passes * count
+    out: dict = {"updates_per_step": per_step, "steps_per_generation": count}
+    groups = tr.prompts_per_step // count if tr.prompts_per_step % count == 0 else tr.prompts_per_step / count
+    out["minibatch"] = {"groups": groups, "completions": groups * tr.num_generations}
+    if processes > 1:
+        out["minibatch"]["groups_per_process"] = (
+            groups / processes if groups % processes else groups // processes) if groups >= processes else (
+            f"{groups} groups over {processes} processes: {processes - groups} process(es) score no row in each "
+            "optimizer step")
+    order = (f"{passes} pass(es) over the batch, each in {count} mini-batches of {groups} whole groups "
+             f"({groups * tr.num_generations} completions; groups shuffled per rollout step, the same split for "
+             "every pass), one optimizer step each; each mini-batch's loss is its own mean in the preset's "
+             "aggregation" if count > 1 else
+             f"{passes} optimizer step(s), each on the whole batch")
+    out["update_order"] = order + ("; old-policy scores from the rollout policy, once per batch, so from the second "
+                                   "optimizer step on the ratio differs from 1" if per_step > 1 else
+                                   "; the only step starts at the rollout policy (ratio 1)")
+    out["lr_schedule"] = (f"{tr.max_steps * per_step} optimizer steps ({tr.max_steps} rollout steps x {per_step}), "
+                          f"warm-up {tr.warmup_steps * per_step}")
     return out
 
 

@@ -161,12 +161,18 @@ def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None)
               if is_ar else
               DiffusionScorer(policy, ref, build_estimator(cfg, spec), cfg.estimator.micro_batch or None,
                               old_scores=objective.needs_old_scores, block_size=cfg.model.block_size))
+    if tr.steps_per_generation > 1 and not is_ar and measures_rollout_mismatch(scorer):
+        # (the rollout log-prob gap is measured on old scores taken before any step: with several mini-batches the
+        # updates' own scores come from a moved policy, so a ratio-free objective's scorer takes them too)
+        scorer.old_scores = True
     delimiters = delimiter_token_ids(policy.tokenizer) if "segment_ids" in preset.required_inputs else None
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=tr.learning_rate, betas=(tr.adam_beta1, tr.adam_beta2),
                                   weight_decay=tr.weight_decay)
-    total_updates = tr.max_steps * tr.num_iterations
-    scheduler = get_scheduler(tr.lr_scheduler_type, optimizer, num_warmup_steps=tr.warmup_steps * tr.num_iterations,
-                              num_training_steps=max(total_updates, 1))
+    # the schedule moves once per optimizer step: num_iterations passes of steps_per_generation mini-batches per
+    # rollout step (max_steps and warmup_steps count rollout steps)
+    per_step = tr.num_iterations * tr.steps_per_generation
+    scheduler = get_scheduler(tr.lr_scheduler_type, optimizer, num_warmup_steps=tr.warmup_steps * per_step,
+                              num_training_steps=max(tr.max_steps * per_step, 1))
     with warnings.catch_warnings():
         # DDP without buffer synchronisation in forward: the buffers are not trained, and processes may run
         # different numbers of forward passes (AR sampling stops when a process's rows are done). (torch 2.13

@@ -1,5 +1,6 @@
 """Scoring a rollout batch per policy kind, behind one interface the trainer reads: old (and reference) scores
-once per batch (:meth:`prepare`), then one scored backward per μ update (:meth:`backward`).
+once per batch (:meth:`prepare`), then one scored backward per optimizer step (:meth:`backward`: μ passes over the
+batch, each in ``train.steps_per_generation`` mini-batches of rows).
 
 - ``diffusion`` (:class:`DiffusionScorer`): an estimator's per-token ELBO contributions on
   :class:`~dlmrl.estimators.mask_plan.MaskPlan` s (one fresh plan per μ update, shared by old/new/reference),
@@ -38,8 +39,8 @@ class RolloutMismatch:
       loss, once per rollout batch (TRL's ``vllm_importance_sampling_correction`` in its ``token_truncate`` mode,
       cap ``C`` = ``vllm_importance_sampling_cap``; the KL term is not weighted, as there).
 
-    ``logp_old`` is taken once, by :meth:`observe` (the first μ update's detached scores, i.e. the policy that
-    sampled before any step; later calls keep it). It is the sampler's own distribution only for the
+    ``logp_old`` is taken once, by :meth:`observe` (the first μ update's detached scores, or with several
+    mini-batches the old scores taken before any step: the policy that sampled; later calls keep it). It is the sampler's own distribution only for the
     ``trajectory`` estimator with merge 1 and the sampled order (merged canvases score a token from an earlier
     canvas than it was drawn from; ELBO terms are no token log-probs), which is where the trainer uses this; with
     no cache and no classifier-free guidance the gap is 0 up to float error, threshold decoding or not.
@@ -99,9 +100,10 @@ class RolloutMismatch:
 
 @dataclass
 class OldScores:
-    """Per-token scores of the rollout policy and the reference, one entry per μ update.
+    """Per-token scores ``(B, L)`` of the rollout policy and the reference, one entry per μ update.
 
-    ``old[j]`` ``None`` means "the current policy's own scores, detached" (the first update, ratio 1).
+    ``old[j]`` ``None`` means "the current policy's own scores, detached" (the first update, ratio 1; with several
+    mini-batches ``old[0]`` is scored, as later mini-batches of the first pass see a moved policy).
     ``entropy`` ``(B, L)`` detached predictive entropies (``None`` when not requested).
     """
 
@@ -139,13 +141,15 @@ class DiffusionScorer:
                                   reveal_step=ro.reveal_step, advantages=advantages)
 
     def prepare(self, ro: Rollout, num_iterations: int, generator: torch.Generator, entropy: bool = False,
-                rows: torch.Tensor | None = None, advantages: torch.Tensor | None = None) -> OldScores:
+                rows: torch.Tensor | None = None, advantages: torch.Tensor | None = None,
+                minibatches: int = 1) -> OldScores:
         """Draw the plans (:meth:`~dlmrl.estimators.scoring.PlanEstimator.rollout_plan`, with the rollout's
-        trajectory and ``advantages`` ``(B,)`` of its rows); score old (updates 2..μ) and reference (every
-        update) under no grad.
+        trajectory and ``advantages`` ``(B,)`` of its rows); score old (updates 2..μ, and the first with
+        ``minibatches > 1``) and reference (every update) under no grad.
 
         ``rows``: ``(n,)`` long, score only these rows of ``ro`` (one process's share); the plans are drawn
         for all of ``ro`` and cut to them, so a row's masks do not depend on which process scores it.
+        ``minibatches``: optimizer steps per pass (``train.steps_per_generation``).
         """
         plans = [self._plan(ro, generator, advantages) for _ in range(num_iterations)]
         if rows is not None:
@@ -156,19 +160,26 @@ class DiffusionScorer:
         args = (ro.prompt_ids, ro.prompt_mask, ro.completion, ro.completion_mask)
         ent = None
         with torch.no_grad():
-            old = [None] + [score(self.policy, *args, plan, self.micro_batch, **self._scoring).per_token if self.old_scores else None
-                            for plan in self.plans[1:]]
+            # (the first pass's old scores: needed once a later mini-batch of it sees a moved policy)
+            scored = self.plans if minibatches > 1 else self.plans[1:]
+            old = [None] * (num_iterations - len(scored)) + [
+                score(self.policy, *args, plan, self.micro_batch, **self._scoring).per_token if self.old_scores else None
+                for plan in scored]
             ref = ([score(self.ref, *args, plan, self.micro_batch, **self._scoring).per_token for plan in self.plans]
                    if self.ref is not None else [None] * num_iterations)
             if entropy:
                 ent = score(self.policy, *args, self.plans[0], self.micro_batch, entropy=True, **self._scoring).entropy
         return OldScores(old, ref, ent)
 
-    def backward(self, j: int, loss_fn: LossFn, backward) -> tuple[torch.Tensor, dict]:
-        """Score update ``j``'s plan with grad and back-propagate ``loss_fn(per_token)``."""
-        ro = self.ro
+    def backward(self, j: int, loss_fn: LossFn, backward, rows: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, dict]:
+        """Score update ``j``'s plan with grad and back-propagate ``loss_fn(per_token)``; ``rows`` ``(m,)`` long:
+        only these rows of the prepared ones (a mini-batch; ``per_token`` is then ``(m, L)``)."""
+        ro, plan = self.ro, self.plans[j]
+        if rows is not None:
+            ro, plan = ro.rows(rows), plan.rows(rows)
         loss, metrics, _ = score_and_backward(self.policy, ro.prompt_ids, ro.prompt_mask, ro.completion,
-                                              ro.completion_mask, self.plans[j], loss_fn, self.micro_batch,
+                                              ro.completion_mask, plan, loss_fn, self.micro_batch,
                                               backward=backward, **self._scoring)
         return loss, metrics
 
@@ -213,10 +224,11 @@ def train_mode_is_deterministic(model: torch.nn.Module) -> bool:
 class ARScorer:
     """Exact token log-probs; old scores once per rollout batch (the same for every μ update).
 
-    No pass is run whose result the step cannot read. With μ = 1 the only update's ratio is 1 by construction
-    (its old scores are its own log-probs, detached), so :meth:`prepare` runs no pass of the policy for old
-    scores; it runs one only when μ > 1 (and the objective reads old scores) or when the preset needs the
-    rollout policy's entropies. In that last case with μ = 1 and ``share_forward``, the entropies come from
+    No pass is run whose result the step cannot read. With μ = 1 and one mini-batch the only update's ratio is 1
+    by construction (its old scores are its own log-probs, detached), so :meth:`prepare` runs no pass of the
+    policy for old scores; it runs one only when μ > 1 or there are several mini-batches (and the objective reads
+    old scores), or when the preset needs the rollout policy's entropies. In that last case with μ = 1, one
+    mini-batch and ``share_forward``, the entropies come from
     the first update's own forward pass, run by :meth:`prepare` (in training mode, with grad) and
     back-propagated by :meth:`backward`, which then runs no forward of its own; this needs a model whose
     training mode is deterministic (:func:`train_mode_is_deterministic`: otherwise the separate no-grad pass in
@@ -247,40 +259,43 @@ class ARScorer:
         self._deterministic: bool | None = None  # train_mode_is_deterministic(policy.model), computed once
 
     def prepare(self, ro: Rollout, num_iterations: int, generator: torch.Generator, entropy: bool = False,
-                rows: torch.Tensor | None = None, advantages: torch.Tensor | None = None) -> OldScores:
+                rows: torch.Tensor | None = None, advantages: torch.Tensor | None = None,
+                minibatches: int = 1) -> OldScores:
         """The reference log-probs (every update) and, where the step reads them, the old log-probs (updates
-        2..μ) and the rollout policy's entropies ``(n, L)``, under no grad except for a shared forward (see the
-        class). ``rows``: only these rows of ``ro``; ``advantages`` unused (exact log-probs need no plan).
-        Update 1's old scores are ``None``: the current policy's own log-probs, detached."""
+        2..μ, and every update with ``minibatches > 1``, ``train.steps_per_generation``) and the rollout policy's
+        entropies ``(n, L)``, under no grad except for a shared forward (see the class). ``rows``: only these rows
+        of ``ro``; ``advantages`` unused (exact log-probs need no plan). With one mini-batch, update 1's old
+        scores are ``None``: the current policy's own log-probs, detached."""
         ro = ro if rows is None else ro.rows(rows)
         self.ro, self._shared = ro, None
         args = (ro.prompt_ids, ro.prompt_mask, ro.completion, ro.completion_mask)
         with torch.no_grad():
             ref = self._logprobs(self.ref, args)[0] if self.ref is not None else None
-        needs_old = num_iterations > 1 and self.old_scores
+        needs_old = (num_iterations > 1 or minibatches > 1) and self.old_scores
         logp = ent = None
-        if entropy and not needs_old and self._can_share(num_iterations):
+        if entropy and not needs_old and self._can_share(num_iterations, minibatches):
             self.policy.model.train()  # (the mode of the update; the trainer sets it right after anyway)
             with torch.enable_grad():
                 self._shared, ent = self.policy.token_logprobs(*args, logits_chunk=self.logits_chunk)
         elif needs_old or entropy:
             with torch.no_grad():
                 logp, ent = self._logprobs(self.policy, args)
-        old = [None] + [logp] * (num_iterations - 1)
+        old = [logp if minibatches > 1 else None] + [logp] * (num_iterations - 1)
         return OldScores(old, [ref] * num_iterations, ent if entropy else None)
 
-    def _can_share(self, num_iterations: int) -> bool:
-        if num_iterations != 1 or not self.share_forward:
+    def _can_share(self, num_iterations: int, minibatches: int = 1) -> bool:
+        if num_iterations != 1 or minibatches != 1 or not self.share_forward:
             return False
         if self._deterministic is None:
             self._deterministic = train_mode_is_deterministic(self.policy.model)
         return self._deterministic
 
-    def backward(self, j: int, loss_fn: LossFn, backward) -> tuple[torch.Tensor, dict]:
+    def backward(self, j: int, loss_fn: LossFn, backward, rows: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, dict]:
         """Score update ``j`` with grad (or take the forward :meth:`prepare` shared) and back-propagate
-        ``loss_fn(logp)``."""
-        ro = self.ro
-        if j == 0 and self._shared is not None:
+        ``loss_fn(logp)``; ``rows`` ``(m,)`` long: only these rows of the prepared ones (a mini-batch)."""
+        ro = self.ro if rows is None else self.ro.rows(rows)
+        if j == 0 and self._shared is not None and rows is None:
             logp, self._shared = self._shared, None
         else:
             return self._backward_rows(ro, loss_fn, backward)

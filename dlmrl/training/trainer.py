@@ -49,12 +49,12 @@ from dlmrl.training.run_folder import save_checkpoint, write_final_files
 from dlmrl.training.run_setup import Run, evaluate_config, set_up_run
 from dlmrl.training.sample_step import sample_step, shaped_rewards, step_generator
 from dlmrl.training.update import (
-    UPDATE_METRICS,
     UpdateBatch,
     UpdateResult,
     mismatch_metrics,
     prepare_update,
     run_updates,
+    update_metrics,
 )
 
 
@@ -238,9 +238,5 @@ def step_record(run: Run, ro: Rollout, sampled: SamplingStats, batch: UpdateBatc
         record["observation_tokens_mean"] = ro.observation_mask.sum(-1).float().mean().item() if len(ro) else None
     elif run.env is not None:
         record["turns_mean"] = len(ro) / max(len(sampled.rewards), 1)
-    for key in (*UPDATE_METRICS, "grad_norm"):
-        vals = [lg[key] for lg in result.logs if key in lg]
-        record[key] = sum(vals) / len(vals) if vals else None
-    if result.logs:  # (several processes: the whole batch's values from the shares')
-        record.update(run.processes.combine_metrics({k: record[k] for k in UPDATE_METRICS}, batch.share))
+    record.update(update_metrics(run.processes, batch, result))  # (averaged over the optimizer steps)
     return record

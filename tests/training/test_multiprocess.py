@@ -117,6 +117,21 @@ def test_two_processes_match_one_process_on_the_block_model(tmp_path):
     assert all(r["nfe_scoring"] == 2 for r in rows(tmp_path / "one"))  # (8 steps over 4 blocks: 2 per block)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("count", "mu"), [(2, 1), (4, 2)])
+def test_two_processes_match_one_process_with_several_optimizer_steps_per_batch(count, mu, tmp_path):
+    """TraceRL's structure (train.steps_per_generation): 2 mini-batches of 2 groups, each process scoring one group
+    of each, weighted by its share of the mini-batch's loss normaliser; or 4 of one group, where the process without
+    a row of it runs one row of weight 0, in μ = 2 passes over the same split. The trajectory estimator with its KL
+    toward the rollout policy and the truncated-IS weights sliced per mini-batch."""
+    overrides = [*COMMON, "eval.after=false", "algorithm=tracerl", f"num_iterations={mu}",
+                 f"steps_per_generation={count}", "estimator.micro_batch=5", "rollout_is_cap=2"]
+    launch(["-m", "dlmrl.cli"], overrides, tmp_path / "two")
+    one_process(overrides, tmp_path / "one")
+    assert_same_run(tmp_path / "two", tmp_path / "one")
+    assert all(r["kl"] > 0 for r in rows(tmp_path / "one"))  # (from the second optimizer step on, the KL acts)
+
+
 def test_two_processes_match_one_process_ar_grpo_through_the_console_script(tmp_path):
     """An AR preset with a KL term (GRPO, β 0.04) launched through the ``dlmrl`` script, evaluation after."""
     overrides = [*COMMON, *AR, "algorithm=grpo", "eval.num_puzzles=16"]
