@@ -271,6 +271,7 @@ def _sampler_section(cfg: Config, written: tuple[int, int, float] | None) -> dic
                     "tokens_per_step": "at least 1 (data-dependent)",
                     "nfe_per_completion": f"at most {length * cfg_factor} (data-dependent; the run logs "
                                           "nfe_sampling, the mean per completion)"})
+    out.update(_early_stop(cfg, out["nfe_per_completion"]))
     out["eval"] = {"steps": ev.steps, "temperature": ev.temperature, "batch_size": ev.batch_size,
                    "examples": ev.num_puzzles or "the whole held-out split"}
     if s.adaptive or s.cache != "none":
@@ -297,11 +298,39 @@ def _block_sampler_section(cfg: Config, written: tuple[int, int, float] | None) 
         out.update({"decoding": "threshold (Fast-dLLM) inside each block, at least one token per step",
                     "steps_per_block": f"1 to {b} (data-dependent)", "tokens_per_step": "at least 1",
                     "nfe_per_completion": f"at most {length} (data-dependent)"})
+    out.update(_early_stop(cfg, out["nfe_per_completion"]))
     if ev.preset == "none":
         out["eval"] = {"steps": ev.steps, "steps_per_block": ev.steps // blocks if ev.steps % blocks == 0 else None,
                        "temperature": ev.temperature, "batch_size": ev.batch_size,
                        "examples": ev.num_puzzles or "the whole held-out split"}
     return out
+
+
+def _early_stop(cfg: Config, nfe) -> dict:
+    """``sampling.stop_at_eos`` as the rollout resolves it (:func:`dlmrl.training.rollout.stops_at_eos`: null = on
+    for the block kind when the tokenizer has an EOS), and the NFE figure it makes a bound."""
+    setting = cfg.sampling.stop_at_eos
+    on = setting if setting is not None else cfg.model.kind == "block"
+    if cfg.train.env is not None:  # (tools inside the rollout: the loop ends each turn itself)
+        return {"stop_at_eos": "does not apply: the tool loop ends each turn itself"}
+    if not on:
+        return {"stop_at_eos": "off: every block is decoded"}
+    bound = nfe if isinstance(nfe, str) else f"at most {nfe}"
+    return {"stop_at_eos": ("a row ends at the block holding its first EOS (its later blocks: EOS, no loss); a "
+                            "sampling call stops once all its rows have" + (" (the kind's default; needs an EOS in "
+                            "the tokenizer)" if setting is None else "")),
+            "nfe_per_completion": bound.split(" (")[0] + " (fewer when rows end early; the run logs nfe_sampling)"}
+
+
+def _rollout_rows(cfg: Config, processes: int) -> dict:
+    """Rows one process samples per rollout step and per sampling call (``sampling.rollout_batch_size``): its share of
+    the prompts (whole groups; the largest share when they do not split evenly) times G."""
+    tr, size = cfg.train, cfg.sampling.rollout_batch_size
+    rows = -(-tr.prompts_per_step // processes) * tr.num_generations
+    per_call = min(size, rows) if size else rows
+    return {"rows_per_process": rows, "rows_per_sampling_call": per_call,
+            "sampling_calls_per_process": -(-rows // per_call),
+            "rollout_batch_size": size or "0 (the process's rows in one call)"}
 
 
 def _accelerate_section() -> dict:
@@ -339,9 +368,13 @@ def _sizes_section(cfg: Config, nfe_scoring: int, processes: int, written: tuple
     if written is not None:
         out["completion_tokens_note"] = (f"mean over the data: {rows} completions x {written[2]:g} blank cells "
                                          f"(infill; the canvas is {length} tokens, {rows * length} in all)")
+    out["rollout"] = _rollout_rows(cfg, processes)
     if cfg.model.kind in ("diffusion", "block"):
-        # (an optimizer step scores one mini-batch of the batch with grad: train.steps_per_generation)
-        canvases = rows // tr.steps_per_generation * nfe_scoring
+        # (an optimizer step scores one mini-batch of the batch with grad: train.steps_per_generation, cut into whole
+        # groups; each process scores its share of the mini-batch's groups: the figures are one process's, its
+        # largest share)
+        groups = -(-tr.prompts_per_step // tr.steps_per_generation)
+        canvases = -(-groups // processes) * tr.num_generations * nfe_scoring
         if cfg.model.kind == "block":  # (each scoring canvas is a composite pass over [prompt | noisy | clean])
             out["scoring_pass"] = "composite: every block's noised copy next to the clean completion, 2L positions"
         out["scoring_canvases_per_update"] = canvases  # (at most, for data-dependent NFE)

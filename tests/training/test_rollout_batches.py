@@ -240,3 +240,33 @@ def test_the_tool_loop_refuses_the_rollout_settings_it_does_not_apply(tmp_path, 
     with pytest.raises(ConfigError, match=f"{key}.*tools inside the rollout"):
         multihop_config("configs/mtr_multihop_tiny_ar.yaml", "tiny-multihop-ar", tmp_path, **TOOL_LOOP,
                         **dict([setting.split("=")]), **{"train.algorithm": "grpo"})
+
+
+# -- the plan (--dry-run) ------------------------------------------------------------------------------------
+
+
+def test_the_plan_gives_one_process_figures(tmp_path, monkeypatch):
+    """Under 2 processes each samples and scores half of the batch: the plan's rollout rows, sampling calls and
+    scoring canvases are one process's (the scoring canvases were the whole batch's)."""
+    from dlmrl.config import default_job_config
+    from dlmrl.training import distributed
+    from dlmrl.training.plan import build_plan
+
+    def plan(processes, *overrides):
+        monkeypatch.setattr(distributed, "requested_cpu_processes", lambda: processes)
+        cfg = default_job_config([f"output_dir={tmp_path / 'run'}", *overrides])
+        return build_plan(cfg, spec=validate(cfg)), cfg
+
+    one, cfg = plan(1)
+    two, _ = plan(2, "sampling.rollout_batch_size=48")
+    rows = cfg.train.prompts_per_step * cfg.train.num_generations
+    assert one["sizes"]["rollout"]["rows_per_process"] == rows and one["sizes"]["rollout"]["sampling_calls_per_process"] == 1
+    assert two["sizes"]["rollout"] == {"rows_per_process": rows // 2, "rows_per_sampling_call": 48,
+                                       "sampling_calls_per_process": -(-rows // 2 // 48), "rollout_batch_size": 48}
+    assert two["sizes"]["scoring_canvases_per_update"] * 2 == one["sizes"]["scoring_canvases_per_update"]
+    assert two["sizes"]["completions_per_step"] == one["sizes"]["completions_per_step"] == rows
+    assert one["sampler"]["stop_at_eos"].startswith("off")
+    block, _ = plan(1, "model.kind=block", "model.name_or_path=tiny-sudoku-block", "task.answer_mode=full",
+                    "sampling.steps=16")
+    assert "first EOS" in block["sampler"]["stop_at_eos"] and "kind's default" in block["sampler"]["stop_at_eos"]
+    assert block["sampler"]["nfe_per_completion"].startswith("at most 16")
