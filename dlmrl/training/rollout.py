@@ -30,9 +30,9 @@ class Rollout:
         prompt_ids, prompt_mask: ``(B, P)`` long / bool, left-padded.
         completion, completion_mask: ``(B, L)`` long / bool, the scored completion tokens.
         nfe: forward passes per sequence spent sampling (summed over every sampling call that made
-            the batch: DAPO's extra rounds, the turns of an episode); with threshold decoding, where rows take
-            different numbers of passes, the mean over the call's rows (an int when whole, else rounded to 3
-            places).
+            the batch: DAPO's extra rounds, the turns of an episode); with threshold decoding or an early stop at
+            EOS (several sampling calls stop at different blocks), where rows take different numbers of passes, the
+            mean over the rows (an int when whole, else rounded to 3 places).
         group_ids: ``(B,)`` long prompt-group id of each row, always set by whoever builds the rollout (the
             samplers: ``arange(B) // G``; DaGRPO's anchors join their group; episodes: the question's). Rows of
             one group share an id; nothing reads more than which rows share one and the order of the ids.
