@@ -183,8 +183,11 @@ def test_dry_run_with_resume_describes_the_run_it_continues(tmp_path, capsys, of
     assert text.startswith(f"# dlmrl train --dry-run: {out / 'config.yaml'} is valid")
     assert yaml.safe_load(text)["output"]["state"] == f"resumes from {out / 'checkpoints' / 'step-2'}"
     assert yaml.safe_load(text)["algorithm"]["name"] == "tracerl"
-    assert cli.main(["train", "--dry-run", "--resume", "--output-dir", str(out), "train.max_steps=7"]) == 2
+    assert cli.main(["train", "--dry-run", "--resume", "--output-dir", str(out), "train.learning_rate=0.5"]) == 2
     assert "these differ" in capsys.readouterr().err
+    # (train.max_steps may extend the run or end it sooner, not below the 2 steps of its checkpoint)
+    assert cli.main(["train", "--dry-run", "--resume", "--output-dir", str(out), "train.max_steps=1"]) == 2
+    assert "config key 'train.max_steps': --resume continues a run that has done 2 steps" in capsys.readouterr().err
 
 
 def test_resume_with_another_config_file_is_refused(tmp_path, capsys, offline):

@@ -58,22 +58,40 @@ class RunState:
         self.nfe_sampling_total = state.get("nfe_sampling_total", 0)
 
 
-def check_same_config(cfg: Config, saved_path: Path) -> None:
+def check_same_config(cfg: Config, saved_path: Path, steps_done: int | None = None) -> None:
     """Refuse to resume a run with settings other than the ones it was started with.
 
     ``output_dir`` and ``estimator.micro_batch`` may differ (e.g. a smaller micro_batch to fit another machine).
+    With ``steps_done`` (the step of the checkpoint the run resumes from) ``train.max_steps`` may change too, to
+    extend a run (a finished one included) or end it earlier, but not below the steps done; the learning-rate
+    schedule then spans the new ``train.max_steps`` (warned about).
 
     Raises:
-        ConfigError: listing the keys whose values differ from the saved ``config.yaml``.
+        ConfigError: listing the keys whose values differ from the saved ``config.yaml``; naming
+            ``train.max_steps`` when it is below ``steps_done``.
+    Warns:
+        UserWarning: ``train.max_steps`` changed (the schedule's decay now runs to the new last step).
     """
     saved = Config()
-    load_yaml(saved, saved_path)
+    load_yaml(saved, saved_path, chosen=False)
     old, new = dict(flatten(to_dict(saved))), dict(flatten(to_dict(cfg)))
-    free = ("output_dir", "estimator.micro_batch")  # micro_batch changes memory and speed, not the steps taken
+    free = ["output_dir", "estimator.micro_batch"]  # micro_batch changes memory and speed, not the steps taken
+    if steps_done is not None and old["train.max_steps"] != new["train.max_steps"]:
+        if new["train.max_steps"] < steps_done:
+            raise ConfigError(f"config key 'train.max_steps': --resume continues a run that has done {steps_done} "
+                              f"steps; {new['train.max_steps']} is below them (use {steps_done} or more)")
+        free.append("train.max_steps")
     diff = [f"{k}: {old[k]!r} -> {new[k]!r}" for k in old if k not in free and old[k] != new[k]]
     if diff:
         raise ConfigError(f"--resume must use the run's own settings ({saved_path}); these differ: "
                           + "; ".join(diff))
+    if "train.max_steps" in free:
+        import warnings
+
+        warnings.warn(f"--resume with train.max_steps {old['train.max_steps']} -> {new['train.max_steps']} (after "
+                      f"{steps_done} steps done): the learning-rate schedule ({cfg.train.lr_scheduler_type}) now "
+                      f"spans {new['train.max_steps']} steps, so the steps after {steps_done} follow it",
+                      UserWarning, stacklevel=3)
 
 
 def holds_run(output_dir: str | Path) -> bool:
@@ -105,13 +123,13 @@ def check_run_folder(cfg: Config, resume: bool) -> Path | None:
         # stopped before its first checkpoint (Ctrl-C in the first evaluation, kill -9 before save_steps):
         # nothing to continue, so the run starts again from step 0 with its own settings (the same seeds
         # give the same run)
-        check_same_config(cfg, out / "config.yaml")
+        check_same_config(cfg, out / "config.yaml", steps_done=0)
         return None
     if not resume and holds_run(out):
         raise ConfigError(f"output_dir {out} already holds a run; "
                           "continue that run with --resume or choose a new --output-dir")
-    if resume and (out / "config.yaml").exists():
-        check_same_config(cfg, out / "config.yaml")
+    if resume and (out / "config.yaml").exists():  # (the checkpoint's step: a step-N folder holds N steps)
+        check_same_config(cfg, out / "config.yaml", steps_done=int(ckpt.name.split("-")[1]) if ckpt else 0)
     return ckpt
 
 

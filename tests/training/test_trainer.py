@@ -148,6 +148,29 @@ def test_resume_refuses_changed_settings(base, tmp_path):
               resume=True, progress=False)
 
 
+def test_resume_may_extend_a_finished_run_but_not_end_it_below_its_steps(base, tmp_path, capsys):
+    """--resume max_steps=N continues a finished run to step N (it was refused as a changed setting), with a
+    warning that the schedule now spans N steps; a max_steps below the steps done is refused naming the key."""
+    from dlmrl.cli import main
+    from dlmrl.config import ConfigError
+
+    train(small_config(base, tmp_path, max_steps=1, num_iterations=1, **{"eval.before": False, "eval.after": False}),
+          progress=False)
+    args = ["train", "--resume", "--output-dir", str(tmp_path), "--no-progress"]
+    with pytest.warns(UserWarning, match=r"--resume with train.max_steps 1 -> 2 \(after 1 steps done\): the "
+                                         r"learning-rate schedule \(cosine\) now spans 2 steps"):
+        assert main([*args, "max_steps=2"]) == 0
+    steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2] and json.loads((tmp_path / "summary.json").read_text())["steps"] == 2
+    capsys.readouterr()
+    assert main([*args, "max_steps=1"]) == 2
+    assert "config key 'train.max_steps': --resume continues a run that has done 2 steps; 1 is below them (use 2 " \
+           "or more)" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="these differ: train.learning_rate"):  # (other settings: still refused)
+        train(small_config(base, tmp_path, max_steps=3, num_iterations=1, learning_rate=0.5,
+                           **{"eval.before": False, "eval.after": False}), resume=True, progress=False)
+
+
 def test_cli_resume_reads_the_runs_own_config(base, tmp_path):
     from dlmrl.cli import main
 
@@ -173,8 +196,8 @@ def test_resume_of_a_run_stopped_before_its_first_checkpoint_starts_it_again(tmp
     (tmp_path / "run" / "metrics.jsonl").write_text("")
     assert check_run_folder(cfg, resume=True) is None
     other = Config()
-    other.output_dir, other.train.max_steps = cfg.output_dir, 7
-    with pytest.raises(ConfigError, match="max_steps"):
+    other.output_dir, other.train.learning_rate = cfg.output_dir, 0.5  # (max_steps may change: 0 steps done)
+    with pytest.raises(ConfigError, match="learning_rate"):
         check_run_folder(other, resume=True)
     (tmp_path / "run" / "config.yaml").unlink()
     (tmp_path / "run" / "checkpoints" / "step-2").mkdir(parents=True)
