@@ -355,7 +355,7 @@ def test_list_keys_take_comma_lists_yaml_lists_and_top_level_names(tmp_path):
 AR_JOB = ["model.kind=ar", "model.name_or_path=tiny-sudoku-ar", "task.answer_mode=full", "algorithm=grpo"]
 
 
-@pytest.mark.parametrize("key", ["estimator.num_nodes=3", "estimator.micro_batch=0", "estimator.merge=2",
+@pytest.mark.parametrize("key", ["estimator.num_nodes=3", "estimator.t_min=0.2", "estimator.merge=2",
                                  "estimator.options={}"])
 def test_the_ar_kind_refuses_estimator_keys_the_user_set_to_their_defaults_too(key, tmp_path, capsys):
     """Equal to the default (or the recipe's value) the key is still ignored by an AR run: refused as any other,
@@ -386,7 +386,7 @@ def test_an_ar_run_resumes_from_its_saved_config(tmp_path, capsys):
     assert main(["train", "--resume", "--dry-run", "--output-dir", str(out)]) == 0, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("key", ["estimator.merge=4", "estimator.name=sdmc", "estimator.micro_batch=8",
+@pytest.mark.parametrize("key", ["estimator.merge=4", "estimator.name=sdmc", "estimator.order=left_to_right",
                                  "estimator.options={merge: 2}"])
 def test_the_ar_kind_refuses_estimator_keys_it_would_ignore(key):
     """An AR policy scores exact token log-probs: an estimator setting would be silently unused."""

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 #: ``estimator`` fields that are not flat estimator settings: the choice, the class's own options, the chunking
-NOT_FLAT = ("name", "options", "micro_batch")
+NOT_FLAT = ("name", "options", "micro_batch", "logits_chunk")
 
 
 def flat_settings(e: EstimatorConfig) -> dict:
@@ -228,7 +228,7 @@ def _default_recipe() -> Config:
 
 def use_the_algorithms_estimator(cfg: Config, overrides: list[str]) -> bool:
     """Give a config built on the default recipe its algorithm's own estimator when ``overrides`` change the
-    algorithm but name no ``estimator.*`` key that chooses one (``estimator.options`` and ``micro_batch`` tune the one that runs); True if it did. Prints a line on stderr saying so.
+    algorithm but name no ``estimator.*`` key that chooses one (``estimator.options``, ``micro_batch`` and ``logits_chunk`` tune the one that runs); True if it did. Prints a line on stderr saying so.
 
     The default recipe's estimator (``trajectory``, merge 2) is its GDPO's choice; ``dlmrl train
     algorithm=diffu_grpo`` means diffu_grpo with its own estimator (``one_step``), as a config file naming no
@@ -239,15 +239,17 @@ def use_the_algorithms_estimator(cfg: Config, overrides: list[str]) -> bool:
 
     recipe = _default_recipe()
     # (estimator.options and estimator.micro_batch tune whichever estimator runs: they choose none)
-    tuning = ("estimator.options", "estimator.micro_batch")
+    tuning = ("estimator.options", "estimator.micro_batch", "estimator.logits_chunk")
     chosen = any(k.startswith("estimator.") and not k.startswith(tuning)
                  for k in (_resolve_key(Config, o.split("=", 1)[0].strip()) for o in overrides))
     untuned = dataclasses.replace(cfg.estimator, options=recipe.estimator.options,
-                                  micro_batch=recipe.estimator.micro_batch)
+                                  micro_batch=recipe.estimator.micro_batch,
+                                  logits_chunk=recipe.estimator.logits_chunk)
     if (cfg.model.kind == "ar" or cfg.train.algorithm == recipe.train.algorithm or chosen
             or untuned != recipe.estimator):
         return False
-    cfg.estimator = EstimatorConfig(options=cfg.estimator.options, micro_batch=cfg.estimator.micro_batch)
+    cfg.estimator = EstimatorConfig(options=cfg.estimator.options, micro_batch=cfg.estimator.micro_batch,
+                                    logits_chunk=cfg.estimator.logits_chunk)
     print(f"dlmrl: train.algorithm={cfg.train.algorithm}: the default recipe's estimator ({recipe.estimator.name}, "
           f"merge {recipe.estimator.merge}) is its {recipe.train.algorithm}'s; using {cfg.train.algorithm}'s own "
           f"({estimator_name(cfg)}; set an estimator.* key to choose another)", file=sys.stderr)

@@ -209,9 +209,18 @@ class EstimatorConfig:
         "estimator.options.num_pairs=4.")})
     micro_batch: int = doc(
         0,
-        "Most masked canvases per forward call when scoring (0 = all S*B at once). Training uses a "
-        "two-pass surrogate when the canvases do not fit in one chunk, so peak memory stays that of one "
-        "chunk whatever the NFE.",
+        "Most masked canvases per forward call when scoring (0 = all S*B at once; model.kind ar: rows per forward "
+        "call). Training uses a two-pass surrogate when the canvases do not fit in one chunk, so peak memory "
+        "stays that of one chunk whatever the NFE. Several processes under FSDP or DeepSpeed run the same number "
+        "of chunks (the largest share's, padded with chunks of loss weight 0) and reduce gradients on the last.",
+    )
+    logits_chunk: int = doc(
+        0,
+        "Token log-probs from the model's output head in chunks of this many scored positions (0 = off: full "
+        "logits, (canvases x positions x vocabulary) float32 per forward call). Only the scored positions' final "
+        "hidden states go through the head (a diffusion canvas's masked ones, an AR completion), each chunk's "
+        "logits recomputed in the backward; the same values up to float rounding. Families without a head split "
+        "(masked_lm) take full logits (--dry-run says which). Applies to model.kind ar too.",
     )
 
 

@@ -221,6 +221,7 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
            f"got {e.merge}")
     _check(isinstance(e.micro_batch, int) and not isinstance(e.micro_batch, bool) and e.micro_batch >= 0,
            "estimator.micro_batch", f"must be an integer >= 0 (0 = all canvases at once), got {e.micro_batch!r}")
+    _check_logits_chunk(e)
     _check(tr.learning_rate > 0, "train.learning_rate", "must be > 0")
     _check(tr.lr_scheduler_type in SCHEDULERS, "train.lr_scheduler_type", f"must be one of {', '.join(SCHEDULERS)}")
     _check(tr.max_steps >= 0, "train.max_steps", "must be >= 0")
@@ -536,8 +537,19 @@ def _check_rollout_is_cap(cfg: Config, estimator) -> None:
            "the rollout drew from")
 
 
+#: ``estimator`` keys that tune how any kind scores (chunks of rows or canvases, of positions), AR included
+SCORING_KEYS = ("micro_batch", "logits_chunk")
+
+
+def _check_logits_chunk(e: EstimatorConfig) -> None:
+    _check(isinstance(e.logits_chunk, int) and not isinstance(e.logits_chunk, bool) and e.logits_chunk >= 0,
+           "estimator.logits_chunk", f"must be an integer >= 0 (scored positions per output-head call; 0 = full "
+           f"logits), got {e.logits_chunk!r}")
+
+
 def _refuse_ar_estimator_keys(cfg: Config) -> None:
     """An AR policy scores its completions by their exact token log-probs: no estimator runs, so an ``estimator.*``
+    key but :data:`SCORING_KEYS` (checked here, read by the AR scorer)
     key the user set (:func:`~dlmrl.config.overrides.user_keys`: an override, their YAML file, the API's dict; at a
     default's value too), or set away from its default (or the default recipe's value), would be ignored silently;
     refused, naming it. The default recipe's own estimator section and a run's saved config are not the user's."""
@@ -546,7 +558,12 @@ def _refuse_ar_estimator_keys(cfg: Config) -> None:
     e = cfg.estimator
     defaults = (EstimatorConfig(), _default_recipe().estimator)
     chosen = user_keys(cfg) or frozenset()
+    _check(isinstance(e.micro_batch, int) and not isinstance(e.micro_batch, bool) and e.micro_batch >= 0,
+           "estimator.micro_batch", f"must be an integer >= 0 (rows per forward call; 0 = all), got {e.micro_batch!r}")
+    _check_logits_chunk(e)
     for f in dataclasses.fields(e):
+        if f.name in SCORING_KEYS:  # (rows per forward call and positions per head call: AR scoring reads them)
+            continue
         value = getattr(e, f.name)
         key = f"estimator.{f.name}"
         if any(k == key or k.startswith(key + ".") for k in chosen) or all(value != getattr(d, f.name)

@@ -63,6 +63,7 @@ def _model_section(cfg: Config) -> dict:
             out["mask_token_id"] = f"{config['mask_token_id']} (config.json) unless the tokenizer names another"
         elif default is not None:
             out["mask_token_id"] = f"{default} unless the tokenizer or config.json names another"
+    out["token_logprobs"] = _token_logprobs_line(cfg, fam)
     if getattr(m, "use_peft", False):
         out["lora"] = {"r": m.lora_r, "alpha": m.lora_alpha, "dropout": m.lora_dropout,
                        "target_modules": m.lora_target_modules}
@@ -71,6 +72,24 @@ def _model_section(cfg: Config) -> dict:
     if hasattr(m, "gradient_checkpointing"):
         out["gradient_checkpointing"] = m.gradient_checkpointing
     return out
+
+
+def _token_logprobs_line(cfg: Config, family: str) -> str:
+    """How scoring takes the chosen tokens' log-probs (``estimator.logits_chunk``), for the model section."""
+    from dlmrl.models.canvas_scores import describe_head_split
+    from dlmrl.models.families import FAMILIES
+
+    chunk = cfg.estimator.logits_chunk
+    if not chunk:
+        return ("from full logits: (positions x vocabulary) float32 for every canvas of a forward call "
+                "(estimator.logits_chunk 0)")
+    if cfg.model.kind == "ar":
+        return (f"from the model's output head (get_output_embeddings), completion positions only, {chunk} per "
+                "head call, recomputed in the backward (a model that changes the head's output is refused)")
+    line = describe_head_split(family if family in FAMILIES else None)
+    if family in FAMILIES and FAMILIES.get(family).output_head is None:
+        return line
+    return f"{line}: scored positions only, {chunk} per head call, recomputed in the backward"
 
 
 def _algorithm_section(cfg: Config, preset) -> dict:

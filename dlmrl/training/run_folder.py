@@ -61,7 +61,8 @@ class RunState:
 def check_same_config(cfg: Config, saved_path: Path, steps_done: int | None = None) -> None:
     """Refuse to resume a run with settings other than the ones it was started with.
 
-    ``output_dir`` and ``estimator.micro_batch`` may differ (e.g. a smaller micro_batch to fit another machine).
+    ``output_dir``, ``estimator.micro_batch`` and ``estimator.logits_chunk`` may differ (e.g. a smaller
+    micro_batch to fit another machine).
     With ``steps_done`` (the step of the checkpoint the run resumes from) ``train.max_steps`` may change too, to
     extend a run (a finished one included) or end it earlier, but not below the steps done; the learning-rate
     schedule then spans the new ``train.max_steps`` (warned about).
@@ -75,7 +76,7 @@ def check_same_config(cfg: Config, saved_path: Path, steps_done: int | None = No
     saved = Config()
     load_yaml(saved, saved_path, chosen=False)
     old, new = dict(flatten(to_dict(saved))), dict(flatten(to_dict(cfg)))
-    free = ["output_dir", "estimator.micro_batch"]  # micro_batch changes memory and speed, not the steps taken
+    free = ["output_dir", "estimator.micro_batch", "estimator.logits_chunk"]  # (memory and speed, not the steps taken)
     if steps_done is not None and old["train.max_steps"] != new["train.max_steps"]:
         if new["train.max_steps"] < steps_done:
             raise ConfigError(f"config key 'train.max_steps': --resume continues a run that has done {steps_done} "

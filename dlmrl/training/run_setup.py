@@ -38,6 +38,7 @@ from dlmrl.objectives.segments import delimiter_token_ids
 from dlmrl.objectives.shaping import generation_budget  # (also imported from here: plan.py)
 from dlmrl.rewards.functions import RewardFunctions
 from dlmrl.training.distributed import (
+    GradientSync,
     Processes,
     check_process_split,
     check_sharding_backend,
@@ -116,7 +117,7 @@ def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None)
 
     Raises:
         ConfigError: processes that do not split the batch, a run folder that holds another run, a policy of another
-            kind, a model that cannot be loaded, micro-batches under DeepSpeed or FSDP.
+            kind, a model that cannot be loaded.
         FileNotFoundError: ``resume`` with no run in ``output_dir``.
     """
     check_process_split(cfg, launched_processes(), spec.preset)  # (accelerate launch: the batch must split)
@@ -157,10 +158,12 @@ def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None)
     if cfg.eval.before or cfg.eval.after or cfg.eval.eval_steps:  # (hub data is counted only now it is loaded)
         check_held_out_size(task, cfg.eval.num_puzzles)
     # (AR with one process: an entropy preset with μ = 1 takes its entropies from the update's own forward)
-    scorer = (ARScorer(policy, ref, old_scores=objective.needs_old_scores, share_forward=processes.count == 1)
+    scorer = (ARScorer(policy, ref, old_scores=objective.needs_old_scores, share_forward=processes.count == 1,
+                       micro_batch=cfg.estimator.micro_batch or None, logits_chunk=cfg.estimator.logits_chunk or None)
               if is_ar else
               DiffusionScorer(policy, ref, build_estimator(cfg, spec), cfg.estimator.micro_batch or None,
-                              old_scores=objective.needs_old_scores, block_size=cfg.model.block_size))
+                              old_scores=objective.needs_old_scores, block_size=cfg.model.block_size,
+                              logits_chunk=cfg.estimator.logits_chunk or None))
     if tr.steps_per_generation > 1 and not is_ar and measures_rollout_mismatch(scorer):
         # (the rollout log-prob gap is measured on old scores taken before any step: with several mini-batches the
         # updates' own scores come from a moved policy, so a ratio-free objective's scorer takes them too)
@@ -182,9 +185,11 @@ def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None)
     # DDP: each process back-propagates its share without DDP's per-backward all-reduce (the number of backward
     # calls differs between shares with micro-batches) and gradients are averaged once per update
     own_grad_sync = processes.count > 1 and isinstance(policy.model, torch.nn.parallel.DistributedDataParallel)
-    if processes.count > 1 and not own_grad_sync and cfg.estimator.micro_batch:
-        raise ConfigError("config key 'estimator.micro_batch': with DeepSpeed or FSDP every process must run one "
-                          "backward per update; set estimator.micro_batch 0")
+    if processes.count > 1 and not own_grad_sync:
+        # FSDP / DeepSpeed: every forward and backward gathers or reduces across the processes, so every process
+        # runs the same scoring passes (the largest share's count, padded with passes of loss weight 0) and
+        # gradients are reduced on an update's last backward only
+        scorer.lockstep = GradientSync(processes, policy.model, accelerator)
     state = RunState()
     accelerator.register_for_checkpointing(state)
     register_adapter_checkpointing(accelerator)  # LoRA: checkpoints hold the adapter, not the frozen base
