@@ -113,33 +113,47 @@ def build_estimator(e: EstimatorConfig, name: str | None = None, sampling: Sampl
     return cls.from_config(flat_settings(e), sampling or SamplingConfig(), own)
 
 
-def adopt_checkpoint_kind(cfg: Config) -> None:
-    """Give ``cfg`` the policy kind its checkpoint was saved as (``config.json``'s ``dlmrl_kind``, a LoRA folder's
-    note: :func:`dlmrl.models.loading.checkpoint_kind`) when the config did not choose ``model.kind``: the user's YAML
-    file, an override or the API's dict that sets it chooses it (:func:`~dlmrl.config.overrides.user_keys`; not the
-    packaged recipe nor a run's saved config), and so does a config built in Python whose kind is not the default.
-    So ``dlmrl eval --model moved/final_model`` and ``Trainer("moved/final_model")`` run a block or causal model
-    as one, not as full diffusion. Idempotent; nothing is fetched for a hub id (it records nothing here).
-
-    Raises:
-        ConfigError: a chosen ``model.kind`` that contradicts the recorded one (naming the key), or a recorded
-            value that is not a kind.
-    """
-    from dlmrl.kinds import KIND_KEY
-    from dlmrl.models.loading import checkpoint_kind, is_shipped
+def _recorded_kind(cfg: Config) -> tuple[str | None, bool]:
+    """(the kind ``cfg.model.name_or_path`` records, or ``None``; whether the config chose ``model.kind``: the user's
+    YAML file, an override or the API's dict set it (:func:`~dlmrl.config.overrides.user_keys`; not the packaged
+    recipe nor a run's saved config), or a config built in Python holds a kind other than the default)."""
+    from dlmrl.models.loading import checkpoint_kind
 
     m = cfg.model
-    recorded = checkpoint_kind(m.name_or_path)
-    if recorded is None or recorded == m.kind:
-        return
     keys = user_keys(cfg)
-    chosen = "model.kind" in keys if keys is not None else m.kind != type(m)().kind
-    if chosen:
-        how = "shipped" if is_shipped(m.name_or_path) else "saved"
-        raise ConfigError(f"config key 'model.kind': model.name_or_path {m.name_or_path!r} is a {how} {recorded} "
-                          f"model (its config.json records {KIND_KEY}: {recorded}) but model.kind is {m.kind!r}; "
-                          f"set model.kind {recorded} or leave it out")
-    m.kind = recorded
+    return checkpoint_kind(m.name_or_path), ("model.kind" in keys if keys is not None else m.kind != type(m)().kind)
+
+
+def adopt_checkpoint_kind(cfg: Config) -> None:
+    """Give ``cfg`` the policy kind its checkpoint was saved as (``config.json``'s ``dlmrl_kind``, a LoRA folder's
+    note: :func:`dlmrl.models.loading.checkpoint_kind`) when the config did not choose ``model.kind``, so ``dlmrl
+    eval --model moved/final_model`` and ``Trainer("moved/final_model")`` run a block or causal model as one, not as
+    full diffusion. A chosen kind is left for :func:`checkpoint_kind_conflict` to check. Idempotent; nothing is
+    fetched for a hub id (it records nothing here).
+
+    Raises:
+        ConfigError: a recorded value that is not a kind (naming the file).
+    """
+    recorded, chosen = _recorded_kind(cfg)
+    if recorded is not None and not chosen:
+        cfg.model.kind = recorded
+
+
+def checkpoint_kind_conflict(cfg: Config) -> str | None:
+    """Why ``model.kind`` contradicts the kind its checkpoint records (a shipped name: the shipped models of the
+    configured kind to use instead), else ``None``."""
+    from dlmrl.kinds import KIND_KEY
+    from dlmrl.models.loading import SHIPPED_KINDS, is_shipped
+
+    m = cfg.model
+    recorded, _ = _recorded_kind(cfg)
+    if recorded is None or recorded == m.kind:
+        return None
+    how = "shipped" if is_shipped(m.name_or_path) else "saved"
+    instead = [name for name, kind in SHIPPED_KINDS.items() if kind == m.kind]
+    use = f"use {' or '.join(map(repr, instead))}, " if is_shipped(m.name_or_path) and instead else ""
+    return (f"model.name_or_path {m.name_or_path!r} is a {how} {recorded} model (its config.json records "
+            f"{KIND_KEY}: {recorded}) but model.kind is {m.kind!r}; {use}set model.kind {recorded} or leave it out")
 
 
 def estimator_sampling(cfg: Config) -> SamplingConfig:

@@ -13,6 +13,7 @@ from dlmrl.config.resolve import (
     adopt_checkpoint_kind,
     build_estimator,
     build_preset,
+    checkpoint_kind_conflict,
     estimator_choice,
     estimator_sampling,
     flat_settings,
@@ -98,7 +99,8 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
             (importing the modules their import strings name); ``False`` when the caller built the task itself
             (the Python API, :class:`dlmrl.api.Trainer`, which checks its datasets and reward functions).
     A config that does not choose ``model.kind`` takes the kind its checkpoint was saved as
-    (:func:`~dlmrl.config.resolve.adopt_checkpoint_kind`; ``cfg.model.kind`` is set).
+    (:func:`~dlmrl.config.resolve.adopt_checkpoint_kind`; ``cfg.model.kind`` is set); one that chooses another kind
+    is refused.
 
     Returns:
         The :class:`~dlmrl.config.resolve.RunSpec` that ``--dry-run`` prints and the trainer runs.
@@ -110,7 +112,7 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
 
     m, t, s, tr, ev = cfg.model, cfg.task, cfg.sampling, cfg.train, cfg.eval
     _check(m.kind in POLICY_KINDS, "model.kind", f"unknown policy kind {m.kind!r}; use {', '.join(POLICY_KINDS)}")
-    adopt_checkpoint_kind(cfg)  # (a saved model's recorded kind, unless the config chose one: then they must agree)
+    adopt_checkpoint_kind(cfg)  # (a saved model's recorded kind, unless the config chose one)
     # (first: a preset on the wrong policy kind is the likeliest mistake to report)
     preset = _check_algorithm(cfg) if for_training else preset_or_none(cfg)
     from dlmrl.models.families import FAMILIES
@@ -119,6 +121,8 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
            f"unknown family {m.family!r}; known: auto, {', '.join(FAMILIES.names())}")
     if m.kind != "ar" and m.family != "auto":
         _check_family_matches(m.name_or_path, m.family)
+    conflict = checkpoint_kind_conflict(cfg)  # (a chosen kind the checkpoint contradicts)
+    _check(conflict is None, "model.kind", conflict or "")
     _check_block_size(cfg)
     sudoku_grid = t.name == "sudoku" and t.answer_mode != "text"  # (the tiny model's 16-cell canvas)
     _check(m.kind != "ar" or not sudoku_grid or t.answer_mode == "full", "task.answer_mode",
@@ -354,7 +358,7 @@ def _warn_untrained_block_size(m: ModelConfig) -> None:
         config = read_checkpoint_config(str(path))
     except (OSError, ValueError):
         return
-    is_size = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1  # noqa: E731
+    is_size = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1
     sizes, recorded = config.get("block_sizes"), config.get("block_size")
     if isinstance(sizes, list) and sizes and all(map(is_size, sizes)):
         trained, what = sizes, f"block_sizes {sizes}"

@@ -36,9 +36,13 @@ def resolve_model_path(name_or_path: str) -> str:
     return name_or_path
 
 
+#: every shipped checkpoint's name and the policy kind its ``config.json`` records
+SHIPPED_KINDS = {TINY_DEFAULT: "diffusion", TINY_BLOCK_DEFAULT: "block", **dict.fromkeys(SHIPPED_AR, "ar")}
+
+
 def is_shipped(name: str) -> bool:
     """Whether ``name`` names a checkpoint shipped in ``dlmrl/assets`` (``tiny-sudoku``, ``tiny-sudoku-ar``, ...)."""
-    return name in _SHIPPED or name in SHIPPED_AR
+    return name in SHIPPED_KINDS
 
 
 def checkpoint_kind(name_or_path: str) -> str | None:

@@ -59,7 +59,7 @@ def test_a_kind_that_contradicts_the_saved_one_is_refused_naming_the_key(block_r
     err = capsys.readouterr().err
     assert "model.kind" in err and "saved block model" in err
     cfg = Config()
-    apply_overrides(cfg, [f"model.name_or_path={block_run / 'final_model'}", "model.kind=ar"])
+    apply_overrides(cfg, [f"model.name_or_path={block_run / 'final_model'}", "model.kind=diffusion"])
     with pytest.raises(ConfigError, match="config key 'model.kind'"):
         validate(cfg)
 
@@ -80,6 +80,9 @@ def test_the_python_api_reloads_a_saved_model_as_its_kind(block_run):
 def test_every_shipped_model_records_its_kind():
     assert [checkpoint_kind(n) for n in ("tiny-sudoku", "tiny-sudoku-block", "tiny-sudoku-ar", "tiny-multihop-ar",
                                          "tiny-recommend-ar")] == ["diffusion", "block", "ar", "ar", "ar"]
+    from dlmrl.models.loading import SHIPPED_KINDS
+
+    assert {n: checkpoint_kind(n) for n in SHIPPED_KINDS} == SHIPPED_KINDS  # (the table agrees with the files)
     assert checkpoint_kind("GSAI-ML/LLaDA-8B-Instruct") is None  # (a hub id: nothing fetched, nothing recorded)
 
 
