@@ -374,6 +374,19 @@ def _run_eval(cfg: Config, lengths: tuple[int, ...] | None, out_dir: Path | None
     return 0
 
 
+def _report_failure(message: str | None) -> None:
+    """Print a failed command's ``message`` on stderr in one write (several processes printing at once do not
+    interleave their lines), and under ``accelerate launch`` the note on the launcher's own traceback
+    (:func:`~dlmrl.training.distributed.launcher_note`)."""
+    from dlmrl.training.distributed import launcher_note
+
+    note = launcher_note()
+    text = "".join(f"{line}\n" for line in (message, note) if line)
+    if text:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+
 def _format_warning(message, category, filename, lineno, line=None) -> str:
     """Warnings on the command line as one plain line (no source path and line of the library)."""
     return f"dlmrl: {category.__name__}: {message}\n"
@@ -412,12 +425,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg, spec = _build(args, PretrainConfig if args.command == "pretrain" else Config)
     except ConfigError as e:
         e = locate_error(e, getattr(args, "config_source", args.config), args.overrides)
-        print(f"dlmrl {args.command}: config error: {e}", file=sys.stderr)
+        _report_failure(f"dlmrl {args.command}: config error: {e}")
         return 2
     if args.command == "train" and args.dry_run:
         return _dry_run(cfg, spec, args.config_source, resume=args.resume)
     if args.command == "train":
         from dlmrl.training.distributed import (
+            RELAUNCHED,
             check_process_split,
             check_sharding_backend,
             cpu_relaunch_command,
@@ -434,13 +448,25 @@ def main(argv: list[str] | None = None) -> int:
                 check_sharding_backend()
                 check_run_folder(cfg, args.resume)
             except (ConfigError, FileNotFoundError, CheckpointError) as e:
-                print(f"dlmrl train: {e}", file=sys.stderr)
+                _report_failure(f"dlmrl train: {e}")
                 return 2
             import subprocess
 
             print(f"dlmrl train: accelerate launch --cpu starts one process unless it runs mpirun; starting the "
                   f"{cpu_processes} CPU processes with torch.distributed.run", file=sys.stderr, flush=True)
-            return subprocess.call(cpu_relaunch_command(argv if argv is not None else sys.argv[1:], cpu_processes))
+            child = subprocess.Popen(cpu_relaunch_command(argv if argv is not None else sys.argv[1:], cpu_processes),
+                                     env={**os.environ, RELAUNCHED: "1"})
+            try:
+                code = child.wait()
+            except KeyboardInterrupt:  # (Ctrl-C reached the processes too: wait while they save, rather than kill)
+                try:
+                    child.wait()
+                except KeyboardInterrupt:  # (a second Ctrl-C: stop now)
+                    child.kill()
+                return 130
+            if code not in (0, 130):
+                _report_failure(None)  # (the processes printed their messages; the launcher's note)
+            return code
         from dlmrl.data.loading import DataError
         from dlmrl.envs.tools.simulator import ToolAnswerError
         from dlmrl.rewards.functions import RewardFunctionError
@@ -458,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
             return 130
         except (FileNotFoundError, ConfigError, RewardFunctionError, CheckpointError, DataError,
                 NonFiniteError, ToolAnswerError) as e:
-            print(f"dlmrl train: {e}", file=sys.stderr)
+            _report_failure(f"dlmrl train: {e}")
             return 2
         if os.environ.get("RANK", "0") != "0":  # (several processes: the main one reports)
             return 0

@@ -72,6 +72,25 @@ def _cpu_launch() -> tuple[object, object] | None:
     return args, config
 
 
+#: set in the environment of the CPU processes ``dlmrl train`` starts itself (:func:`cpu_relaunch_command`): the
+#: process ``accelerate launch`` started reports for them
+RELAUNCHED = "DLMRL_CPU_RELAUNCH"
+
+
+def launcher_note() -> str | None:
+    """The line a failed ``dlmrl train`` adds under ``accelerate launch``, whose launcher reports every non-zero exit
+    with a traceback of its own and exit code 1 (accelerate's ``simple_launcher`` raises ``CalledProcessError``,
+    its ``torchrun`` path re-raises ``ChildFailedError``; only ``--quiet`` leaves the traceback out, and nothing
+    keeps the exit code): said once, by the process the launcher watches (its one process, or rank 0), not by the
+    CPU processes dlmrl started itself. ``None`` outside ``accelerate launch``."""
+    if "ACCELERATE_MIXED_PRECISION" not in os.environ or os.environ.get(RELAUNCHED):  # (set by accelerate launch)
+        return None
+    if os.environ.get("RANK", "0") != "0":
+        return None
+    return ("dlmrl: the error is the line above; accelerate launch adds a traceback of its own and exit code 1 for "
+            "any failed process (accelerate launch --quiet leaves the traceback out)")
+
+
 def requested_cpu_processes() -> int | None:
     """The process count ``N`` of an ``accelerate launch --cpu --num_processes N`` that started this process
     alone, or ``None``.

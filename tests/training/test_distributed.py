@@ -325,3 +325,58 @@ def test_fsdp_and_deepspeed_are_refused_without_an_accelerator(var, monkeypatch)
         distributed.check_sharding_backend()
     monkeypatch.setattr(distributed, "_accelerator_device_available", lambda: True)
     distributed.check_sharding_backend()  # (on GPUs accelerate runs them)
+
+
+@pytest.mark.parametrize(("env", "said"), [
+    ({}, False),                                                              # (no launcher)
+    ({"ACCELERATE_MIXED_PRECISION": "no"}, True),                             # (its one process)
+    ({"ACCELERATE_MIXED_PRECISION": "no", "RANK": "0"}, True),                # (rank 0 of those it started)
+    ({"ACCELERATE_MIXED_PRECISION": "no", "RANK": "1"}, False),
+    ({"ACCELERATE_MIXED_PRECISION": "no", "RANK": "0", "DLMRL_CPU_RELAUNCH": "1"}, False),  # (dlmrl's own)
+])
+def test_a_failure_under_accelerate_launch_is_said_once_with_the_launchers_note(env, said, monkeypatch, capsys):
+    """accelerate launch turns every failed exit into a traceback of its own and exit code 1 (only --quiet leaves
+    the traceback out): the process it watches says so once, under the error's own line."""
+    from dlmrl import cli
+    from dlmrl.training import distributed
+
+    for key in ("ACCELERATE_MIXED_PRECISION", "RANK", distributed.RELAUNCHED):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert (distributed.launcher_note() is not None) == said
+    cli._report_failure("dlmrl train: the error")
+    err = capsys.readouterr().err
+    assert err.startswith("dlmrl train: the error\n")
+    assert ("accelerate launch --quiet leaves the traceback out" in err) == said
+
+
+def test_the_cpu_relaunch_waits_for_its_processes_on_ctrl_c_instead_of_killing_them(monkeypatch, capsys):
+    """Ctrl-C reaches dlmrl's process and the CPU processes together: it waits while they save their checkpoint
+    and exits 130 (subprocess.call killed them and raised a traceback)."""
+    import subprocess
+
+    from dlmrl import cli
+    from dlmrl.training import distributed
+
+    events = []
+
+    class Child:
+        def __init__(self, cmd, env):
+            events.append(("start", env.get(distributed.RELAUNCHED)))
+            self.waits = 0
+
+        def wait(self):
+            self.waits += 1
+            if self.waits == 1:
+                raise KeyboardInterrupt
+            events.append("waited")
+            return -2
+
+        def kill(self):
+            events.append("killed")
+
+    monkeypatch.setattr(distributed, "requested_cpu_processes", lambda: 2)
+    monkeypatch.setattr(subprocess, "Popen", Child)
+    assert cli.main(["train", "prompts_per_step=2", "output_dir=unused_run_dir"]) == 130
+    assert events == [("start", "1"), "waited"]

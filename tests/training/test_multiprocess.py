@@ -185,6 +185,9 @@ def test_an_error_inside_the_processes_is_one_message_not_a_launcher_traceback(t
     assert done.returncode != 0
     assert done.stderr.count("cannot be loaded") >= 1 and "CPU process(es) stopped (process" in done.stderr
     assert "exit code 2" in done.stderr and "ChildFailedError" not in done.stderr, done.stderr[-3000:]
+    # (accelerate's own traceback cannot be avoided: the process it watches says so once, naming --quiet)
+    ours = done.stderr.split("RuntimeError:")[0]  # (before accelerate's launcher repeats the stderr tail)
+    assert ours.count("accelerate launch --quiet leaves the traceback out") == 1, ours
     (tmp_path / "held").mkdir()
     (tmp_path / "held" / "config.yaml").write_text("{}\n")
     cmd = [c if not c.startswith("output_dir=") else f"output_dir={tmp_path / 'held'}" for c in cmd[:-1]]
@@ -193,3 +196,36 @@ def test_an_error_inside_the_processes_is_one_message_not_a_launcher_traceback(t
     ours = [line for line in done.stderr.splitlines() if line.startswith("dlmrl train:") and "already holds a run" in line]
     assert done.returncode != 0 and len(ours) == 1, done.stderr[-3000:]
     assert "starting the 2 CPU processes" not in done.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_under_accelerate_launch_stops_the_processes_without_a_traceback(tmp_path):
+    """Ctrl-C reaches accelerate launch, dlmrl's process and the CPU processes together (one process group): the
+    processes save a checkpoint after their step and the run stops with exit code 130 and no traceback (the
+    elastic agent printed a SignalException traceback, accelerate's SIGTERM interrupting its shutdown)."""
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    cmd = [str(BIN / "accelerate"), "launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+           "-m", "dlmrl.cli", "train", f"output_dir={out}", "--no-progress", "max_steps=200", "prompts_per_step=2",
+           "num_generations=2", "eval.before=false", "eval.after=false", "save_steps=1000"]
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        start = time.time()
+        while not (out / "metrics.jsonl").exists() and time.time() - start < 240 and proc.poll() is None:
+            time.sleep(0.5)
+        assert (out / "metrics.jsonl").exists(), "the run did not start"
+        os.killpg(proc.pid, signal.SIGINT)  # (what the terminal sends on Ctrl-C)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "Logging error" not in err, err[-3000:]
+    assert "the CPU processes were stopped (signal 2)" in err
+    assert list((out / "checkpoints").glob("step-*")), "no checkpoint saved"
+
