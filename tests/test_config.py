@@ -153,8 +153,8 @@ def test_every_bad_value_of_a_file_is_reported_at_once_one_per_line(tmp_path, ca
     assert str(err.value).splitlines() == [
         f"{p}: 3 bad values, one per line:",
         f"  {p} line 2: config key 'train.max_steps' expects int, got 'abc'",
-        f"  {p} line 4: unknown config key 'train.epsilonn'. Did you mean train.epsilon, train.epsilon_high, "
-        "train.env? (see --help for every key)",
+        (f"  {p} line 4: unknown config key 'train.epsilonn'. Did you mean train.epsilon, train.epsilon_high, "
+         "train.env? (see --help for every key)"),
         f"  {p} line 6: config key 'eval.steps' expects int, got 'x'"]
     assert main(["train", "--dry-run", "--config", str(p), "train.max_steps=3"]) == 2
     assert capsys.readouterr().err.startswith(f"dlmrl train: config error: {p}: 3 bad values, one per line:\n")

@@ -170,8 +170,8 @@ def _optional(prompts, completions, solution=None, *, hint="", **columns):
 
 
 @pytest.mark.parametrize("fn, columns, match", [
-    (_needs_solution, ["answer"], r"'_needs_solution' needs a column 'solution' \(its parameter solution has no "
-                                  r"default\), which the data does not have \(data.jsonl has the columns 'answer'\)"),
+    (_needs_solution, ["answer"], (r"'_needs_solution' needs a column 'solution' \(its parameter solution has no "
+                                   r"default\), which the data does not have \(data.jsonl has the columns 'answer'\)")),
     (_needs_solution, [], r"\(data.jsonl has the columns none besides the prompt\)"),
     (_no_kwargs, ["solution", "id"], r"'_no_kwargs' has no parameter for the column 'id' and no \*\*kwargs"),
     (_one_positional, [], r"'_one_positional' takes 1 positional parameter, not the two \(prompts, completions\)"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -182,13 +183,17 @@ def test_a_second_run_into_the_same_folder_is_said_before_the_model_loads_in_the
     import dlmrl.api
 
     real = dlmrl.api._policy_of
-    with pytest.warns(UserWarning, match=r"config key 'output_dir': .*run already holds a run, so trainer.train\(\) "
-                                         r"will refuse") as caught:
-        warned_before_load = []  # (the number of warnings caught when the model starts loading)
-        monkeypatch.setattr(dlmrl.api, "_policy_of", lambda *a: warned_before_load.append(len(caught)) or real(*a))
+    warned_before_load = []  # (whether the warning was caught when the model started loading)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        monkeypatch.setattr(dlmrl.api, "_policy_of", lambda *a: warned_before_load.append(
+            any("output_dir" in str(w.message) for w in caught)) or real(*a))
         trainer = Trainer("tiny-sudoku", reward_funcs=[cells_right], train_dataset=sudoku_dataset(0, 2),
                           config=small(tmp_path / "run"))
-    assert warned_before_load == [1]
+    said = [str(w.message) for w in caught if "output_dir" in str(w.message)]
+    assert len(said) == 1 and re.search(r"config key 'output_dir': .*run already holds a run, so "
+                                        r"trainer.train\(\) will refuse", said[0])
+    assert warned_before_load == [True]
     with pytest.raises(ConfigError, match=r"config key 'output_dir': .*run already holds a run; continue it with "
                                           r"trainer.train\(resume=True\), or give the Trainer a new output_dir") as err:
         trainer.train(progress=False)
