@@ -59,7 +59,7 @@ def describe_head_split(family: str | None) -> str:
     fam = FAMILIES.get(family)
     if fam.output_head is None:
         return f"from full logits: family {family!r} names no output head to score in chunks"
-    return f"from family {family!r}'s output head, in chunks of estimator.logits_chunk positions"
+    return f"from family {family!r}'s output head"
 
 
 def canvas_token_logprobs(

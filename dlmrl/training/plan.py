@@ -89,7 +89,7 @@ def _token_logprobs_line(cfg: Config, family: str) -> str:
     line = describe_head_split(family if family in FAMILIES else None)
     if family in FAMILIES and FAMILIES.get(family).output_head is None:
         return line
-    return f"{line}: scored positions only, {chunk} per head call, recomputed in the backward"
+    return f"{line}, scored positions only, {chunk} per head call, recomputed in the backward"
 
 
 def _algorithm_section(cfg: Config, preset) -> dict:
