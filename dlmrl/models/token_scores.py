@@ -258,6 +258,17 @@ def _stats(tap: _Tap, hidden: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _same_statistics(logits, stats: torch.Tensor) -> bool:
+    """Whether the model returned the tapped statistics: the tensor itself, or a cast of it (LLaDA2's code returns
+    ``lm_head(h).float()``, a copy for a float64 model), equal to it in the returned dtype."""
+    if logits is stats:
+        return True
+    if not isinstance(logits, torch.Tensor) or logits.shape != stats.shape or logits.dtype == stats.dtype:
+        return False
+    with torch.no_grad():
+        return torch.equal(logits, stats.to(logits.dtype))
+
+
 @contextlib.contextmanager
 def tap_head(model: nn.Module, head: nn.Module, request: HeadRequest) -> Iterator[_Tap]:
     """Inside: every forward of ``model`` returns, as its ``logits``, the request's statistics ``(B, T, 2)``
@@ -297,7 +308,7 @@ def tap_head(model: nn.Module, head: nn.Module, request: HeadRequest) -> Iterato
         logits = getattr(output, "logits", None)
         if logits is None and isinstance(output, tuple) and output:
             logits = output[0]
-        if logits is None or not tap.returned or logits is not tap.returned[-1]:
+        if logits is None or not tap.returned or not _same_statistics(logits, tap.returned[-1]):
             shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
             raise HeadTapError(f"config key 'estimator.logits_chunk': {type(module).__name__}'s forward does not "
                                f"return its output head's result as its logits (got {shape}; a soft cap or a scale "

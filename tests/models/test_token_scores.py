@@ -32,8 +32,14 @@ from dlmrl.models.token_scores import (
     token_logprobs_from_logits,
 )
 from tests.models.block_helpers import padded_prompts, random_tokens, tiny_block_policy
-from tests.models.checkpoints import isolated_remote_code, save_dream_like, save_llada_like
-from tests.tolerances import TINY_TERMS, forward_tol
+from tests.models.checkpoints import (
+    isolated_remote_code,
+    save_dream_like,
+    save_llada2_like,
+    save_llada_like,
+    save_sdar_like,
+)
+from tests.tolerances import TINY_TERMS, forward_tol, rounding_tol
 
 V, H, N = 40, 12, 23
 
@@ -137,8 +143,15 @@ def _canvas(policy, rows: int, length: int, seed: int):
 
 
 def _compare(policy, *, clean: bool, temperature=None, seed: int = 0, chunk: int = 3, rows: int = 4,
-             length: int = 6, terms: int = TINY_TERMS):
-    """Values, entropies and the parameter gradient of a weighted sum: chunked vs full logits."""
+             length: int = 6, terms: int = TINY_TERMS, float32_output: bool = False):
+    """Values, entropies and the parameter gradient of a weighted sum: chunked vs full logits.
+
+    ``float32_output``: the model's code casts its logits to float32 after the head (LLaDA2), so both paths end in
+    float32 whatever the weights: each value and gradient is then within ``terms`` float32 roundings of its size
+    (the float64 model's own differences are ~1e-9 of that)."""
+    def tol(value_scale: float) -> float:
+        return rounding_tol(value_scale, terms) if float32_output else forward_tol(value_scale, terms)
+
     prompt_ids, prompt_mask, canvas, target, masked = _canvas(policy, rows, length, seed)
     exclude = policy.mask_token_id if temperature is not None else None
     kwargs = {"clean": target if clean else None, "temperature": temperature, "exclude_token": exclude,
@@ -153,12 +166,12 @@ def _compare(policy, *, clean: bool, temperature=None, seed: int = 0, chunk: int
     (logp, ent, grads), (want, want_ent, want_grads) = results["chunked"], results["full"]
     assert (logp[~masked] == 0).all() and (ent[~masked] == 0).all()
     scale = float(want.detach().abs().max()) + 1.0
-    assert torch.allclose(logp, want, rtol=0, atol=forward_tol(scale, terms))
-    assert torch.allclose(ent, want_ent, rtol=0, atol=forward_tol(scale, terms))
+    assert torch.allclose(logp, want, rtol=0, atol=tol(scale))
+    assert torch.allclose(ent, want_ent, rtol=0, atol=tol(scale))
     grad_scale = max(float(g.abs().max()) for g in want_grads)
     assert grad_scale > 1e-3
     for a, b in zip(grads, want_grads, strict=True):
-        assert torch.allclose(a, b, rtol=0, atol=forward_tol(grad_scale * scale, terms))
+        assert torch.allclose(a, b, rtol=0, atol=tol(grad_scale * scale))
     return want
 
 
@@ -189,11 +202,17 @@ def test_a_chunk_without_a_scored_position_still_reaches_the_head():
 
 @pytest.fixture(scope="module")
 def remote_checkpoints(tmp_path_factory):
+    from dlmrl.models.loading import load_block_policy
+
     root = tmp_path_factory.mktemp("remote")
     with isolated_remote_code(root / "hf_modules"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        yield {name: load_policy(str(save(root / name)), trust_remote_code=True, dtype="float64")
+        out = {name: load_policy(str(save(root / name)), trust_remote_code=True, dtype="float64")
                for name, save in (("dream", save_dream_like), ("llada", save_llada_like))}
+        for name, save in (("sdar", save_sdar_like), ("llada2", save_llada2_like)):
+            out[name] = load_block_policy(str(save(root / name)), block_size=2, trust_remote_code=True,
+                                          dtype="float64")
+        yield out
 
 
 def test_dream_scores_come_from_the_output_before_each_token(remote_checkpoints):
@@ -208,6 +227,26 @@ def test_llada_scores_with_left_padding_run_per_padding_length(remote_checkpoint
     assert head_split(policy).head is policy.model.model.transformer.ff_out
     d = policy.model.config.d_model
     _compare(policy, clean=False, terms=4 * d + 64 + policy.model.config.vocab_size, rows=3)
+
+
+@pytest.mark.parametrize("name", ["sdar", "llada2"])
+def test_sdar_and_llada2_composite_scores_equal_the_full_logits(remote_checkpoints, name):
+    """Their own code under its boolean block mask (LLaDA2's casts its logits to float32 after the head); LLaDA2's
+    experts in training mode, where the gradient reaches them."""
+    policy = remote_checkpoints[name]
+    policy.model.train()
+    d = policy.model.config.hidden_size
+    _compare(policy, clean=True, temperature=0.8, terms=2 * (4 * d + 64) + len(policy.tokenizer),
+             float32_output=name == "llada2")
+
+
+def test_activation_checkpointing_of_the_layers_recomputes_through_the_tapped_head():
+    from dlmrl.models.lora import enable_gradient_checkpointing
+
+    policy = _tiny64()
+    policy.model.train()
+    enable_gradient_checkpointing(policy.model)  # (the trainer's model.gradient_checkpointing)
+    _compare(policy, clean=False)
 
 
 def test_llada_with_tied_or_scaled_logits_has_no_head_split(remote_checkpoints):
