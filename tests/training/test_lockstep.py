@@ -49,6 +49,54 @@ def test_a_count_that_is_not_a_natural_number_is_refused(bad):
         agreed_count(bad, None)
 
 
+class _GradientState:
+    def __init__(self):
+        self.sync_gradients = True
+
+    def _set_sync_gradients(self, value):
+        self.sync_gradients = value
+
+
+class _DeepSpeedAccelerator:
+    """What :class:`GradientSync` reads of accelerate under DeepSpeed: its type and gradient state (accelerate's
+    ``backward`` hands ``sync_gradients`` to ``engine.set_gradient_accumulation_boundary``)."""
+
+    distributed_type = "DistributedType.DEEPSPEED"
+
+    def __init__(self):
+        self.gradient_state = _GradientState()
+
+
+class _NoSyncModel(torch.nn.Linear):
+    """A DDP-like model: ``no_sync()`` records that it was entered."""
+
+    def __init__(self):
+        super().__init__(2, 2)
+        self.entered = 0
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        self.entered += 1
+        yield
+
+
+def test_gradient_sync_accumulates_before_the_last_backward_under_deepspeed_and_ddp():
+    accelerator = _DeepSpeedAccelerator()
+    sync = GradientSync(Processes(), torch.nn.Linear(2, 2), accelerator)
+    with sync.sync(last=False):
+        assert accelerator.gradient_state.sync_gradients is False  # (no boundary: DeepSpeed neither reduces nor steps)
+    assert accelerator.gradient_state.sync_gradients is True
+    with sync.sync(last=True):
+        assert accelerator.gradient_state.sync_gradients is True
+    model = _NoSyncModel()
+    sync = GradientSync(Processes(), model)
+    with sync.sync(last=False):
+        pass
+    with sync.sync(last=True):
+        pass
+    assert model.entered == 1 and sync.count(3) == 3  # (one process: its own count)
+
+
 # -- one process, a stand-in lockstep ------------------------------------------------------------------------------
 
 
