@@ -54,6 +54,13 @@ class ModelConfig:
     dtype: str = doc("float32", "Weights dtype: float32 | bfloat16 | float16 | float64. Log-probs are computed in "
                                 "float32 whatever the weights (float64 weights: in float64, for checks where "
                                 "equality is the claim); a LoRA adapter stays float32 on a bfloat16 base.")
+    fp32_master_weights: bool = doc(
+        True, "Full fine-tuning (use_peft false) with dtype bfloat16: train float32 copies of the weights (the "
+              "bfloat16 ones upcast exactly) and compute the forward in bfloat16 (torch.autocast; with train.sharding "
+              "fsdp2, FSDP2's mixed-precision policy: bfloat16 all-gather, float32 gradient reduction), so AdamW "
+              "updates below bfloat16's precision are kept (lr 1e-6 in bfloat16 moves ~2% of the weights). Costs 2 "
+              "more bytes per weight; final_model/ holds the float32 weights. false = train the bfloat16 weights "
+              "themselves. No effect with other dtypes or LoRA.")
     use_peft: bool = doc(False, "Train a LoRA adapter (peft) instead of the whole model; the KL reference is the "
                                 "base with the adapter disabled (no second copy), final_model/ holds the adapter.")
     lora_r: int = doc(16, "LoRA rank r (trainable parameters: r * (in + out) per targeted linear layer).")
@@ -340,6 +347,12 @@ class TrainConfig:
     logging_steps: int = doc(1, "Write metrics every this many steps.")
     report_to: str = doc("none", "accelerate tracker: none | tensorboard | wandb | trackio (its package must be "
                                  "installed); metrics.jsonl is written either way.")
+    sharding: str = doc(
+        "none", "Parameter sharding: none (each process holds the whole model; several processes: data parallel) | "
+                "fsdp2 (torch's FSDP2, fully_shard on every decoder layer and the root: parameters, gradients and "
+                "AdamW's state split over the processes; CPU/gloo too). Gathered once per rollout, per layer in the "
+                "updates (micro-batches padded to the same count on every process); checkpoints through "
+                "torch.distributed.checkpoint, resumable on another process count.")
 
 
 @dataclass

@@ -51,6 +51,8 @@ def _check(cond: bool, key: str, msg: str) -> None:
 
 #: trackers ``train.report_to`` accepts (accelerate's ``log_with`` names) and the package each needs
 TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
+#: ``train.sharding``'s values (:mod:`dlmrl.training.sharding`)
+SHARDING_MODES = ("none", "fsdp2")
 
 
 def tracker_available(name: str) -> bool:
@@ -242,6 +244,8 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
     _check(tr.report_to == "none" or tracker_available(tr.report_to), "train.report_to",
            f"{tr.report_to!r} needs the {TRACKERS.get(tr.report_to)} package, which is not installed: pip install "
            f"{TRACKERS.get(tr.report_to)} (or use none; metrics.jsonl is always written)")
+    _check(tr.sharding in SHARDING_MODES, "train.sharding",
+           f"unknown sharding {tr.sharding!r}; use {' or '.join(SHARDING_MODES)}")
     _check(ev.eval_steps >= 0, "eval.eval_steps", "must be >= 0")
     _check(ev.num_puzzles >= 0, "eval.num_puzzles", "must be >= 0 (0 = the whole held-out split)")
     _check(ev.batch_size >= 1, "eval.batch_size", "must be >= 1")

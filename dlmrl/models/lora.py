@@ -189,7 +189,8 @@ def prepare_for_training(policy, model_cfg) -> Any:
       and the whole model is trained.
     - ``gradient_checkpointing``: :func:`enable_gradient_checkpointing`.
     - a bfloat16/float16 model trained without LoRA gets a warning: AdamW updates below the weights' precision
-      (e.g. lr 1e-6 on weights of size 0.02 in bfloat16) are lost.
+      (e.g. lr 1e-6 on weights of size 0.02 in bfloat16) are lost; not for bfloat16 with
+      ``model.fp32_master_weights``, which the trainer then keeps in float32 (:mod:`dlmrl.training.precision`).
 
     Args:
         policy: a ``MaskedDiffusionPolicy`` or ``AutoregressivePolicy`` (its ``model`` is replaced when wrapped).
@@ -218,9 +219,12 @@ def prepare_for_training(policy, model_cfg) -> Any:
             enable_gradient_checkpointing(policy.model, _family_checkpointing(policy))
         except ValueError as e:
             raise ConfigError(f"config key 'model.gradient_checkpointing': {e}") from e
-    if not getattr(m, "use_peft", False) and next(policy.model.parameters()).dtype in (torch.bfloat16, torch.float16):
+    low = next(policy.model.parameters()).dtype in (torch.bfloat16, torch.float16)
+    master = low and getattr(m, "fp32_master_weights", False) and getattr(m, "dtype", None) == "bfloat16"
+    if not getattr(m, "use_peft", False) and low and not master:  # (master weights: dlmrl.training.precision)
         logger.warning("model.dtype=%s without LoRA: AdamW updates smaller than the weights' precision are lost; "
-                       "use model.use_peft=true (float32 adapter) or float32 weights", m.dtype)
+                       "use model.use_peft=true (float32 adapter), float32 weights or (bfloat16) "
+                       "model.fp32_master_weights=true", m.dtype)
     return policy
 
 
@@ -379,14 +383,16 @@ def check_adapter_kind(adapter: AdapterInfo, kind: str) -> None:
                          f"{adapter.base_model_name_or_path!r}; load it with {loader}")
 
 
-def save_final_model(model: nn.Module, tokenizer, path: str | Path, model_cfg=None) -> None:
+def save_final_model(model: nn.Module, tokenizer, path: str | Path, model_cfg=None,
+                     state_dict: dict | None = None) -> None:
     """Write ``model`` (unwrapped from accelerate) and ``tokenizer`` with ``save_pretrained`` (safetensors).
 
     A LoRA model writes its adapter only (``adapter_config.json``, ``adapter_model.safetensors``) plus
     :data:`BASE_NOTE` (``base_model_name_or_path`` and, from ``model_cfg``, ``kind``, ``family``, ``dtype``,
     ``trust_remote_code``), so ``load_policy(path)`` / ``load_ar_policy(path)`` and ``dlmrl eval --model path``
     rebuild the adapted policy on its base; any other model writes its full weights, its ``config.json``
-    recording the policy kind (``dlmrl_kind``) and a block run's ``block_size``.
+    recording the policy kind (``dlmrl_kind``) and a block run's ``block_size``. ``state_dict``: the weights to
+    write instead of ``model.state_dict()`` (a sharded model's, gathered: ``dlmrl.training.sharding.full_state_dict``).
     """
     path = Path(path)
     peft_model = peft_model_of(model)
@@ -396,13 +402,14 @@ def save_final_model(model: nn.Module, tokenizer, path: str | Path, model_cfg=No
             model.config.block_size = block_size
         if model_cfg is not None:  # (the kind it was trained as: a moved folder loads as that kind)
             setattr(model.config, KIND_KEY, model_cfg.kind)
-        model.save_pretrained(path, safe_serialization=True)
+        model.save_pretrained(path, safe_serialization=True, **({"state_dict": state_dict} if state_dict else {}))
         from dlmrl.models.compat import keep_generation_config
 
         keep_generation_config(model, path)
     else:
         # (embeddings are never targeted; 'auto' would look the base up on the hub to compare vocabularies)
-        peft_model.save_pretrained(str(path), safe_serialization=True, save_embedding_layers=False)
+        peft_model.save_pretrained(str(path), safe_serialization=True, save_embedding_layers=False,
+                                   **({"state_dict": state_dict} if state_dict else {}))
         config = peft_model.peft_config[peft_model.active_adapter]
         note = {"base_model_name_or_path": config.base_model_name_or_path}
         if model_cfg is not None:

@@ -80,6 +80,12 @@ class CheckpointError(OSError):
 TORCH_SAVE_SUFFIXES = (".bin", ".pkl", ".pt", ".pth")
 
 
+#: the folder of a sharded run's checkpoint (``train.sharding: fsdp2``) that holds model and optimizer as
+#: ``torch.distributed.checkpoint`` files (``*.distcp`` shards and their ``.metadata`` index;
+#: :func:`dlmrl.training.sharding.register_checkpointing`) instead of ``model.safetensors`` and ``optimizer.bin``
+SHARDED_DIR = "sharded"
+
+
 #: the file a checkpoint lists its files and their sizes in, written last (:func:`write_manifest`)
 MANIFEST = "dlmrl_checkpoint.json"
 
@@ -117,12 +123,13 @@ def damaged_file(folder: str | os.PathLike) -> str | None:
 
     Returns:
         ``"<file>: <problem>"`` for the first damaged file, ``"<folder>: ..."`` for a folder with no
-        ``.safetensors`` weights at all; ``None`` when intact.
+        ``.safetensors`` weights at all (nor, a sharded run's, ``sharded/.metadata``); ``None`` when intact.
     """
     folder = Path(folder)
     files = sorted(p for p in folder.rglob("*") if p.is_file())
-    if not any(p.suffix == ".safetensors" for p in files):
-        return f"{folder}: no .safetensors weights in the checkpoint"
+    sharded = folder / SHARDED_DIR / ".metadata"  # (a sharded run: its weights are torch.distributed.checkpoint files)
+    if not any(p.suffix == ".safetensors" for p in files) and not sharded.is_file():
+        return f"{folder}: no .safetensors weights (nor {SHARDED_DIR}/.metadata of a sharded run) in the checkpoint"
     for path in files:
         problem = None
         if path.suffix == ".safetensors":

@@ -150,8 +150,8 @@ def check_sharding_backend() -> None:
         raise ConfigError(f"{what} was asked for, but this machine has no GPU (or other accelerator): accelerate "
                           f"enables FSDP only on accelerator devices and turns DeepSpeed off on CPU, so the run would "
                           "silently train as plain data parallelism. On CPU drop the FSDP/DeepSpeed config and launch "
-                          "with accelerate launch --cpu --num_processes N (see the README, Multi-process and "
-                          "multi-GPU)")
+                          "with accelerate launch --cpu --num_processes N, with train.sharding=fsdp2 to shard the "
+                          "model (see the README, Multi-process and multi-GPU)")
 
 
 def cpu_relaunch_command(argv: list[str], num_processes: int) -> list[str]:

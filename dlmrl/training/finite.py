@@ -70,7 +70,9 @@ def weight_problem(model: torch.nn.Module) -> str | None:
     """``"parameter <name> has N non-finite entries"`` for the first parameter holding a NaN or an infinity, else
     ``None``. One pass over the parameters this process holds (a shard of them under sharding)."""
     for name, p in model.named_parameters():
-        finite = torch.isfinite(p.detach())
+        t = p.detach()
+        # (a sharded parameter: its local shard, with no collective, so a process may stop at its first finding)
+        finite = torch.isfinite(t.to_local() if hasattr(t, "to_local") else t)
         if not bool(finite.all()):
             return f"parameter {name} has {int((~finite).sum())} non-finite entries of {p.numel()}"
     return None

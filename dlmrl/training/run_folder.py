@@ -62,7 +62,8 @@ def check_same_config(cfg: Config, saved_path: Path, steps_done: int | None = No
     """Refuse to resume a run with settings other than the ones it was started with.
 
     ``output_dir``, ``estimator.micro_batch`` and ``estimator.logits_chunk`` may differ (e.g. a smaller
-    micro_batch to fit another machine).
+    micro_batch to fit another machine), and so may the memory plan's ``train.memory_budget`` and
+    ``model.architecture``.
     With ``steps_done`` (the step of the checkpoint the run resumes from) ``train.max_steps`` may change too, to
     extend a run (a finished one included) or end it earlier, but not below the steps done; the learning-rate
     schedule then spans the new ``train.max_steps`` (warned about).
@@ -77,6 +78,8 @@ def check_same_config(cfg: Config, saved_path: Path, steps_done: int | None = No
     load_yaml(saved, saved_path, chosen=False)
     old, new = dict(flatten(to_dict(saved))), dict(flatten(to_dict(cfg)))
     free = ["output_dir", "estimator.micro_batch", "estimator.logits_chunk"]  # (memory and speed, not the steps taken)
+    # (the memory plan's inputs: a budget for another machine, the architecture numbers; training reads neither)
+    free += ["train.memory_budget"] + [k for k in {**old, **new} if k.startswith("model.architecture.")]
     if steps_done is not None and old["train.max_steps"] != new["train.max_steps"]:
         if new["train.max_steps"] < steps_done:
             raise ConfigError(f"config key 'train.max_steps': --resume continues a run that has done {steps_done} "
@@ -160,7 +163,12 @@ def write_final_files(accelerator: Accelerator, out: Path, summary: dict, model,
     """The main process's last files: ``summary.json`` (with the last logged line as ``final_metrics``), the
     reward curve ``reward_curve.png`` and ``final_model/`` (LoRA: the adapter, the tokenizer and a note of the base
     model), each written atomically. ``final_model/`` also holds the run's ``config.yaml`` as :data:`RUN_CONFIG`,
-    so ``dlmrl eval --model`` evaluates a moved copy as it evaluates the one in the run folder."""
+    so ``dlmrl eval --model`` evaluates a moved copy as it evaluates the one in the run folder. A sharded model
+    (``train.sharding: fsdp2``) is gathered into one state dict on the main process first (every process takes
+    part) and saved in the same layout."""
+    from dlmrl.training.sharding import full_state_dict
+
+    state_dict = full_state_dict(model)  # (None: not sharded, saved as it is)
     if accelerator.is_main_process:
         logged = read_metrics(out / "metrics.jsonl")
         if logged:
@@ -168,7 +176,7 @@ def write_final_files(accelerator: Accelerator, out: Path, summary: dict, model,
         write_json_atomic(out / "summary.json", summary)
         plot_curves(out / "metrics.jsonl", out / "reward_curve.png", summary)
         with atomic_dir(out / "final_model") as tmp:
-            save_final_model(model, tokenizer, tmp, model_cfg)
+            save_final_model(model, tokenizer, tmp, model_cfg, state_dict=state_dict)
             if (out / "config.yaml").is_file():
                 shutil.copyfile(out / "config.yaml", tmp / RUN_CONFIG)
     accelerator.wait_for_everyone()

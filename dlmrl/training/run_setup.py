@@ -46,8 +46,17 @@ from dlmrl.training.distributed import (
 )
 from dlmrl.training.evaluation import check_held_out_size, evaluate_with_config, primary_metric
 from dlmrl.training.logging import MetricsWriter
+from dlmrl.training.precision import keep_float32_master_weights, wants_master_weights
 from dlmrl.training.run_folder import RunState, check_run_folder
 from dlmrl.training.scorers import ARScorer, DiffusionScorer
+from dlmrl.training.sharding import (
+    SHARDED_MODES,
+    GatheredScorer,
+    check_launch,
+    gathered,
+    register_checkpointing,
+    shard_policy,
+)
 from dlmrl.training.update import measures_rollout_mismatch
 
 
@@ -71,6 +80,8 @@ class Run:
             other preset (tools inside the rollout, :mod:`dlmrl.training.tool_loop`), else ``None``.
         gap_measured: the rollout log-prob gap is defined and logged (:func:`measures_rollout_mismatch`).
         metric: the held-out headline metric. solved: the reward meaning "fully right" (``solve_rate``), or ``None``.
+        sharding: the FSDP2 sharding of ``train.sharding: fsdp2`` (:class:`dlmrl.training.sharding.Sharding`), else
+            ``None``.
     """
 
     cfg: Config
@@ -95,6 +106,7 @@ class Run:
     gap_measured: bool
     metric: str
     solved: float | None
+    sharding: object | None = None
 
     @property
     def is_ar(self) -> bool:
@@ -154,6 +166,14 @@ def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None)
         # the initial model, frozen (a given policy: a copy of its model; the tokenizer is shared)
         ref = dataclasses.replace(policy, model=copy.deepcopy(policy.model)) if given else load_configured_policy(cfg)
         ref.model.requires_grad_(False).eval().to(accelerator.device)
+    if wants_master_weights(cfg.model):  # (full fine-tuning in bfloat16: float32 weights, bfloat16 compute)
+        keep_float32_master_weights(policy.model)
+        if ref is not None and not isinstance(ref, AdapterDisabledPolicy):
+            keep_float32_master_weights(ref.model)  # (computes as the policy does: the KL starts at 0)
+    sharding = None
+    if tr.sharding in SHARDED_MODES:  # (before the optimizer: it must hold the sharded parameters)
+        check_launch(accelerator)
+        sharding = shard_policy(policy, ref, accelerator.device)
     task = build_task(cfg, policy) if task is None else task
     if cfg.eval.before or cfg.eval.after or cfg.eval.eval_steps:  # (hub data is counted only now it is loaded)
         check_held_out_size(task, cfg.eval.num_puzzles)
@@ -168,6 +188,8 @@ def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None)
         # (the rollout log-prob gap is measured on old scores taken before any step: with several mini-batches the
         # updates' own scores come from a moved policy, so a ratio-free objective's scorer takes them too)
         scorer.old_scores = True
+    if sharding is not None:  # (old and reference scores: parameters gathered once, as for the rollout)
+        scorer = GatheredScorer(scorer, sharding.models)
     delimiters = delimiter_token_ids(policy.tokenizer) if "segment_ids" in preset.required_inputs else None
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=tr.learning_rate, betas=(tr.adam_beta1, tr.adam_beta2),
                                   weight_decay=tr.weight_decay)
@@ -181,9 +203,14 @@ def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None)
         # different numbers of forward passes (AR sampling stops when a process's rows are done). (torch 2.13
         # renames broadcast_buffers to forward_sync_buffers, which accelerate does not pass yet.)
         warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
-        policy.model, optimizer, scheduler = accelerator.prepare(policy.model, optimizer, scheduler)
+        if sharding is None:
+            policy.model, optimizer, scheduler = accelerator.prepare(policy.model, optimizer, scheduler)
+        else:  # (model and optimizer are FSDP2's and saved by torch.distributed.checkpoint; no DDP wrapper)
+            scheduler = accelerator.prepare(scheduler)
+            register_checkpointing(accelerator, policy.model, optimizer)
     # DDP: each process back-propagates its share without DDP's per-backward all-reduce (the number of backward
     # calls differs between shares with micro-batches) and gradients are averaged once per update
+    # (FSDP2: its reduce-scatter in every backward averages the gradients)
     own_grad_sync = processes.count > 1 and isinstance(policy.model, torch.nn.parallel.DistributedDataParallel)
     if processes.count > 1 and not own_grad_sync:
         # FSDP / DeepSpeed: every forward and backward gathers or reduces across the processes, so every process
@@ -214,7 +241,7 @@ def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None)
                pad_id=pad_token_id(policy.tokenizer),  # (prompt padding: the pad id, else EOS, else 0)
                env=(tr.env or default_env(cfg.task.name)) if preset.multi_turn else tr.env,  # (else: tools in the loop)
                gap_measured=not is_ar and measures_rollout_mismatch(scorer),  # (rollout_logp_gap_* logged)
-               metric=primary_metric(task), solved=solved_reward(task))
+               metric=primary_metric(task), solved=solved_reward(task), sharding=sharding)
 
 
 def canvas_token_id(policy) -> int | None:
@@ -288,8 +315,10 @@ def check_policy(cfg: Config, policy) -> None:
 def evaluate_config(cfg: Config, policy, task, trained_steps: int | None = None) -> dict:
     """Held-out evaluation with the ``eval`` section's settings (its ``preset``'s, protocol ``eval.protocol``; AR:
     left-to-right decoding, ``eval.steps`` unused), with the result's ``record``
-    (:func:`dlmrl.training.evaluation.evaluate_with_config`)."""
-    return evaluate_with_config(cfg, policy, task, trained_steps=trained_steps)
+    (:func:`dlmrl.training.evaluation.evaluate_with_config`); a sharded policy's parameters are gathered once for
+    it (:func:`dlmrl.training.sharding.gathered`: processes may decode different numbers of passes)."""
+    with gathered(policy.model):
+        return evaluate_with_config(cfg, policy, task, trained_steps=trained_steps)
 
 
 def solved_reward(task) -> float | None:

@@ -17,6 +17,7 @@ from dlmrl.training.distributed import Processes, gather_rollout
 from dlmrl.training.dynamic_sampling import SamplingStats, example_key, fill_informative_groups, fresh_prompts
 from dlmrl.training.episodes import rollout_episodes, trajectory_reward_parts, trajectory_rewards
 from dlmrl.training.rollout import Rollout, rollout_ar, rollout_diffusion
+from dlmrl.training.sharding import gathered
 from dlmrl.training.tool_loop import rollout_tool_loop, rollout_tool_loop_blocks
 
 
@@ -99,8 +100,9 @@ def sample_step(policy, task, cfg: Config, preset, step: int, generator: torch.G
     def sample(batch: list) -> Rollout | None:
         if not batch:
             return None
-        return sample_groups(policy, task, cfg, preset, batch, generator, max_length, temperature_fn, env,
-                             processes, pad_id)
+        with gathered(policy.model):  # (FSDP2: processes sample different numbers of passes; a no-op unsharded)
+            return sample_groups(policy, task, cfg, preset, batch, generator, max_length, temperature_fn, env,
+                                 processes, pad_id)
 
     ro = sample(examples)
     if not preset.dynamic_sampling:

@@ -276,7 +276,7 @@ class ARScorer:
         if entropy and not needs_old and self._can_share(num_iterations, minibatches):
             self.policy.model.train()  # (the mode of the update; the trainer sets it right after anyway)
             with torch.enable_grad():
-                self._shared, ent = self.policy.token_logprobs(*args, logits_chunk=self.logits_chunk)
+                self._shared, ent = self.policy.token_logprobs(*args, **self._head())
         elif needs_old or entropy:
             with torch.no_grad():
                 logp, ent = self._logprobs(self.policy, args)
@@ -303,6 +303,11 @@ class ARScorer:
         backward(loss)
         return loss.detach(), metrics
 
+    def _head(self, entropy: bool = True) -> dict:
+        """``token_logprobs``' keywords for ``estimator.logits_chunk`` (none without it: the policy's own
+        ``token_logprobs(prompt_ids, prompt_mask, completion, completion_mask)`` is all a scorer needs)."""
+        return {"logits_chunk": self.logits_chunk, "entropy": entropy} if self.logits_chunk else {}
+
     def _passes(self, n: int) -> list[tuple[torch.Tensor, bool]]:
         """``[(rows, real), ...]``: ``n`` rows in chunks of ``micro_batch``, then (with a lockstep) padding chunks
         (row 0 again, ``real`` False) up to the count every process runs."""
@@ -321,10 +326,10 @@ class ARScorer:
         completion, completion_mask)``, in the row chunks of :meth:`_passes` (padding chunks run, dropped)."""
         passes = self._passes(len(args[0])) if passes is None else passes
         if len(passes) == 1 and passes[0][1]:
-            return policy.token_logprobs(*args, logits_chunk=self.logits_chunk, entropy=entropy)
+            return policy.token_logprobs(*args, **self._head(entropy))
         logp = ent = None
         for rows, real in passes:
-            part = policy.token_logprobs(*(a[rows] for a in args), logits_chunk=self.logits_chunk, entropy=entropy)
+            part = policy.token_logprobs(*(a[rows] for a in args), **self._head(entropy))
             if not real:
                 continue
             if logp is None:
@@ -341,7 +346,7 @@ class ARScorer:
         args = (ro.prompt_ids, ro.prompt_mask, ro.completion, ro.completion_mask)
         passes = self._passes(len(ro))
         if len(passes) <= 1:
-            logp, _ = self.policy.token_logprobs(*args, logits_chunk=self.logits_chunk, entropy=False)
+            logp, _ = self.policy.token_logprobs(*args, **self._head(False))
             loss, metrics = loss_fn(logp)
             with lockstep_sync(self.lockstep, last=True):
                 backward(loss)
@@ -353,8 +358,7 @@ class ARScorer:
         (grad,) = torch.autograd.grad(loss, leaf, allow_unused=True)
         grad = torch.zeros_like(leaf) if grad is None else grad.detach()  # (n, L) ∂loss/∂logp
         for k, (rows, real) in enumerate(passes):
-            logp, _ = self.policy.token_logprobs(*(a[rows] for a in args), logits_chunk=self.logits_chunk,
-                                                 entropy=False)
+            logp, _ = self.policy.token_logprobs(*(a[rows] for a in args), **self._head(False))
             surrogate = (logp * grad[rows].to(logp.dtype)).sum() if real else logp.sum() * 0
             with lockstep_sync(self.lockstep, last=k == len(passes) - 1):
                 backward(surrogate)
