@@ -71,6 +71,15 @@ class ModelConfig:
                                                  "suffixes, e.g. q_proj,k_proj,v_proj.")
     gradient_checkpointing: bool = doc(False, "Recompute each layer's activations in the backward pass (less "
                                               "memory, more time; same gradients).")
+    architecture: dict = field(default_factory=dict, metadata={"help": (
+        "The model's architecture numbers, for the memory plan (--dry-run's memory section, train.memory_budget) "
+        "when model.name_or_path is a hub id, whose config.json --dry-run does not download: config.json's own "
+        "keys, e.g. {model_type: sdar, hidden_size: 2048, num_hidden_layers: 28, num_attention_heads: 16, "
+        "num_key_value_heads: 8, head_dim: 128, intermediate_size: 6144, vocab_size: 151936, tie_word_embeddings: "
+        "false} (LLaDA's d_model, n_layers, n_heads, n_kv_heads, mlp_hidden_size; MoE: num_experts, "
+        "num_experts_per_tok, moe_intermediate_size, num_shared_experts, first_k_dense_replace), and optionally "
+        "name_or_path, the model they describe (another model's numbers are not used). A local folder's "
+        "config.json wins. Training does not read them.")})
 
 
 @dataclass
@@ -243,6 +252,12 @@ class TrainConfig:
     warmup_steps: int = doc(5, "Warm-up of the LR schedule, in rollout steps (the schedule itself moves once per "
                                "optimizer step: num_iterations * steps_per_generation per rollout step).")
     max_grad_norm: float = doc(1.0, "Gradient clipping norm (0 = off).")
+    memory_budget: Any = field(default=None, metadata={"help": (
+        "Memory one process (one device) may use: bytes (an integer) or a size with a unit (80GB, 79.6GiB, 500MB; "
+        "decimal kB/MB/GB/TB, binary KiB/MiB/GiB/TiB); null = no check. The config check (dlmrl train and its "
+        "--dry-run) warns, naming this key, when the memory plan's peak per process exceeds it; --dry-run's memory "
+        "section shows the plan term by term. Needs the model's architecture: a local config.json, or "
+        "model.architecture for a hub id.")})
     rollout_is_cap: float | None = doc(
         None, "Truncated importance sampling of the rollout/training mismatch (TRL's vllm_importance_sampling_cap): "
               "each token's policy loss is multiplied by min(exp(logp_old - logp_rollout), C), detached, with "

@@ -249,6 +249,7 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
     _check(ev.eval_steps >= 0, "eval.eval_steps", "must be >= 0")
     _check(ev.num_puzzles >= 0, "eval.num_puzzles", "must be >= 0 (0 = the whole held-out split)")
     _check(ev.batch_size >= 1, "eval.batch_size", "must be >= 1")
+    _check_memory(cfg, preset, estimator, for_training)
     return RunSpec(preset, name, e, estimator, chosen_by)
 
 
@@ -789,6 +790,17 @@ def _check_reward_funcs(cfg: Config):
     except (ValueError, TypeError, ImportError) as e:
         key = "train.reward_weights" if str(e).startswith("reward_weights") else "train.reward_funcs"
         raise ConfigError(f"config key {key!r}: {e}") from None
+
+
+def _check_memory(cfg: Config, preset, estimator, for_training: bool) -> None:
+    """``model.architecture`` and ``train.memory_budget``
+    (:func:`dlmrl.training.memory_plan.check_memory_config`): malformed values are refused naming the key; a
+    training config whose memory plan's peak per process exceeds the budget is warned about."""
+    from dlmrl.training.memory_plan import check_memory_config
+
+    nfe = 1 if cfg.model.kind == "ar" else estimator.describe(cfg.sampling.gen_length).nfe
+    check_memory_config(cfg, nfe, objective=preset.objective if preset is not None else None,
+                        for_training=for_training)
 
 
 def validate_pretrain(cfg: PretrainConfig) -> None:

@@ -433,6 +433,14 @@ def _update_structure(cfg: Config, processes: int) -> dict:
     return out
 
 
+def _memory_section(cfg: Config, nfe, processes: int, preset) -> dict:
+    """The memory plan per process in GB, term by term (:func:`dlmrl.training.memory_plan.memory_section`; ``nfe``
+    the estimator's, a bound when data-dependent)."""
+    from dlmrl.training.memory_plan import memory_section
+
+    return memory_section(cfg, nfe if isinstance(nfe, int) else 1, processes, preset.objective)
+
+
 def _tracker_section(cfg: Config) -> dict:
     name = cfg.train.report_to
     out = {"report_to": name, "metrics_jsonl": "always"}
@@ -452,8 +460,9 @@ def run_processes(accel: dict) -> int:
 
 def build_plan(cfg: Config, resume: bool = False, spec: RunSpec | None = None) -> dict:
     """The run's plan: sections ``model``, ``algorithm``, ``estimator``, ``task``, ``sampler``, ``sizes``,
-    ``tracker``, ``accelerate``, ``output`` (plain values, YAML-printable). ``cfg`` must be validated
-    (:func:`dlmrl.config.validate`); nothing is loaded but local ``config.json`` files and local data files.
+    ``memory`` (per process, in GB), ``tracker``, ``accelerate``, ``output`` (plain values, YAML-printable). ``cfg``
+    must be validated (:func:`dlmrl.config.validate`); nothing is loaded but local ``config.json`` files and local
+    data files.
     ``resume``: the output state says which checkpoint ``--resume`` would continue from (and the run's refusals
     apply: no checkpoint, settings that differ from the run's own). ``spec``: the config resolved
     (:func:`~dlmrl.config.validate` returns it; default: resolved here), whose preset and estimator the plan shows.
@@ -493,6 +502,7 @@ def build_plan(cfg: Config, resume: bool = False, spec: RunSpec | None = None) -
         "task": _task_section(cfg),
         "sampler": _sampler_section(cfg, written),
         "sizes": _sizes_section(cfg, estimator["nfe"], processes, written),
+        "memory": _memory_section(cfg, estimator["nfe"], processes, preset),
         "tracker": _tracker_section(cfg),
         "accelerate": accel,
         "output": {"output_dir": str(out_dir),

@@ -1,0 +1,1114 @@
+"""A memory plan in bytes, per process: what a training run holds at its peak, term by term.
+
+:func:`plan_memory` is a pure function of explicit numbers: an :class:`Architecture` (hidden size, layers, heads,
+key/value heads, head dimension, MLP width, vocabulary, experts) and the run's :class:`MemorySettings` (weight
+dtype, LoRA or full parameters, master weights, processes and sharding, canvases and positions per forward with
+grad, gradient checkpointing, log-prob chunking, rollout rows and lengths). It returns a :class:`MemoryPlan`: each
+term in bytes and the peak, the largest of the run's phases (the forward/backward with grad, the end of the
+backward with the optimizer step, a rollout's sampling call) on top of what lives through all of them (weights,
+master copy, optimizer state).
+
+Where the numbers come from: :func:`architecture_from_config` reads a checkpoint's ``config.json`` (transformers'
+Llama/Qwen2/Qwen3/SDAR keys, LLaDA's ``d_model``/``n_layers``/... keys, LLaDA2's mixture-of-experts keys);
+:func:`architecture_for` finds it for a config (a local folder's ``config.json``, else the numbers a recipe
+records under ``model.architecture`` for its hub model); :func:`settings_from_config` derives the run's numbers
+from a validated config; :func:`memory_section` is the ``memory`` section of ``dlmrl train --dry-run``;
+:func:`check_memory_config` is the config check of ``model.architecture`` and ``train.memory_budget``.
+
+How the terms are counted (our reading of the code paths dlmrl runs; ``benchmarks/memory_plan_check.py``
+compares the plan with the peak resident memory of real training steps on CPU):
+
+- Saved activations follow the method of Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+  Transformer Models" (arXiv 2205.05198, §4.1, eq. 1: the bytes of every tensor a layer keeps for its backward,
+  ``sbh(34 + 5as/h)`` for GPT with 16-bit activations, dropout and the attention matrix), counted again for the
+  layer dlmrl runs: transformers' Llama decoder layer (RMSNorm, SwiGLU MLP, no dropout) under an SDPA kernel that
+  keeps no ``T x T`` matrix (flash / memory-efficient; on CPU ``_scaled_dot_product_flash_attention_for_cpu``),
+  with autograd's rule that a linear layer keeps its input only when its weight is trained
+  (:func:`layer_activation_bytes_per_token`). With activation checkpointing each layer keeps its input
+  (Korthikanti §4.2, "full recomputation": ``2sbhL``) and one layer's activations are rebuilt at a time.
+- Logits: the language-model head's output over every position of a canvas in the weights' dtype, a float32 copy
+  (dlmrl's policies return float32 logits), the float32 ``log_softmax`` the scorer keeps for its backward, and
+  the gradients of those in the backward (:func:`logits_peak_bytes`).
+- Optimizer: AdamW's two moments (``exp_avg``, ``exp_avg_sq``) in the dtype of the weights it updates (Loshchilov
+  & Hutter, arXiv 1711.05101; ``torch.optim.AdamW`` allocates them with ``zeros_like(param)``); an fp32 master copy
+  of bfloat16/float16 weights trained in full (mixed-precision training, Micikevicius et al., arXiv 1710.03740).
+- Sharding: ZeRO (Rajbhandari et al., arXiv 1910.02054): stage 2 shards gradients and optimizer state (with its
+  master copy) over the processes, stage 3 / FSDP also the weights; FSDP gathers one wrapped layer's full weights
+  at a time (Zhao et al., arXiv 2304.11277, "PyTorch FSDP").
+- Key/value cache: ``2 x layers x kv_heads x head_dim x dtype bytes`` per cached token (keys and values of every
+  layer).
+
+Units: bytes throughout; :func:`format_bytes` prints GB (10^9 bytes).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: bytes per element of the dtypes a run names (``model.dtype``)
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+
+#: sharding modes: ``none`` (one process, or each process a full copy without a gradient bucket), ``ddp``
+#: (replicated weights; DDP's reducer keeps a flat bucket copy of the gradients), ``zero1`` (optimizer state and
+#: master copy sharded), ``zero2`` (gradients too), ``fsdp`` (ZeRO-3 / FSDP FULL_SHARD: weights too)
+SHARDING = ("none", "ddp", "zero1", "zero2", "fsdp")
+
+#: module-name layouts :class:`Architecture` knows: transformers' Llama/Qwen/SDAR names, LLaDA's own, LLaDA2's MoE
+LAYOUTS = ("llama", "llada", "llada2")
+
+#: prompt tokens assumed for a text task's memory plan: ``--dry-run`` reads no data and loads no tokenizer, and
+#: a prompt's length is the data's (d1's GSM8K/MATH prompts with LLaDA's chat template run about 100-250 tokens)
+ASSUMED_PROMPT_TOKENS = 256
+
+
+# ------------------------------------------------------------------------------------------------ architecture
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A transformer's shape, as a checkpoint's ``config.json`` gives it.
+
+    Attributes:
+        hidden_size: ``H``. num_layers: ``L`` decoder layers. num_heads: query heads. num_kv_heads: key/value
+            heads (grouped-query attention; = ``num_heads`` without it). head_dim: per head (``H / num_heads``
+            unless the config says otherwise, e.g. Qwen3's 128).
+        intermediate_size: the dense MLP's width ``I`` (SwiGLU: gate, up and down projections).
+        vocab_size: ``V``, the logits' width. embedding_rows: rows of the embedding and output matrices (LLaDA's
+            ``embedding_size`` pads the vocabulary; default ``vocab_size``).
+        tie_embeddings: the output head shares the embedding matrix.
+        num_experts: routed experts per mixture-of-experts layer (0: dense). experts_per_token: routed experts a
+            token visits. moe_intermediate_size: one expert's MLP width. shared_experts: always-on experts (their
+            MLP is ``shared_experts x moe_intermediate_size`` wide). dense_layers: leading dense layers of an MoE
+            model (LLaDA2's ``first_k_dense_replace``).
+        attention_bias: q/k/v (and output) projections carry biases (LLaDA's ``include_bias`` sets every linear's).
+        mlp_bias: MLP projections carry biases.
+        qk_norm: RMSNorm on each head's queries and keys (Qwen3/SDAR, LLaDA2).
+        layout: module names (:data:`LAYOUTS`), for matching ``model.lora_target_modules``.
+        source: where the numbers came from (for the plan's reader).
+    """
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    embedding_rows: int | None = None
+    tie_embeddings: bool = False
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    shared_experts: int = 0
+    dense_layers: int = 0
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    layout: str = "llama"
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
+                     "vocab_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"architecture {name} must be an integer >= 1, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"architecture num_kv_heads {self.num_kv_heads} must divide num_heads {self.num_heads}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"architecture layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+        if self.num_experts and (self.experts_per_token < 1 or self.moe_intermediate_size < 1):
+            raise ValueError("an MoE architecture needs experts_per_token >= 1 and moe_intermediate_size >= 1")
+
+    @property
+    def rows(self) -> int:
+        """Rows of the embedding (and untied output) matrix."""
+        return self.embedding_rows or self.vocab_size
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether decoder layer ``index`` (0-based) routes its tokens to experts."""
+        return self.num_experts > 0 and index >= self.dense_layers
+
+    @property
+    def moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    def linear_modules(self, moe: bool) -> list[tuple[str, int, int, int]]:
+        """``(name, in_features, out_features, count)`` of one decoder layer's ``nn.Linear`` modules (``moe``: an
+        expert layer's), by the module names of :attr:`layout` (what ``model.lora_target_modules`` matches)."""
+        h, nh, kv, hd = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim
+        if self.layout == "llada2":
+            attn = [("query_key_value", h, (nh + 2 * kv) * hd, 1), ("dense", nh * hd, h, 1)]
+        elif self.layout == "llada":
+            attn = [("q_proj", h, nh * hd, 1), ("k_proj", h, kv * hd, 1), ("v_proj", h, kv * hd, 1),
+                    ("attn_out", nh * hd, h, 1)]
+        else:
+            attn = [("q_proj", h, nh * hd, 1), ("k_proj", h, kv * hd, 1), ("v_proj", h, kv * hd, 1),
+                    ("o_proj", nh * hd, h, 1)]
+        gate, up, down = ("ff_proj", "up_proj", "ff_out") if self.layout == "llada" else ("gate_proj", "up_proj",
+                                                                                            "down_proj")
+        if not moe:
+            i = self.intermediate_size
+            return attn + [(gate, h, i, 1), (up, h, i, 1), (down, i, h, 1)]
+        mi, e, s = self.moe_intermediate_size, self.num_experts, self.shared_experts
+        mlp = [(gate, h, mi, e), (up, h, mi, e), (down, mi, h, e)]
+        if s:
+            mlp += [(gate, h, mi * s, 1), (up, h, mi * s, 1), (down, mi * s, h, 1)]
+        return attn + mlp
+
+    @property
+    def head_name(self) -> str:
+        """The output head's module name (LLaDA's ``transformer.ff_out``; ``lm_head`` elsewhere)."""
+        return "ff_out" if self.layout == "llada" else "lm_head"
+
+    def layer_parameters(self, index: int) -> int:
+        """Parameters of decoder layer ``index``: its linear weights (and biases), its two RMSNorm weights, QK-norm
+        weights, an MoE layer's router ``(num_experts, H)``."""
+        moe = self.is_moe_layer(index)
+        n = 0
+        for name, fan_in, fan_out, count in self.linear_modules(moe):
+            attn = name in ("q_proj", "k_proj", "v_proj", "o_proj", "attn_out", "query_key_value", "dense")
+            bias = self.attention_bias if attn else self.mlp_bias
+            n += count * (fan_in * fan_out + (fan_out if bias else 0))
+        n += 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
+        if moe:
+            n += self.num_experts * self.hidden_size
+        return n
+
+    def parameter_count(self) -> int:
+        """Every parameter: the embedding ``rows x H``, the decoder layers (:meth:`layer_parameters`), the final
+        norm ``H``, and the output head ``rows x H`` unless tied. (Equals ``sum(p.numel())`` of transformers'
+        ``LlamaForCausalLM`` built from the same config; ``tests/training/test_memory_plan.py``.)"""
+        h = self.hidden_size
+        embed = self.rows * h
+        return (embed + sum(self.layer_parameters(i) for i in range(self.num_layers)) + h
+                + (0 if self.tie_embeddings else embed))
+
+    def largest_layer_parameters(self) -> int:
+        """The most parameters one decoder layer holds (FSDP's unit when each decoder layer is wrapped)."""
+        return max(self.layer_parameters(i) for i in range(self.num_layers))
+
+    def lora_parameters(self, r: int, target_modules: str) -> int:
+        """Trainable LoRA parameters: ``r x (in + out)`` per targeted ``nn.Linear`` (Hu et al., arXiv 2106.09685).
+        ``target_modules``: ``all-linear`` (every linear but the output head, peft's rule) or a comma list matched
+        as module-name suffixes (a name that is the head's, e.g. LLaDA's ``ff_out``, targets the head too)."""
+        names = None if target_modules.strip() == "all-linear" else {n.strip() for n in target_modules.split(",")}
+        n = 0
+        for i in range(self.num_layers):
+            for name, fan_in, fan_out, count in self.linear_modules(self.is_moe_layer(i)):
+                if names is None or name in names:
+                    n += count * r * (fan_in + fan_out)
+        if names is not None and self.head_name in names:
+            n += r * (self.hidden_size + self.vocab_size)
+        return n
+
+    def lora_targets(self, target_modules: str) -> set[str]:
+        """The per-layer module names ``target_modules`` adapts (all of them for ``all-linear``)."""
+        every = {name for moe in (False, True) for name, *_ in self.linear_modules(moe)}
+        if target_modules.strip() == "all-linear":
+            return every
+        return every & {n.strip() for n in target_modules.split(",")}
+
+    def kv_cache_bytes_per_token(self, dtype_bytes: int) -> int:
+        """Bytes one cached token costs: ``2 x layers x kv_heads x head_dim x dtype bytes`` (keys and values of
+        every layer)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+
+def _int(config: Mapping, key: str, default=None):
+    value = config.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        raise ValueError(f"{key} must be an integer, got {value!r}")
+    return int(value)
+
+
+def _required(config: Mapping, keys: tuple[str, ...], what: str) -> int:
+    for key in keys:
+        if config.get(key) is not None:
+            return _int(config, key)
+    raise ValueError(f"{what}: none of {', '.join(keys)} is set")
+
+
+def architecture_from_config(config: Mapping, source: str = "") -> Architecture:
+    """The :class:`Architecture` of a checkpoint's ``config.json`` (a dict; no model code runs).
+
+    Families and keys:
+
+    - LLaDA (``model_type`` ``llada``; OLMo's config keys): ``d_model``, ``n_layers``, ``n_heads``, ``n_kv_heads``
+      (default ``n_heads``), ``mlp_hidden_size`` (default ``mlp_ratio x d_model``, ``mlp_ratio`` 4), ``vocab_size``,
+      ``embedding_size``, ``weight_tying``, ``include_bias``.
+    - LLaDA2 (``llada2_moe``): transformers' keys below plus ``num_experts``, ``num_experts_per_tok``,
+      ``moe_intermediate_size``, ``num_shared_experts``, ``first_k_dense_replace``, ``use_qkv_bias``,
+      ``use_qk_norm``.
+    - everything else (Llama, Qwen2 / Dream, Qwen3 / SDAR, Mistral, the tiny default): ``hidden_size``,
+      ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``, ``head_dim`` (default
+      ``hidden_size / num_attention_heads``), ``intermediate_size``, ``vocab_size``, ``tie_word_embeddings``
+      (default false), ``attention_bias``, ``mlp_bias``; Qwen3 and SDAR add QK-norm.
+
+    Raises:
+        ValueError: a required key missing or not an integer (naming it).
+    """
+    model_type = str(config.get("model_type") or "").lower()
+    archs = [str(a) for a in (config.get("architectures") or [])]
+    if model_type == "llada" or "LLaDAModelLM" in archs:
+        d = _required(config, ("d_model",), "LLaDA config")
+        heads = _required(config, ("n_heads",), "LLaDA config")
+        mlp = _int(config, "mlp_hidden_size") or int((_int(config, "mlp_ratio") or 4) * d)
+        vocab = _required(config, ("vocab_size",), "LLaDA config")
+        bias = bool(config.get("include_bias", False))
+        return Architecture(hidden_size=d, num_layers=_required(config, ("n_layers",), "LLaDA config"),
+                            num_heads=heads, num_kv_heads=_int(config, "n_kv_heads") or heads, head_dim=d // heads,
+                            intermediate_size=mlp, vocab_size=vocab,
+                            embedding_rows=max(vocab, _int(config, "embedding_size") or vocab),
+                            tie_embeddings=bool(config.get("weight_tying", False)), attention_bias=bias,
+                            mlp_bias=bias, layout="llada", source=source)
+    h = _required(config, ("hidden_size", "d_model", "n_embd"), "config.json")
+    heads = _required(config, ("num_attention_heads", "n_heads"), "config.json")
+    kv = _int(config, "num_key_value_heads") or heads
+    common = {"hidden_size": h, "num_layers": _required(config, ("num_hidden_layers", "n_layers"), "config.json"),
+              "num_heads": heads, "num_kv_heads": kv, "head_dim": _int(config, "head_dim") or h // heads,
+              "intermediate_size": _required(config, ("intermediate_size",), "config.json"),
+              "vocab_size": _required(config, ("vocab_size",), "config.json"),
+              "tie_embeddings": bool(config.get("tie_word_embeddings", False)), "source": source}
+    if model_type == "llada2_moe" or "LLaDA2MoeModelLM" in archs:
+        return Architecture(**common, num_experts=_int(config, "num_experts") or 0,
+                            experts_per_token=_int(config, "num_experts_per_tok") or 0,
+                            moe_intermediate_size=_int(config, "moe_intermediate_size") or 0,
+                            shared_experts=_int(config, "num_shared_experts") or 0,
+                            dense_layers=_int(config, "first_k_dense_replace") or 0,
+                            attention_bias=bool(config.get("use_qkv_bias", False)),
+                            qk_norm=bool(config.get("use_qk_norm", True)), layout="llada2")
+    qk_norm = model_type in ("qwen3", "sdar", "qwen3_moe", "sdar_moe") or "SDARForCausalLM" in archs
+    return Architecture(**common, attention_bias=bool(config.get("attention_bias", False)),
+                        mlp_bias=bool(config.get("mlp_bias", False)), qk_norm=qk_norm)
+
+
+# ------------------------------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    """A run's numbers that decide its memory, per process.
+
+    Attributes:
+        weight_dtype: the weights' (and the forward's) dtype, a key of :data:`DTYPE_BYTES`.
+        lora_r: LoRA rank, ``None`` = every weight trained. lora_targets: ``model.lora_target_modules``.
+            lora_dropout: > 0 makes each adapted layer keep its own dropped-out input.
+        master_weights: an fp32 master copy of the trained weights (and fp32 AdamW moments); ``None`` = present
+            when the weights are bfloat16/float16 and trained in full.
+        processes: data-parallel processes. sharding: one of :data:`SHARDING`.
+        canvases_per_forward: canvases (rows) in one forward with grad. positions: tokens each canvas runs
+            through the model (prompt + canvas; ``prompt + 2L`` for a block model's composite pass).
+            head_positions: positions the output head scores per canvas (``None`` = all ``positions``; an AR
+            scorer keeps ``L + 1``). scored_positions: positions whose full-vocabulary log-probs are taken (the
+            canvas ``L``; the noisy half of a composite pass). float_copy_all: the float32 copy of the logits
+            covers every head position (dlmrl's diffusion and block forwards convert the model's whole output)
+            rather than only the scored ones (the AR scorer slices first).
+        grads_during_forward: gradients already held while a forward runs (``estimator.micro_batch`` chunks add
+            theirs up over several backward passes).
+        gradient_checkpointing: each decoder layer keeps only its input; one is recomputed at a time.
+        logprob_chunk: positions whose full-vocabulary logits exist at once (chunked log-probs); ``None`` = all.
+        dense_mask: the forward takes a ``(rows, 1, T, T)`` mask that SDPA converts to the compute dtype and keeps,
+            per layer (block-causal masks; a padded batch of the tiny family).
+        foreach_optimizer: AdamW's multi-tensor path (the default on GPU), whose step allocates a moment-sized
+            temporary for all weights at once; ``False`` (CPU): one weight's at a time.
+        reference_model: a frozen second copy of the weights (a KL toward the initial model without LoRA).
+        rollout_rows: rows in one sampling call. rollout_tokens: tokens each row's key/value cache holds at the
+            end of sampling (prompt + completion), 0 = no cache (full diffusion without ``sampling.cache``).
+            rollout_forward_positions: positions one sampling forward runs per row (the whole sequence without a
+            cache; one block with one). rollout_scored_positions: positions a sampling step draws from (one block).
+            rollout_prefill_positions: positions of the pass that fills the cache with the prompt, whose head
+            output is computed too (the block kind's exact cache; 0 where the head keeps only the last position,
+            as transformers' ``generate`` does).
+        rollout_gathers_weights: sharded weights are gathered whole for the rollout (``train.sharding: fsdp2``,
+            :mod:`dlmrl.training.sharding`: once per rollout, since processes sample different numbers of passes).
+    """
+
+    weight_dtype: str = "float32"
+    lora_r: int | None = None
+    lora_targets: str = "all-linear"
+    lora_dropout: float = 0.0
+    master_weights: bool | None = None
+    processes: int = 1
+    sharding: str = "none"
+    canvases_per_forward: int = 1
+    positions: int = 1
+    head_positions: int | None = None
+    scored_positions: int = 1
+    float_copy_all: bool = True
+    grads_during_forward: bool = False
+    gradient_checkpointing: bool = False
+    logprob_chunk: int | None = None
+    dense_mask: bool = False
+    foreach_optimizer: bool = False
+    reference_model: bool = False
+    rollout_rows: int = 0
+    rollout_tokens: int = 0
+    rollout_forward_positions: int = 0
+    rollout_scored_positions: int = 0
+    rollout_prefill_positions: int = 0
+    rollout_gathers_weights: bool = False
+
+    def __post_init__(self) -> None:
+        if self.weight_dtype not in DTYPE_BYTES:
+            raise ValueError(f"weight_dtype must be one of {', '.join(DTYPE_BYTES)}, got {self.weight_dtype!r}")
+        if self.sharding not in SHARDING:
+            raise ValueError(f"sharding must be one of {', '.join(SHARDING)}, got {self.sharding!r}")
+        if self.processes < 1:
+            raise ValueError(f"processes must be >= 1, got {self.processes}")
+        if self.logprob_chunk is not None and self.logprob_chunk < 1:
+            raise ValueError(f"logprob_chunk must be >= 1 or None, got {self.logprob_chunk}")
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.weight_dtype]
+
+    @property
+    def full(self) -> bool:
+        """Every weight trained (no LoRA)."""
+        return self.lora_r is None
+
+    @property
+    def has_master(self) -> bool:
+        if self.master_weights is not None:
+            return self.master_weights
+        return self.full and self.weight_dtype in ("bfloat16", "float16")
+
+
+# ------------------------------------------------------------------------------------------------ the terms
+
+
+def trainable_parameters(arch: Architecture, s: MemorySettings) -> int:
+    """Parameters the optimizer updates: all of them, or the LoRA matrices (:meth:`Architecture.lora_parameters`)."""
+    return arch.parameter_count() if s.full else arch.lora_parameters(s.lora_r, s.lora_targets)
+
+
+def _trainable_bytes(s: MemorySettings) -> int:
+    """Bytes per element of the trained weights (and their gradients): float32 for a LoRA adapter (peft keeps
+    adapters float32 on a bfloat16 base, ``autocast_adapter_dtype``) and for fp32 master weights (the gradients
+    land on the float32 weights, :mod:`dlmrl.training.precision`), else the weights' dtype."""
+    return 4 if (not s.full or s.has_master) else s.dtype_bytes
+
+
+def _shard(s: MemorySettings, level: str) -> int:
+    """The divisor of a term sharded from ``level`` on (``zero1``: optimizer state and master copy; ``zero2``:
+    gradients too; ``fsdp``: weights too), 1 when the run's sharding does not reach it. ZeRO, arXiv 1910.02054
+    §5 (P_os, P_os+g, P_os+g+p)."""
+    order = {"optimizer": 1, "gradients": 2, "parameters": 3}
+    reach = {"none": 0, "ddp": 0, "zero1": 1, "zero2": 2, "fsdp": 3}[s.sharding]
+    return s.processes if reach >= order[level] else 1
+
+
+def parameter_bytes(arch: Architecture, s: MemorySettings) -> int:
+    """Weights held by one process in the compute dtype: ``N x dtype bytes`` (a LoRA run: the frozen base in its
+    dtype plus the float32 adapter), divided over the processes under FSDP / ZeRO-3. With fp32 master weights
+    (:func:`master_bytes`) these are the bfloat16 copies the forward computes with (``torch.autocast`` casts each
+    weight once per forward and keeps the cast for the backward); under FSDP with master weights they exist only
+    for the gathered layer (FSDP2's ``MixedPrecisionPolicy`` all-gathers in bfloat16, :func:`gathered_layer_bytes`),
+    so the term is 0."""
+    if s.has_master and _shard(s, "parameters") > 1:
+        return 0
+    n = arch.parameter_count() * s.dtype_bytes
+    if not s.full:
+        n += trainable_parameters(arch, s) * 4
+    return -(-n // _shard(s, "parameters"))
+
+
+def gathered_layer_bytes(arch: Architecture, s: MemorySettings) -> int:
+    """FSDP / ZeRO-3: the full weights of the largest decoder layer, gathered for its forward and backward (FSDP
+    unshards one wrapped unit at a time; Zhao et al., arXiv 2304.11277 §3.2; prefetching the next unit can hold a
+    second). 0 without parameter sharding."""
+    if _shard(s, "parameters") == 1:
+        return 0
+    return arch.largest_layer_parameters() * s.dtype_bytes
+
+
+def master_bytes(arch: Architecture, s: MemorySettings) -> int:
+    """The fp32 master copy of bfloat16/float16 weights trained in full: ``4 x N_trained`` (Micikevicius et al.,
+    arXiv 1710.03740 §3.1), sharded with the optimizer state under ZeRO / FSDP."""
+    if not s.has_master:
+        return 0
+    return -(-4 * trainable_parameters(arch, s) // _shard(s, "optimizer"))
+
+
+def gradient_bytes(arch: Architecture, s: MemorySettings) -> int:
+    """One gradient per trained weight in its dtype (``.grad``), sharded under ZeRO-2 / FSDP."""
+    return -(-trainable_parameters(arch, s) * _trainable_bytes(s) // _shard(s, "gradients"))
+
+
+def ddp_bucket_bytes(arch: Architecture, s: MemorySettings) -> int:
+    """DDP's reducer copies the gradients into flat communication buckets allocated at wrap time (one gradient-
+    sized set without ``gradient_as_bucket_view``, which accelerate leaves off): ``N_trained x grad bytes``."""
+    if s.sharding != "ddp" or s.processes == 1:
+        return 0
+    return trainable_parameters(arch, s) * _trainable_bytes(s)
+
+
+def optimizer_bytes(arch: Architecture, s: MemorySettings) -> int:
+    """AdamW's two moments per trained weight (Loshchilov & Hutter, arXiv 1711.05101; ``torch.optim.AdamW``'s
+    ``exp_avg``, ``exp_avg_sq``): ``2 x N_trained x b``, ``b`` = 4 on fp32 master weights or a float32 adapter,
+    else the weights' dtype (``zeros_like(param)``); sharded under ZeRO / FSDP."""
+    b = 4 if s.has_master else _trainable_bytes(s)
+    return -(-2 * trainable_parameters(arch, s) * b // _shard(s, "optimizer"))
+
+
+def optimizer_step_bytes(arch: Architecture, s: MemorySettings) -> int:
+    """The optimizer step's own temporary: AdamW computes ``sqrt(exp_avg_sq) / bias_correction + eps`` into a new
+    tensor, for one weight at a time (``_single_tensor_adamw``, the CPU default: the largest weight, the embedding
+    ``rows x H``) or for all of them at once (``_multi_tensor_adamw``'s ``_foreach_sqrt``, the GPU default)."""
+    b = 4 if s.has_master else _trainable_bytes(s)
+    if s.foreach_optimizer:
+        return -(-trainable_parameters(arch, s) * b // _shard(s, "optimizer"))
+    if not s.full:  # (the largest adapter matrix: r x the widest layer)
+        widest = max(max(fi, fo) for moe in (False, True) for _, fi, fo, _ in arch.linear_modules(moe))
+        return s.lora_r * widest * b
+    return max(arch.rows * arch.hidden_size, arch.hidden_size * max(arch.intermediate_size,
+                                                                    arch.moe_intermediate_size)) * b
+
+
+def reference_bytes(arch: Architecture, s: MemorySettings) -> int:
+    """A frozen second copy of the weights for a KL toward the initial model (no LoRA to disable): ``N x dtype``."""
+    return arch.parameter_count() * s.dtype_bytes if s.reference_model else 0
+
+
+def layer_activation_bytes_per_token(arch: Architecture, s: MemorySettings, moe: bool = False) -> int:
+    """Bytes one decoder layer keeps for its backward, per token (Korthikanti et al., arXiv 2205.05198, §4.1: the
+    count behind eq. 1, redone for the layer dlmrl runs).
+
+    Our reading of transformers' ``LlamaDecoderLayer`` (the tiny family; LLaDA's and SDAR's code compute the
+    same tensors) under autograd, ``d`` the compute dtype's bytes, per token:
+
+    - each RMSNorm (two): its input cast to float32 (``4H``; in float32 the input itself) for ``pow`` and the
+      multiply by ``rsqrt``, and the normalised value in ``d`` (``dH``) when its weight is trained;
+    - linear inputs, kept only for trained weights (autograd saves a matmul's input to form the weight's
+      gradient): the first norm's output ``dH`` (q, k, v), the second's ``dH`` (gate, up), the SwiGLU product
+      ``dI`` (down); the output projection's input is the attention output below (one tensor);
+    - attention (SDPA, flash-type kernel: no ``T x T`` matrix): rotated queries ``d nh hd``, keys and values
+      ``2 d kv hd`` (``2 d nh hd`` when a mask makes transformers repeat them for grouped-query attention), the
+      output ``d nh hd`` and the log-sum-exp ``4 nh``; QK-norm (Qwen3/SDAR, LLaDA2) adds a norm's ``(4 + d)`` on
+      ``(nh + kv) hd``;
+    - the SwiGLU MLP: the gate's output ``dI`` (for SiLU), SiLU's output and the up projection's ``2dI`` (the
+      product);
+    - a LoRA adapter on a layer whose base is frozen: its input cast to float32 (a new tensor on a bfloat16 base;
+      with dropout, the dropped-out copy ``4 fan_in`` and its mask ``fan_in``) and ``A x``'s ``4r``.
+
+    An MoE layer (LLaDA2; not measured here): the router's float32 logits and scores ``8E``, each of the
+    ``k`` routed copies of a token with its expert MLP ``k (H + 4 I_e) d``, the shared experts' MLP
+    ``4 S I_e d``. Masks are per row, not per token (:func:`mask_bytes`).
+    """
+    h, nh, kv, hd, d = arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim, s.dtype_bytes
+    full = s.full
+    kvh = nh if s.dense_mask and kv != nh else kv  # (transformers repeats k, v when a mask is passed with GQA)
+    total = 2 * (4 * h + (d * h if full else 0))  # (the two RMSNorms)
+    total += d * nh * hd + 2 * d * kvh * hd + d * nh * hd + 4 * nh  # (q, k, v, attention output, log-sum-exp)
+    if arch.qk_norm:
+        total += (4 + (d if full else 0)) * (nh + kv) * hd
+    if moe:
+        e, k, mi, sh = arch.num_experts, arch.experts_per_token, arch.moe_intermediate_size, arch.shared_experts
+        total += 8 * e + k * (h + (3 + full) * mi) * d + (3 + full) * sh * mi * d
+    else:
+        total += (3 + full) * d * arch.intermediate_size  # (gate out, SiLU out, up out; the product for down)
+    if full:
+        return total + 2 * d * h  # (the two norms' outputs, q/k/v's and gate/up's input)
+    # LoRA on frozen base weights: the inputs of the adapted layers, grouped by the tensor they read
+    targets = arch.lora_targets(s.lora_targets)
+    qkv = ("query_key_value",) if arch.layout == "llada2" else ("q_proj", "k_proj", "v_proj")
+    out_name = {"llada2": "dense", "llada": "attn_out"}.get(arch.layout, "o_proj")
+    gate, up, down = ("ff_proj", "up_proj", "ff_out") if arch.layout == "llada" else ("gate_proj", "up_proj",
+                                                                                        "down_proj")
+    width = arch.moe_intermediate_size if moe else arch.intermediate_size
+    visits = arch.experts_per_token + (1 if arch.shared_experts else 0) if moe else 1
+    groups = ((qkv, h, False, 1), ((out_name,), nh * hd, True, 1), ((gate, up), h, False, visits),
+              ((down,), width, False, visits))
+    for members, size, kept, times in groups:
+        adapted = [n for n in members if n in targets]
+        if not adapted:
+            continue
+        if d == 4 and s.lora_dropout == 0:  # (the adapter reads the input itself: kept once)
+            total += 0 if kept else times * d * size
+        else:  # (each adapter casts its own float32 copy, or drops out its own)
+            total += times * len(adapted) * (4 * size + (size if s.lora_dropout > 0 else 0))
+        total += times * len(adapted) * 4 * s.lora_r  # (A x, float32)
+    return total
+
+
+def model_activation_bytes_per_token(arch: Architecture, s: MemorySettings) -> float:
+    """Bytes per token kept outside the decoder layers: the token ids (8), rotary ``cos``/``sin`` shared by the
+    layers (``2 d hd``), the final RMSNorm (``4H`` + ``dH`` when trained) and, when the output head is trained,
+    its input (``dH``)."""
+    h, d = arch.hidden_size, s.dtype_bytes
+    return 8 + 2 * d * arch.head_dim + 4 * h + (2 * d * h if s.full else 0)
+
+
+def mask_bytes(arch: Architecture, s: MemorySettings, rows: int) -> int:
+    """A dense ``(rows, 1, T, T)`` attention mask: the boolean mask once, and per layer the copy SDPA converts to
+    the compute dtype and keeps for its backward (measured on CPU: one ``T x T`` float tensor per layer and row).
+    0 for a forward without a mask."""
+    if not s.dense_mask:
+        return 0
+    t2 = s.positions * s.positions
+    return rows * t2 * (1 + arch.num_layers * s.dtype_bytes)
+
+
+def kept_activation_bytes(arch: Architecture, s: MemorySettings, checkpointing: bool | None = None) -> int:
+    """What the forward with grad keeps for the backward, for ``canvases_per_forward x positions`` tokens, while
+    the logits are formed and undone (no layer recomputed yet).
+
+    Without checkpointing: the sum of :func:`layer_activation_bytes_per_token` over the layers, plus
+    :func:`model_activation_bytes_per_token` and the mask (:func:`mask_bytes`). With it (``checkpointing`` True,
+    default ``s.gradient_checkpointing``): each layer keeps only its input ``dH`` per token (Korthikanti et al.
+    §4.2, full recomputation: ``2sbhL`` bytes in 16 bits), plus the same model-level tensors and mask. With LoRA the
+    residual stream needs no gradient before the first adapter: the first layer's first RMSNorm keeps nothing
+    (anything else of that layer before its first adapted module is still counted, a slight over-count when the
+    adapters sit late in the layer)."""
+    ckpt = s.gradient_checkpointing if checkpointing is None else checkpointing
+    tokens = s.canvases_per_forward * s.positions
+    outside = model_activation_bytes_per_token(arch, s)
+    if ckpt:
+        layers = arch.num_layers * arch.hidden_size * s.dtype_bytes
+    else:
+        layers = sum(layer_activation_bytes_per_token(arch, s, arch.is_moe_layer(i)) for i in range(arch.num_layers))
+        if not s.full:  # (frozen embeddings: the first layer's first norm reads a stream that needs no gradient)
+            layers -= 4 * arch.hidden_size
+    return int(tokens * (layers + outside) + mask_bytes(arch, s, s.canvases_per_forward))
+
+
+def layer_backward_bytes(arch: Architecture, s: MemorySettings, checkpointing: bool | None = None) -> int:
+    """What a decoder layer's backward adds on top of the kept activations, at its largest: with checkpointing the
+    layer's activations rebuilt by its recomputation (the largest layer's :func:`layer_activation_bytes_per_token`),
+    and in any case the gradients in flight. Our reading of the SwiGLU MLP's backward (its largest moment): the
+    product's backward holds the incoming gradient and those of its two factors (three ``I``-wide tensors, one in
+    place of the freed input of the down projection: ``2 I d`` more), next to the residual stream's gradient and
+    the one being formed (``2 H d``); an MoE layer's ``I`` is ``k x`` the expert width."""
+    ckpt = s.gradient_checkpointing if checkpointing is None else checkpointing
+    tokens = s.canvases_per_forward * s.positions
+    width = max(arch.intermediate_size, arch.experts_per_token * arch.moe_intermediate_size + arch.shared_experts
+                * arch.moe_intermediate_size)
+    in_flight = (2 * width + 2 * arch.hidden_size) * s.dtype_bytes
+    rebuilt = max(layer_activation_bytes_per_token(arch, s, arch.is_moe_layer(i))
+                  for i in range(arch.num_layers)) if ckpt else 0
+    return int(tokens * (rebuilt + in_flight))
+
+
+def activation_bytes(arch: Architecture, s: MemorySettings, checkpointing: bool | None = None) -> int:
+    """The activations' own peak in a forward with grad: the kept tensors (:func:`kept_activation_bytes`) and,
+    with checkpointing, one layer rebuilt for its backward (:func:`layer_backward_bytes` without the gradients in
+    flight)."""
+    ckpt = s.gradient_checkpointing if checkpointing is None else checkpointing
+    kept = kept_activation_bytes(arch, s, ckpt)
+    if not ckpt:
+        return kept
+    tokens = s.canvases_per_forward * s.positions
+    return kept + int(tokens * max(layer_activation_bytes_per_token(arch, s, arch.is_moe_layer(i))
+                                   for i in range(arch.num_layers)))
+
+
+def logits_peak_bytes(arch: Architecture, s: MemorySettings) -> int:
+    """The most bytes the full-vocabulary logits and their gradients hold at once in a forward with grad.
+
+    ``n`` canvases, ``T`` positions each (all of which the head scores), ``S`` scored positions, ``V`` vocabulary,
+    ``d`` the weights' bytes. Our reading of dlmrl's scorer (:func:`dlmrl.estimators.scoring.score`): the head's
+    output ``nTVd``; the policy's float32 copy (of all ``T`` positions for dlmrl's diffusion and block forwards, of
+    the ``S`` scored ones for the AR scorer, which slices first; none in float32, where the output is already
+    float32); the contiguous copy ``log_softmax`` makes of the scored slice (``nSV4``, measured with
+    ``torch.profiler``'s memory timeline) and its output ``nSV4``, kept for the backward. In the backward, the gather's gradient and the log-softmax's
+    gradient (``nSV4`` each, next to the kept output), then the slice's gradient over all ``T`` positions (``4``
+    or ``d`` bytes, as the copy it undoes), then the head's weight gradient ``V H g`` when the head is trained.
+    The peak is the largest of these moments. With ``logprob_chunk`` (``estimator.logits_chunk``):
+    :func:`chunked_logits_bytes`."""
+    v, d = arch.vocab_size, s.dtype_bytes
+    t = s.canvases_per_forward * (s.head_positions or s.positions)  # (positions the head scores)
+    n_s = s.canvases_per_forward * s.scored_positions  # (positions whose log-softmax is taken)
+    if s.logprob_chunk is not None:
+        return chunked_logits_bytes(arch, s)
+    tv, sv = t * v, n_s * v
+    # (log_softmax of a slice that leaves positions out, e.g. the prompt, first makes it contiguous: a copy)
+    sliced = sv * 4 if n_s < t else 0
+    if d == 4:  # (float32 weights: the head's output is the float32 logits; no copy)
+        forward = tv * 4 + sliced + sv * 4
+        undo = sv * 4 + tv * 4  # (the slice's gradient next to the log-softmax's)
+    elif s.float_copy_all:  # (dlmrl's diffusion and block forwards convert the whole output, then slice)
+        forward = max(tv * (d + 4), tv * 4 + sliced + sv * 4)
+        undo = max(sv * 4 + tv * 4, tv * 4 + tv * d)  # (slice, then the float32 conversion, undone)
+    else:  # (the scored positions are sliced first, then converted: a contiguous float32 copy)
+        forward = tv * d + 2 * sv * 4
+        undo = max(sv * 4 + sv * d, sv * d + tv * d)  # (the conversion, then the slice, undone)
+    log_softmax = 3 * sv * 4  # (kept output, the gather's gradient, the log-softmax's gradient)
+    head_grad = v * arch.hidden_size * _trainable_bytes(s) if s.full else 0
+    head = tv * d + head_grad + t * arch.hidden_size * d  # (the head's backward: its weight's and input's gradients)
+    return int(max(forward, log_softmax, undo, head))
+
+
+def chunked_logits_bytes(arch: Architecture, s: MemorySettings) -> int:
+    """The logits' peak with chunked log-probs (``estimator.logits_chunk`` ``c``,
+    :func:`dlmrl.models.token_scores.chunked_token_logprobs`): only the scored positions' final hidden states go
+    through the head, ``c`` at a time, each chunk under non-reentrant checkpointing, so at most one chunk's
+    full-vocabulary tensors exist: in the backward's recomputation the head's output ``cVd``, its float32 copy
+    (``cV4`` when ``d != 4``), and the gradients of the float32 logits from ``logsumexp`` and from the chosen
+    token's gather (``2 cV4``), with the gradient in ``d`` being formed (``cVd`` when ``d != 4``). Kept across the
+    forward: the scored hidden states (:func:`kept_logits_bytes`)."""
+    v, d = arch.vocab_size, s.dtype_bytes
+    c = min(s.logprob_chunk, s.canvases_per_forward * s.scored_positions)
+    return c * v * (d + (4 + d if d != 4 else 0) + 2 * 4)
+
+
+def kept_logits_bytes(arch: Architecture, s: MemorySettings) -> int:
+    """The part of the logits' bytes autograd keeps from the forward to the backward: the float32 ``log_softmax``
+    of the scored positions, ``n S V x 4``; with chunked log-probs only the scored positions' final hidden states
+    (``n S H d``, gathered for the head)."""
+    n_s = s.canvases_per_forward * s.scored_positions
+    if s.logprob_chunk is not None:
+        return n_s * arch.hidden_size * s.dtype_bytes
+    return n_s * arch.vocab_size * 4
+
+
+def rollout_weight_bytes(arch: Architecture, s: MemorySettings) -> int:
+    """Sharded weights gathered whole for the rollout (``rollout_gathers_weights``): ``N x dtype bytes`` (the
+    compute dtype: FSDP2's mixed-precision policy gathers bfloat16), 0 otherwise."""
+    if not s.rollout_gathers_weights or _shard(s, "parameters") == 1:
+        return 0
+    return arch.parameter_count() * s.dtype_bytes
+
+
+def kv_cache_bytes(arch: Architecture, s: MemorySettings) -> int:
+    """The rollout's key/value cache at the end of a sampling call: ``rows x tokens x`` :meth:`Architecture.
+    kv_cache_bytes_per_token` (0 without a cache)."""
+    return s.rollout_rows * s.rollout_tokens * arch.kv_cache_bytes_per_token(s.dtype_bytes)
+
+
+def rollout_logits_bytes(arch: Architecture, s: MemorySettings) -> int:
+    """One sampling step's full-vocabulary tensors (no grad), ``rows x V x`` bytes per position: the head's output
+    over the positions the forward runs (``d``) and its float32 copy (``4``, when ``d != 4``), and over the block
+    being drawn two more float32 tensors (the copy with the mask token removed, the confidence's) and five float64
+    ones, the Gumbel-max draw's uniforms, their logarithms and the noised logits
+    (:func:`dlmrl.models.gumbel.add_gumbel_noise`; counted with ``torch.profiler``'s memory timeline at the
+    sampler's peak, ``benchmarks/memory_plan_check.py``'s rollout case); or, when larger, the prompt's pass that
+    fills the cache (its head output and float32 copy over ``rollout_prefill_positions``)."""
+    v, d = arch.vocab_size, s.dtype_bytes
+    head = d + (4 if d != 4 else 0)
+    per_row = s.rollout_forward_positions * head + s.rollout_scored_positions * (2 * 4 + 5 * 8)
+    return s.rollout_rows * v * max(per_row, s.rollout_prefill_positions * head)
+
+
+# ------------------------------------------------------------------------------------------------ the plan
+
+
+@dataclass
+class MemoryPlan:
+    """A plan's terms in bytes (per process) and its peak.
+
+    Attributes:
+        terms: name -> bytes: ``parameters``, ``master_weights``, ``gradients``, ``optimizer_state``,
+            ``optimizer_step``, ``ddp_buckets``, ``gathered_layer``, ``reference_model``, ``activations`` (as the
+            run is set up), ``activations_no_checkpointing`` / ``activations_checkpointing`` (both, for reading),
+            ``logits_per_forward``, ``attention_mask``, ``rollout_kv_cache``, ``rollout_logits``,
+            ``rollout_gathered_weights``.
+        phases: name -> bytes at that phase's peak: ``forward_backward``, ``optimizer_step``, ``rollout``.
+        peak: the largest phase.
+        peak_phase: its name.
+        trainable_parameters / total_parameters: counts.
+        notes: what the reader should know (assumptions).
+    """
+
+    terms: dict[str, int]
+    phases: dict[str, int]
+    peak: int
+    peak_phase: str
+    total_parameters: int
+    trainable_parameters: int
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_memory(arch: Architecture, s: MemorySettings) -> MemoryPlan:
+    """The memory plan of one process (all terms in bytes).
+
+    Phases, each on top of what lives through the whole run (weights, master copy, optimizer state, a frozen
+    reference copy, DDP's buckets, FSDP's gathered layer):
+
+    - ``forward_backward``: the kept activations (:func:`kept_activation_bytes`) with the larger of the logits'
+      peak (:func:`logits_peak_bytes`) and the top layer's backward (:func:`layer_backward_bytes`, after the head's
+      weight gradient), and the gradients when they are already held (micro-batch chunks). Gradients
+      set to ``None`` after each optimizer step do not exist when a step's forward starts; they grow in the
+      backward as the activations are freed, so the end of the backward is its own phase:
+    - ``optimizer_step``: the gradients and the step's temporary (:func:`optimizer_step_bytes`);
+    - ``rollout``: sampling without grad: the key/value cache and one step's logits
+      (:func:`kv_cache_bytes`, :func:`rollout_logits_bytes`), and sharded weights gathered whole for it
+      (:func:`rollout_weight_bytes`).
+
+    Args:
+        arch: the model (:class:`Architecture`). s: the run (:class:`MemorySettings`).
+    Returns:
+        :class:`MemoryPlan`.
+    """
+    act_off = activation_bytes(arch, s, checkpointing=False)
+    act_on = activation_bytes(arch, s, checkpointing=True)
+    terms = {
+        "parameters": parameter_bytes(arch, s),
+        "master_weights": master_bytes(arch, s),
+        "gradients": gradient_bytes(arch, s),
+        "optimizer_state": optimizer_bytes(arch, s),
+        "optimizer_step": optimizer_step_bytes(arch, s),
+        "ddp_buckets": ddp_bucket_bytes(arch, s),
+        "gathered_layer": gathered_layer_bytes(arch, s),
+        "reference_model": reference_bytes(arch, s),
+        "activations": act_on if s.gradient_checkpointing else act_off,
+        "activations_no_checkpointing": act_off,
+        "activations_checkpointing": act_on,
+        "logits_per_forward": logits_peak_bytes(arch, s),
+        "attention_mask": mask_bytes(arch, s, s.canvases_per_forward),
+        "rollout_kv_cache": kv_cache_bytes(arch, s),
+        "rollout_logits": rollout_logits_bytes(arch, s),
+        "rollout_gathered_weights": rollout_weight_bytes(arch, s),
+    }
+    static = sum(terms[k] for k in ("parameters", "master_weights", "optimizer_state", "ddp_buckets",
+                                    "gathered_layer", "reference_model"))
+    kept = kept_activation_bytes(arch, s) + (kept_logits_bytes(arch, s) if s.logprob_chunk is not None else 0)
+    head_grad = arch.vocab_size * arch.hidden_size * _trainable_bytes(s) if s.full else 0
+    # (the forward with grad at its two largest moments: the logits formed and undone over the kept activations,
+    # and the top layer's backward, rebuilt when checkpointed, after the head's gradient exists)
+    moments = max(kept + terms["logits_per_forward"], kept + layer_backward_bytes(arch, s) + head_grad)
+    phases = {
+        "forward_backward": static + moments + (terms["gradients"] if s.grads_during_forward else 0),
+        "optimizer_step": static + terms["gradients"] + terms["optimizer_step"],
+        "rollout": static + terms["rollout_kv_cache"] + terms["rollout_logits"] + terms["rollout_gathered_weights"],
+    }
+    peak_phase = max(phases, key=phases.get)
+    return MemoryPlan(terms=terms, phases=phases, peak=phases[peak_phase], peak_phase=peak_phase,
+                      total_parameters=arch.parameter_count(), trainable_parameters=trainable_parameters(arch, s))
+
+
+# ------------------------------------------------------------------------------------------------ config glue
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(value) -> int:
+    """``train.memory_budget``: an integer number of bytes, or a string with a unit (``80GB``, ``79.6 GiB``,
+    ``500MB``; decimal kB/MB/GB/TB, binary KiB/MiB/GiB/TiB).
+
+    Raises:
+        TypeError: neither a number nor a string. ValueError: a string that is not a size, or a value not > 0.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TypeError(f"expects bytes (an integer) or a size such as 80GB, got {value!r}")
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*", value)
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"expects bytes (an integer) or a size with a unit (B, kB, MB, GB, TB, KiB, MiB, GiB, "
+                             f"TiB), such as 80GB, got {value!r}")
+        number = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    else:
+        number = float(value)
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError(f"must be > 0, got {value!r}")
+    return int(number)
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes in GB (10^9), three significant figures below 100 GB (``"0.0123 GB"``, ``"7.45 GB"``)."""
+    gb = n / 1e9
+    if gb >= 100:
+        return f"{gb:,.0f} GB"
+    return f"{gb:.3g} GB"
+
+
+def sharding_from_environment(processes: int) -> str:
+    """The sharding ``accelerate launch`` set up, from its environment: DeepSpeed's ZeRO stage
+    (``ACCELERATE_DEEPSPEED_ZERO_STAGE`` 1, 2, 3), FSDP's strategy (``FSDP_SHARDING_STRATEGY``: FULL_SHARD / 1
+    and HYBRID_SHARD shard weights, SHARD_GRAD_OP / 2 gradients and optimizer state, NO_SHARD / 3 none), else
+    DDP for several processes and ``none`` for one."""
+    env = os.environ
+    if processes <= 1:
+        return "none"
+    if env.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+        return {"1": "zero1", "2": "zero2", "3": "fsdp"}.get(str(env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "2")),
+                                                            "zero2")
+    if env.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+        strategy = str(env.get("FSDP_SHARDING_STRATEGY", "FULL_SHARD")).upper()
+        if strategy in ("2", "SHARD_GRAD_OP"):
+            return "zero2"
+        if strategy in ("3", "NO_SHARD"):
+            return "ddp"
+        return "fsdp"
+    return "ddp"
+
+
+def architecture_for(cfg) -> tuple[Architecture | None, str]:
+    """The model's :class:`Architecture` and where it came from: a local (or shipped) folder's ``config.json``
+    (a LoRA adapter folder's base model's), else ``model.architecture`` (the numbers a recipe records for its hub
+    model; its ``name_or_path``, when given, must be the model's). ``(None, why)`` when neither is there.
+
+    Raises:
+        ValueError: ``model.architecture`` (or the config.json) has a key missing or malformed (naming it).
+    """
+    from dlmrl.models.ar import resolve_ar_model_path
+    from dlmrl.models.loading import resolve_model_path
+
+    m = cfg.model
+    name = m.name_or_path
+    path = Path((resolve_ar_model_path if m.kind == "ar" else resolve_model_path)(name))
+    if path.is_dir() and (path / "adapter_config.json").is_file():
+        try:
+            from dlmrl.models.lora import read_adapter
+
+            base = read_adapter(str(path)).base_model_name_or_path
+            path = Path((resolve_ar_model_path if m.kind == "ar" else resolve_model_path)(base))
+            name = base
+        except (ValueError, OSError):
+            pass
+    if (path / "config.json").is_file():
+        import json
+
+        config = json.loads((path / "config.json").read_text())
+        return architecture_from_config(config, f"{path / 'config.json'}"), f"{path / 'config.json'}"
+    recorded = dict(getattr(m, "architecture", None) or {})
+    if recorded:
+        about = recorded.pop("name_or_path", None)
+        if about is not None and about != name:
+            return None, (f"model.architecture describes {about!r}, not {name!r}: its numbers are not used (set "
+                          "model.architecture for this model, or remove its name_or_path)")
+        return architecture_from_config(recorded, "model.architecture"), "model.architecture (recorded in the config)"
+    return None, (f"{name!r} is a hub id whose config.json --dry-run does not download; record its numbers under "
+                  "model.architecture (config.json's keys) to get a memory plan")
+
+
+def _prompt_tokens(cfg) -> tuple[int, str]:
+    """``(prompt tokens, how they were found)``: Sudoku's grid modes prompt with the 16 cells and ``=`` (17
+    tokens); other tasks' prompts are the data's, not read here (:data:`ASSUMED_PROMPT_TOKENS`)."""
+    t = cfg.task
+    if t.name == "sudoku" and t.answer_mode != "text":
+        return 17, "the puzzle's 16 cells and '='"
+    return ASSUMED_PROMPT_TOKENS, "assumed: --dry-run reads no data"
+
+
+def settings_from_config(cfg, nfe: int, processes: int, objective=None, sharding: str | None = None,
+                         foreach_optimizer: bool | None = None) -> tuple[MemorySettings, dict]:
+    """The :class:`MemorySettings` of a validated config and the numbers behind them (for the plan's reader).
+
+    ``nfe``: the estimator's forward passes per completion (:meth:`describe`'s ``nfe``; its bound when data-
+    dependent). ``objective``: the preset's :class:`~dlmrl.objectives.objective.Objective` (a KL toward the
+    initial model without LoRA keeps a frozen copy of the weights; ``None``: no reference copy). Per process, one
+    optimizer step scores ``prompts_per_step x num_generations /
+    steps_per_generation / processes`` completions, ``x nfe`` canvases, ``estimator.micro_batch`` of them per
+    forward (0: all); a canvas runs ``P + L`` positions (a block model's composite pass ``P + 2L``; AR ``P + L + 1``).
+    A sampling call holds ``sampling.rollout_batch_size`` rows (0: the process's whole share). Read when present:
+    ``model.fp32_master_weights`` (master copy for full bfloat16 training), ``train.sharding`` (``fsdp2``: weights,
+    gradients and optimizer state sharded over the processes; otherwise accelerate's DeepSpeed/FSDP environment,
+    :func:`sharding_from_environment`), ``estimator.logits_chunk``. ``sharding`` / ``foreach_optimizer`` override
+    what is read (default: AdamW's multi-tensor step when a CUDA device is present).
+    """
+    m, tr, s, e = cfg.model, cfg.train, cfg.sampling, cfg.estimator
+    prompt, prompt_note = _prompt_tokens(cfg)
+    length = s.gen_length
+    per_process = -(-tr.prompts_per_step * tr.num_generations // max(processes, 1))
+    per_update = -(-per_process // tr.steps_per_generation)
+    kind = m.kind
+    head = None
+    if kind == "ar":  # (the AR scorer keeps the logits of the L + 1 last positions and converts the L it scores)
+        canvases = per_update
+        positions, head, scored = prompt + length + 1, length + 1, length
+        float_all = False
+    else:  # (the diffusion and block forwards convert the model's whole output to float32)
+        canvases = per_update * nfe
+        positions = prompt + (2 * length if kind == "block" else length)
+        scored = length
+        float_all = True
+    per_forward = min(e.micro_batch, canvases) if e.micro_batch else canvases
+    reference = (objective is not None and objective.beta > 0 and "logp_ref" in objective.required_inputs
+                 and not m.use_peft)
+    cached = kind in ("ar", "block") or (kind == "diffusion" and s.cache != "none")
+    block = m.block_size if kind == "block" else (1 if kind == "ar" else s.block_length)
+    fwd = {"ar": 1, "block": block}.get(kind, prompt + length if s.cache == "none" else block)
+    batch = getattr(s, "rollout_batch_size", 0) or 0  # (sampling.rollout_batch_size: rows per sampling call)
+    rows = min(batch, per_process) if batch else per_process
+    if foreach_optimizer is None:
+        foreach_optimizer = _accelerator_device()
+    # fp32 master weights (model.fp32_master_weights, default on): full fine-tuning of bfloat16 weights
+    master = bool(getattr(m, "fp32_master_weights", True)) and not m.use_peft and m.dtype == "bfloat16"
+    if sharding is None:
+        sharding = "fsdp" if getattr(tr, "sharding", "none") == "fsdp2" and processes > 1 else (
+            sharding_from_environment(processes))
+    chunk = getattr(e, "logits_chunk", 0) or None
+    settings = MemorySettings(
+        weight_dtype=m.dtype, lora_r=m.lora_r if m.use_peft else None, lora_targets=m.lora_target_modules,
+        lora_dropout=m.lora_dropout if m.use_peft else 0.0, master_weights=master, processes=max(processes, 1),
+        sharding=sharding, canvases_per_forward=per_forward, positions=positions, head_positions=head,
+        scored_positions=scored, float_copy_all=float_all, grads_during_forward=per_forward < canvases,
+        gradient_checkpointing=m.gradient_checkpointing, logprob_chunk=chunk, dense_mask=kind == "block",
+        foreach_optimizer=foreach_optimizer, reference_model=reference, rollout_rows=rows,
+        rollout_tokens=(prompt + length) if cached else 0, rollout_forward_positions=fwd,
+        rollout_scored_positions=block, rollout_prefill_positions=prompt if kind == "block" else 0,
+        rollout_gathers_weights=getattr(tr, "sharding", "none") == "fsdp2")
+    numbers = {"prompt_tokens": f"{prompt} ({prompt_note})", "completions_per_update": per_update,
+               "canvases_per_update": canvases, "canvases_per_forward": per_forward,
+               "positions_per_canvas": positions, "tokens_per_forward": per_forward * positions,
+               "log_probs": f"in chunks of {chunk} scored positions (estimator.logits_chunk)" if chunk else
+                            "full logits (estimator.logits_chunk 0)",
+               "rollout_rows_per_call": rows}
+    return settings, numbers
+
+
+def _accelerator_device() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001 (a broken torch install: plan as on CPU)
+        return False
+
+
+def memory_section(cfg, nfe: int, processes: int, objective=None) -> dict:
+    """The ``memory`` section of ``dlmrl train --dry-run``: per process, each term and the peak in GB, the numbers
+    they come from, and ``train.memory_budget``'s verdict. A model whose architecture is unknown (a hub id without
+    ``model.architecture``) gets the reason instead of numbers."""
+    try:
+        arch, source = architecture_for(cfg)
+    except ValueError as err:
+        return {"unavailable": f"model.architecture: {err}"}
+    if arch is None:
+        return {"unavailable": source}
+    settings, numbers = settings_from_config(cfg, nfe, processes, objective)
+    plan = plan_memory(arch, settings)
+    t = plan.terms
+    gb = {k: format_bytes(v) for k, v in t.items()}
+    out: dict = {
+        "per_process": True,
+        "architecture": f"{source}: {arch.num_layers} layers, hidden {arch.hidden_size}, {arch.num_heads} heads "
+                        f"({arch.num_kv_heads} key/value, head dim {arch.head_dim}), MLP {arch.intermediate_size}, "
+                        f"vocabulary {arch.vocab_size}"
+                        + (f", {arch.num_experts} experts ({arch.experts_per_token} per token, width "
+                           f"{arch.moe_intermediate_size})" if arch.num_experts else ""),
+        "parameters": f"{plan.total_parameters:,} ({plan.trainable_parameters:,} trained)",
+        "setup": f"{settings.weight_dtype} weights, {'LoRA r ' + str(settings.lora_r) if settings.lora_r else 'full'}"
+                 f", {settings.processes} process(es), sharding {settings.sharding}"
+                 + (", fp32 master weights" if settings.has_master else ""),
+        **{k: v for k, v in numbers.items()},
+        "terms": {
+            "parameters": gb["parameters"],
+            "master_weights": gb["master_weights"],
+            "gradients": gb["gradients"],
+            "optimizer_state": gb["optimizer_state"],
+            "activations": f"{gb['activations']} (checkpointing "
+                           f"{'on' if settings.gradient_checkpointing else 'off'}; on {gb['activations_checkpointing']},"
+                           f" off {gb['activations_no_checkpointing']})",
+            "logits_per_forward": gb["logits_per_forward"],
+            "rollout_kv_cache": gb["rollout_kv_cache"],
+            "rollout_logits": gb["rollout_logits"],
+        },
+    }
+    for extra in ("attention_mask", "reference_model", "ddp_buckets", "gathered_layer", "rollout_gathered_weights"):
+        if t[extra]:
+            out["terms"][extra] = gb[extra]
+    out["phases"] = {k: format_bytes(v) for k, v in plan.phases.items()}
+    out["peak"] = f"{format_bytes(plan.peak)} ({plan.peak_phase})"
+    budget = getattr(cfg.train, "memory_budget", None)
+    if budget is not None:
+        limit = parse_bytes(budget)  # (checked by the config check)
+        out["memory_budget"] = (f"{format_bytes(limit)}: "
+                                + ("fits" if plan.peak <= limit else
+                                   f"EXCEEDED by {format_bytes(plan.peak - limit)}"))
+    out["how_to_read"] = ("bytes one process holds (GB = 1e9); peak = the largest phase, each phase on top of the "
+                          "weights, master copy and optimizer state; benchmarks/memory_plan_check.py compares the "
+                          "plan with measured peaks (README, Memory plan)")
+    return out
+
+
+def launched_process_count() -> int:
+    """The processes of a launched job as the config check sees them before accelerate starts: ``WORLD_SIZE``
+    (``torchrun``, ``accelerate launch`` on GPUs), else 1. (An ``accelerate launch --cpu --num_processes N``
+    starts one process that ``dlmrl train`` relaunches as N; its check counts 1, its --dry-run N.)"""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def check_memory_config(cfg, nfe: int, processes: int | None = None, objective=None,
+                        for_training: bool = True) -> MemoryPlan | None:
+    """The config check of ``model.architecture`` and ``train.memory_budget``: the recorded architecture must read
+    (:func:`architecture_from_config`), the budget must be bytes or a size (:func:`parse_bytes`), and with both a
+    budget and a known architecture a training config whose plan's peak per process exceeds the budget is warned
+    about, naming the key and the largest terms. ``processes``: default :func:`launched_process_count`.
+
+    Returns:
+        the plan when it was checked against a budget, else ``None``.
+    Raises:
+        ConfigError: naming ``model.architecture`` or ``train.memory_budget``.
+    """
+    import warnings
+
+    from dlmrl.errors import ConfigError
+
+    recorded = dict(getattr(cfg.model, "architecture", None) or {})
+    recorded.pop("name_or_path", None)
+    if recorded:
+        try:
+            architecture_from_config(recorded, "model.architecture")
+        except ValueError as err:
+            raise ConfigError(f"config key 'model.architecture': {err}") from None
+    budget = getattr(cfg.train, "memory_budget", None)
+    if budget is None:
+        return None
+    try:
+        limit = parse_bytes(budget)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"config key 'train.memory_budget': {err}") from None
+    if not for_training:
+        return None
+    try:
+        arch, why = architecture_for(cfg)
+    except (ValueError, OSError) as err:
+        raise ConfigError(f"config key 'train.memory_budget': the model's architecture cannot be read: {err}") from None
+    if arch is None:
+        warnings.warn(f"config key 'train.memory_budget' cannot be checked: {why}", UserWarning, stacklevel=3)
+        return None
+    processes = launched_process_count() if processes is None else processes
+    settings, numbers = settings_from_config(cfg, nfe, processes, objective)
+    plan = plan_memory(arch, settings)
+    if plan.peak > limit:
+        top = sorted(((v, k) for k, v in plan.terms.items()
+                      if k not in ("activations_no_checkpointing", "activations_checkpointing")), reverse=True)[:3]
+        warnings.warn(f"config key 'train.memory_budget': the memory plan's peak per process is "
+                      f"{format_bytes(plan.peak)} ({plan.peak_phase}), over the budget of {format_bytes(limit)}; "
+                      f"largest terms: {', '.join(f'{k} {format_bytes(v)}' for v, k in top)} "
+                      f"({numbers['canvases_per_forward']} canvases x {numbers['positions_per_canvas']} positions "
+                      "per forward with grad; see dlmrl train --dry-run's memory section)", UserWarning, stacklevel=3)
+    return plan
+
+
+__all__ = [
+    "ASSUMED_PROMPT_TOKENS",
+    "DTYPE_BYTES",
+    "SHARDING",
+    "Architecture",
+    "MemoryPlan",
+    "MemorySettings",
+    "activation_bytes",
+    "architecture_for",
+    "architecture_from_config",
+    "check_memory_config",
+    "chunked_logits_bytes",
+    "format_bytes",
+    "kept_activation_bytes",
+    "kept_logits_bytes",
+    "kv_cache_bytes",
+    "launched_process_count",
+    "layer_activation_bytes_per_token",
+    "logits_peak_bytes",
+    "memory_section",
+    "parse_bytes",
+    "plan_memory",
+    "rollout_logits_bytes",
+    "rollout_weight_bytes",
+    "settings_from_config",
+    "sharding_from_environment",
+]
