@@ -500,8 +500,8 @@ def layer_activation_bytes_per_token(arch: Architecture, s: MemorySettings, moe:
       with dropout, the dropped-out copy ``4 fan_in`` and its mask ``fan_in``) and ``A x``'s ``4r``.
 
     An MoE layer (LLaDA2; not measured here): the router's float32 logits and scores ``8E``, each of the
-    ``k`` routed copies of a token with its expert MLP ``k (H + 4 I_e) d``, the shared experts' MLP
-    ``4 S I_e d``. Masks are per row, not per token (:func:`mask_bytes`).
+    ``k`` routed copies of a token with its expert MLP ``k (H + 4 I_e) d`` (``3 I_e`` with frozen experts), the
+    shared experts' MLP ``4 S I_e d`` (likewise). Masks are per row, not per token (:func:`mask_bytes`).
     """
     h, nh, kv, hd, d = arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim, s.dtype_bytes
     full = s.full
@@ -539,7 +539,7 @@ def layer_activation_bytes_per_token(arch: Architecture, s: MemorySettings, moe:
     return total
 
 
-def model_activation_bytes_per_token(arch: Architecture, s: MemorySettings) -> float:
+def model_activation_bytes_per_token(arch: Architecture, s: MemorySettings) -> int:
     """Bytes per token kept outside the decoder layers: the token ids (8), rotary ``cos``/``sin`` shared by the
     layers (``2 d hd``), the final RMSNorm (``4H`` + ``dH`` when trained) and, when the output head is trained,
     its input (``dH``)."""
