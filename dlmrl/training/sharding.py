@@ -22,7 +22,8 @@ the whole rollout and scores its share of the groups with a loss weight):
   parameters gathered once (:func:`gathered`): the processes sample different numbers of denoising passes
   (thresholds, early stops, AR rows that end), which per-layer all-gathers would deadlock on. The cost is the
   whole model in memory during the rollout; ``benchmarks/fsdp2_rollout_gather.py`` measures it against per-layer
-  gathering.
+  gathering (2 gloo processes, a 29M-parameter Llama, 16 passes with equal counts: 112 MB gathered at once against
+  21 MB, and 8.8 s against 14.7 s: one all-gather instead of one per layer per pass).
 - **Mixed precision**: with float32 master weights (:mod:`dlmrl.training.precision`) the policy is sharded in
   float32 with ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``.
 - **Checkpoints**: model and optimizer through ``torch.distributed.checkpoint`` (:func:`register_checkpointing`:
@@ -50,7 +51,7 @@ SHARDED_MODES = ("fsdp2",)
 
 
 def fsdp_modules(model: nn.Module | None) -> list[nn.Module]:
-    """The modules of ``model`` that ``fully_shard`` was applied to (children before the root is not promised)."""
+    """The modules of ``model`` that ``fully_shard`` was applied to, in ``model.modules()`` order (the root first)."""
     if model is None:
         return []
     from torch.distributed.fsdp import FSDPModule
