@@ -13,6 +13,7 @@ import torch
 from dlmrl.estimators.configurable import ConfigurableEstimator
 from dlmrl.estimators.mask_plan import MaskPlan, UpperBound
 from dlmrl.models.canvas_scores import canvas_token_logprobs
+from dlmrl.models.forward_agreement import forward_agreement
 from dlmrl.models.sampler import sampler_log_softmax  # (one function with the sampler's; re-exported)  # noqa: F401
 
 Policy = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -31,6 +32,12 @@ class Lockstep(Protocol):
     def count(self, local: int) -> int: ...
 
     def sync(self, last: bool) -> AbstractContextManager: ...
+
+
+def _agreement(lockstep: Lockstep | None) -> AbstractContextManager:
+    """With a lockstep, a family that calls the model a data-dependent number of times per pass agrees the count
+    with the other processes (:mod:`dlmrl.models.forward_agreement`); without one, any outer agreement stands."""
+    return forward_agreement(lockstep.count) if lockstep is not None else contextlib.nullcontext()
 
 
 def lockstep_sync(lockstep: Lockstep | None, last: bool) -> AbstractContextManager:
@@ -285,8 +292,9 @@ def score(
     _check_decoded(completion, completion_mask, policy.mask_token_id)
     plan = plan.to(completion.device)
     passes = _passes(plan, micro_batch, lockstep)
-    linear, upper_sum, ent_sum = _accumulate(policy, prompt_ids, prompt_mask, completion, plan, passes, entropy,
-                                             logits_chunk)
+    with _agreement(lockstep):  # (a family's model calls per pass, e.g. LLaDA's, agreed too)
+        linear, upper_sum, ent_sum = _accumulate(policy, prompt_ids, prompt_mask, completion, plan, passes, entropy,
+                                                 logits_chunk)
     if linear is None:  # no canvas to run (S = 0, an empty batch, nothing scored)
         per_token = torch.zeros(completion.shape, dtype=torch.float32, device=completion.device)
     else:
@@ -416,6 +424,14 @@ def score_and_backward(
     _check_decoded(completion, completion_mask, policy.mask_token_id)
     plan = plan.to(completion.device)
     passes = _passes(plan, micro_batch, lockstep)
+    with _agreement(lockstep):  # (a family's model calls per pass, e.g. LLaDA's, agreed too)
+        return _score_and_backward(policy, prompt_ids, prompt_mask, completion, completion_mask, plan, loss_fn,
+                                   micro_batch, backward, logits_chunk, lockstep, passes)
+
+
+def _score_and_backward(policy, prompt_ids, prompt_mask, completion, completion_mask, plan, loss_fn, micro_batch,
+                        backward, logits_chunk, lockstep, passes):
+    """:func:`score_and_backward` once its passes are agreed."""
     if len(passes) <= 1:  # (everything in one call, on every process: one pass with grad)
         flat = [f for f, real in passes if real]
         est = score(policy, prompt_ids, prompt_mask, completion, completion_mask, plan, None if flat else micro_batch,

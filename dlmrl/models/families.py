@@ -36,6 +36,7 @@ from torch import nn
 from dlmrl.models.block_attention import BlockForwardFn, bool_mask_block_forward, hf_block_forward
 from dlmrl.models.block_cache import CachedLogitsFn, hf_cached_logits
 from dlmrl.models.compat import load_checkpoint_model
+from dlmrl.models.forward_agreement import agreed_forwards
 from dlmrl.models.llada2 import (
     LLADA2_BLOCK_SIZE,
     LLADA2_MASK_TOKEN_ID,
@@ -237,18 +238,29 @@ def llada_logits(model, input_ids, attention_mask, position_ids):
     without its padding: RoPE scores depend on relative positions only, so a row's logits are those of the row
     alone, whatever its batch (measured by ``benchmarks/remote_code_check.py``). Padding positions get logits 0.
     Unpadded batches take one forward.
+
+    Processes that shard the model (FSDP2, ZeRO-3) must all call it equally often: the count is agreed
+    (:func:`~dlmrl.models.forward_agreement.agreed_forwards`) and a process needing fewer calls makes the others as
+    one-token calls whose output enters the result times 0 (so their backward runs too).
     """
-    if bool(attention_mask.all()):
-        return model(input_ids=input_ids).logits
     pads = left_padding(attention_mask)  # (B,)
-    out = None
-    for pad in pads.unique().tolist():
-        rows = (pads == pad).nonzero()[:, 0]
-        with narrowed_request(rows, pad):  # (a tapped head scores these rows and positions: token_scores)
-            logits = model(input_ids=input_ids[rows, pad:]).logits  # (b, T - pad, V)
-        if out is None:
-            out = logits.new_zeros(*input_ids.shape, logits.shape[-1])  # (B, T, V)
-        out[rows, pad:] = logits
+    lengths = pads.unique().tolist()
+    extra = agreed_forwards(len(lengths)) - len(lengths)
+    if len(lengths) == 1 and lengths[0] == 0:
+        out = model(input_ids=input_ids).logits
+    else:
+        out = None
+        for pad in lengths:
+            rows = (pads == pad).nonzero()[:, 0]
+            with narrowed_request(rows, pad):  # (a tapped head scores these rows and positions: token_scores)
+                logits = model(input_ids=input_ids[rows, pad:]).logits  # (b, T - pad, V)
+            if out is None:
+                out = logits.new_zeros(*input_ids.shape, logits.shape[-1])  # (B, T, V)
+            out[rows, pad:] = logits
+    last = input_ids.shape[1] - 1
+    for _ in range(extra):  # (calls the other processes make: the same collectives, nothing added)
+        with narrowed_request(torch.zeros(1, dtype=torch.long, device=input_ids.device), last):
+            out = out + 0 * model(input_ids=input_ids[:1, last:]).logits.sum()
     return out
 
 

@@ -322,3 +322,31 @@ def test_ar_token_logprobs_from_the_head_equal_the_full_logits(keeps_logits):
     for a, b in zip(grads, want_grads, strict=True):
         assert torch.allclose(a, b, rtol=0, atol=forward_tol(grad_scale * scale, SHIPPED_TERMS))
     assert policy.token_logprobs(*args, logits_chunk=4, entropy=False)[1] is None
+
+
+@pytest.mark.parametrize("logits_chunk", [None, 2])
+def test_llada_makes_the_agreed_number_of_model_calls_and_its_scores_do_not_change(remote_checkpoints, logits_chunk):
+    """Under FSDP2 / ZeRO-3 every model call is a collective, and LLaDA calls its model once per left-padding length:
+    with an agreement asking for 2 more calls than this process needs, it makes them (one-token calls times 0), and
+    its scores and gradients are the same as without, exactly (0 times a finite number is 0)."""
+    from dlmrl.models.forward_agreement import forward_agreement
+
+    policy = remote_checkpoints["llada"]
+    prompt_ids, prompt_mask, canvas, target, masked = _canvas(policy, 3, 4, 0)  # (prompts of 3, 5, 1 tokens)
+    calls = []
+    hook = policy.model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        results = []
+        for agreement in (None, lambda n: n + 2):
+            policy.model.zero_grad()
+            calls.clear()
+            with forward_agreement(agreement):
+                logp, _ = canvas_token_logprobs(policy, prompt_ids, prompt_mask, canvas, target, masked,
+                                                logits_chunk=logits_chunk)
+            logp.sum().backward()
+            results.append((len(calls), logp.detach(), policy.model.model.transformer.ff_out.weight.grad.clone()))
+    finally:
+        hook.remove()
+    (n0, logp0, grad0), (n1, logp1, grad1) = results
+    assert (n0, n1) == (3, 5)  # (three padding lengths: one call each, then two one-token calls)
+    assert torch.equal(logp0, logp1) and torch.equal(grad0, grad1)
