@@ -22,6 +22,7 @@ import torch.distributed as dist
 import dlmrl.training.trainer as trainer_module
 from dlmrl.config import default_job_config
 from dlmrl.data.tasks import SudokuTask
+from dlmrl.training import run_setup
 from dlmrl.training.sharding import local_bytes
 
 
@@ -38,6 +39,16 @@ def main(jobs_file: str) -> None:
         return run
 
     trainer_module.set_up_run = capture
+    # (a fresh launch's processes meet in init_process_group after checking the run folder, before the main process
+    # writes config.yaml into it; sharing one process group, the jobs meet here instead)
+    check_run_folder = run_setup.check_run_folder
+
+    def checked(*args, **kwargs):
+        found = check_run_folder(*args, **kwargs)
+        dist.barrier()
+        return found
+
+    run_setup.check_run_folder = checked
     original = SudokuTask.train_batch
     for job in json.loads(Path(jobs_file).read_text()):
         cfg = default_job_config(job["overrides"])

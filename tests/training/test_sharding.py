@@ -132,32 +132,45 @@ def assert_half_each(out: Path, processes: int = 2) -> None:
         assert p["optimizer"] <= 2 * (trained / processes + trained_row)
 
 
-def test_two_processes_shard_every_kind_as_one_process_and_resume(tmp_path, monkeypatch):
-    """One launch of 2 processes: the diffusion (GDPO, μ = 2), block (TraceRL, trajectory estimator, composite
-    passes) and AR kinds (GRPO with its KL reference, a second sharded model whose passes run gathered), each with
-    micro-batched scoring, and a LoRA run reach the 1-process unsharded parameters after 1 and 2 steps, each process holding half the bytes; a crash
-    after the first checkpoint resumes bit for bit; a 1-process sharded checkpoint resumes on 2 processes
-    (torch.distributed.checkpoint reshards on load)."""
-    runs = {**KINDS, "lora": [*KINDS["diffusion"], "model.use_peft=true", "model.lora_dropout=0"]}
+def test_two_processes_shard_as_one_process_and_resume(tmp_path, monkeypatch):
+    """One launch of 2 processes, the diffusion kind (GDPO, μ = 2, micro-batched scoring): the 1-process unsharded
+    parameters after 1 and 2 steps, each process holding half the bytes; a crash after the first checkpoint resumes
+    bit for bit; a 1-process sharded checkpoint resumes on 2 processes (torch.distributed.checkpoint reshards on
+    load)."""
+    diffusion = [*COMMON, *KINDS["diffusion"]]
+    one_process(diffusion, tmp_path / "plain")
+    # a 1-process sharded run stopped after its first checkpoint, resumed below on 2 processes
+    crash_then_resume(monkeypatch, lambda resume: None if resume else one_process(
+        [*diffusion, *SHARDED], tmp_path / "one_to_two"), 1)
+    launch_jobs([
+        {"overrides": [*diffusion, *SHARDED, f"output_dir={tmp_path / 'two'}"]},
+        {"overrides": [*diffusion, *SHARDED, f"output_dir={tmp_path / 'crashed'}"], "crash_step": 1},
+        {"overrides": [*diffusion, *SHARDED, f"output_dir={tmp_path / 'one_to_two'}"], "resume": True},
+    ], tmp_path)
+    assert_same_training(tmp_path / "two", tmp_path / "plain")
+    assert_half_each(tmp_path / "two")
+    a, b = final(tmp_path / "two"), final(tmp_path / "crashed")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # (bit for bit)
+    assert [r["loss"] for r in rows(tmp_path / "crashed")] == [r["loss"] for r in rows(tmp_path / "two")]
+    assert max_diff(final(tmp_path / "one_to_two"), final(tmp_path / "plain")) < TOLERANCE
+
+
+@pytest.mark.slow
+def test_two_processes_shard_the_block_ar_and_lora_runs_as_one_process(tmp_path):
+    """One launch of 2 processes: the block kind (TraceRL, trajectory estimator, composite passes), the AR kind
+    (GRPO with its KL reference, a second sharded model whose passes run gathered), each with micro-batched
+    scoring, and a LoRA run (the adapter inside the peft wrapper sharded with its layers) reach the 1-process
+    unsharded parameters after 1 and 2 steps, each process holding half the bytes."""
+    runs = {"block": KINDS["block"], "ar": KINDS["ar"],
+            "lora": [*KINDS["diffusion"], "model.use_peft=true", "model.lora_dropout=0"]}
     for name, extra in runs.items():
         one_process([*COMMON, *extra], tmp_path / f"plain_{name}")
-    diffusion = [*COMMON, *KINDS["diffusion"], *SHARDED]
-    # a 1-process sharded run stopped after its first checkpoint, resumed below on 2 processes
-    crash_then_resume(monkeypatch, lambda resume: None if resume else one_process(diffusion, tmp_path / "one_to_two"),
-                      1)
-    launch_jobs([
-        *({"overrides": [*COMMON, *extra, *SHARDED, f"output_dir={tmp_path / name}"]} for name, extra in runs.items()),
-        {"overrides": [*diffusion, f"output_dir={tmp_path / 'crashed'}"], "crash_step": 1},
-        {"overrides": [*diffusion, f"output_dir={tmp_path / 'one_to_two'}"], "resume": True},
-    ], tmp_path)
+    launch_jobs([{"overrides": [*COMMON, *extra, *SHARDED, f"output_dir={tmp_path / name}"]}
+                 for name, extra in runs.items()], tmp_path)
     for name in runs:
         assert_same_training(tmp_path / name, tmp_path / f"plain_{name}")
         assert_half_each(tmp_path / name)
     assert rows(tmp_path / "ar")[-1]["kl"] > 0
-    a, b = final(tmp_path / "diffusion"), final(tmp_path / "crashed")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # (bit for bit)
-    assert [r["loss"] for r in rows(tmp_path / "crashed")] == [r["loss"] for r in rows(tmp_path / "diffusion")]
-    assert max_diff(final(tmp_path / "one_to_two"), final(tmp_path / "plain_diffusion")) < TOLERANCE
 
 
 # -- one process (no launch) --------------------------------------------------------------------------------
