@@ -62,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
                             help="validate the config, build everything that needs no weights (preset, estimator "
                                  "and NFE, task and data sources, sampler, batch sizes, tracker, accelerate state) "
                                  "and print the plan; loads no model, downloads nothing")
+            sp.add_argument("--num-processes", type=int, default=None, metavar="N",
+                            help="with --dry-run: plan for N processes (e.g. the 8 GPUs of the launch you will run "
+                                 "elsewhere): batch split, per-process sizes and memory")
         if name == "eval":
             sp.add_argument("--model", help="checkpoint to evaluate (same as model.name_or_path=...)")
             sp.add_argument("--gen-lengths", type=_int_list, default=None, metavar="L1,L2,...",
@@ -241,13 +244,17 @@ def _check_resume_config(args, saved: Path) -> None:
     check_same_config(given, saved)
 
 
-def _dry_run(cfg: Config, spec, config_file: str | None, resume: bool = False) -> int:
+def _dry_run(cfg: Config, spec, config_file: str | None, resume: bool = False, processes: int | None = None) -> int:
     """``dlmrl train --dry-run``: print the plan of a validated config and its :class:`~dlmrl.config.RunSpec`
-    (:mod:`dlmrl.training.plan`); with ``--resume``, of the run it would continue (its saved ``config.yaml``)."""
+    (:mod:`dlmrl.training.plan`); with ``--resume``, of the run it would continue (its saved ``config.yaml``); with
+    ``processes`` (``--num-processes``), for that many processes."""
     from dlmrl.training.plan import build_plan, format_plan
 
+    if processes is not None and processes < 1:
+        print(f"dlmrl train --dry-run: --num-processes must be >= 1, got {processes}", file=sys.stderr)
+        return 2
     try:
-        plan = build_plan(cfg, resume=resume, spec=spec)
+        plan = build_plan(cfg, resume=resume, spec=spec, processes=processes)
     except (ConfigError, ValueError, OSError) as e:
         print(f"dlmrl train --dry-run: {e}", file=sys.stderr)
         return 2
@@ -421,14 +428,22 @@ def main(argv: list[str] | None = None) -> int:
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     args.overrides = list(args.overrides) + extra
+    from dlmrl.training.memory_plan import planned_processes
+
     try:
-        cfg, spec = _build(args, PretrainConfig if args.command == "pretrain" else Config)
+        planned = getattr(args, "num_processes", None) if getattr(args, "dry_run", False) else None
+        with planned_processes(planned):  # (--dry-run --num-processes N: the config check plans for N too)
+            cfg, spec = _build(args, PretrainConfig if args.command == "pretrain" else Config)
     except ConfigError as e:
         e = locate_error(e, getattr(args, "config_source", args.config), args.overrides)
         _report_failure(f"dlmrl {args.command}: config error: {e}")
         return 2
     if args.command == "train" and args.dry_run:
-        return _dry_run(cfg, spec, args.config_source, resume=args.resume)
+        return _dry_run(cfg, spec, args.config_source, resume=args.resume, processes=args.num_processes)
+    if args.command == "train" and args.num_processes is not None:
+        print("dlmrl train: --num-processes plans a launch and goes with --dry-run; to train on N processes, start "
+              "them with accelerate launch --num_processes N (README, Multi-process and multi-GPU)", file=sys.stderr)
+        return 2
     if args.command == "train":
         from dlmrl.training.distributed import (
             RELAUNCHED,

@@ -210,3 +210,39 @@ def test_resume_with_another_config_file_is_refused(tmp_path, capsys, offline):
     assert "train.algorithm: 'gdpo' -> 'tracerl'" in capsys.readouterr().err
     assert cli.main([*args, "--config", str(out / "config.yaml")]) == 0
     capsys.readouterr()
+
+
+REAL_MODEL_RECIPES = [*LLADA, CONFIGS / "sdar_tracerl_math.yaml", CONFIGS / "llada2_tracerl_math.yaml"]
+#: the hardware each real-model recipe is planned for: 8 GPUs of 80 GB training every parameter with FSDP2, and one
+#: 80 GB GPU with LoRA (README, "Recipes on 8 x 80 GB and on one GPU")
+HARDWARE = {"8 GPUs, full parameters, FSDP2": ("8", ["model.use_peft=false", "train.sharding=fsdp2"]),
+            "1 GPU, LoRA": ("1", ["model.use_peft=true", "train.sharding=none"])}
+
+
+@pytest.mark.parametrize("hardware", list(HARDWARE))
+@pytest.mark.parametrize("path", REAL_MODEL_RECIPES, ids=lambda p: p.stem)
+def test_every_real_model_recipe_fits_its_hardware_by_its_own_plan(path, hardware, tmp_path, capsys, offline):
+    """The per-GPU memory plan of ``--dry-run --num-processes N`` fits the recipe's 80 GB ``train.memory_budget``
+    (before, the SDAR recipe planned 181 GB per GPU on 8, 1,175 GB on one, and the others no bytes at all)."""
+    processes, overrides = HARDWARE[hardware]
+    plan = dry_run(path, tmp_path, capsys, "--num-processes", processes, *overrides)
+    memory = plan["memory"]
+    assert plan["accelerate"]["planned_processes"] == int(processes)
+    assert memory["memory_budget"].endswith("fits"), memory
+    peak_gb = float(memory["peak"].split(" GB")[0].replace(",", ""))
+    assert peak_gb <= 80 * 0.9  # (a 10% margin: the plan's error against measured peaks, README "Memory plan")
+
+
+def test_num_processes_goes_with_dry_run(capsys):
+    assert cli.main(["train", "--num-processes", "8"]) == 2
+    assert "goes with --dry-run" in capsys.readouterr().err
+
+
+def test_the_config_check_plans_the_same_launch_as_dry_run(tmp_path, capsys, offline, recwarn):
+    """With --num-processes the config check's budget warning plans that launch too (it warned about 301 GB on one
+    process for the LLaDA2 recipe whose 8-process plan fits)."""
+    dry_run(CONFIGS / "llada2_tracerl_math.yaml", tmp_path, capsys, "--num-processes", "8", "model.use_peft=false",
+            "train.sharding=fsdp2")
+    assert not [w for w in recwarn if "train.memory_budget" in str(w.message)]
+    dry_run(CONFIGS / "llada2_tracerl_math.yaml", tmp_path, capsys, "--num-processes", "1", "model.use_peft=false")
+    assert [w for w in recwarn if "train.memory_budget" in str(w.message)]

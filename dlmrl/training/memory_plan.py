@@ -43,10 +43,12 @@ Units: bytes throughout; :func:`format_bytes` prints GB (10^9 bytes).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -1022,10 +1024,28 @@ def memory_section(cfg, nfe: int, processes: int, objective=None) -> dict:
     return out
 
 
+#: the process count ``dlmrl train --dry-run --num-processes N`` plans for (:func:`planned_processes`), else None
+_PLANNED: ContextVar[int | None] = ContextVar("dlmrl_planned_processes", default=None)
+
+
+@contextlib.contextmanager
+def planned_processes(n: int | None) -> Iterator[None]:
+    """Inside: :func:`launched_process_count` is ``n`` (``None``: the launch's own count), so the config check's
+    budget warning plans the same launch as ``--dry-run --num-processes n``."""
+    token = _PLANNED.set(n)
+    try:
+        yield
+    finally:
+        _PLANNED.reset(token)
+
+
 def launched_process_count() -> int:
-    """The processes of a launched job as the config check sees them before accelerate starts: ``WORLD_SIZE``
-    (``torchrun``, ``accelerate launch`` on GPUs), else 1. (An ``accelerate launch --cpu --num_processes N``
-    starts one process that ``dlmrl train`` relaunches as N; its check counts 1, its --dry-run N.)"""
+    """The processes of a launched job as the config check sees them before accelerate starts: the count
+    ``--dry-run --num-processes`` plans for (:func:`planned_processes`), else ``WORLD_SIZE`` (``torchrun``,
+    ``accelerate launch`` on GPUs), else 1. (An ``accelerate launch --cpu --num_processes N`` starts one process
+    that ``dlmrl train`` relaunches as N; its check counts 1, its --dry-run N.)"""
+    if _PLANNED.get() is not None:
+        return _PLANNED.get()
     try:
         return max(1, int(os.environ.get("WORLD_SIZE", "1")))
     except ValueError:

@@ -458,7 +458,7 @@ def run_processes(accel: dict) -> int:
     return requested_cpu_processes() or max(launched_processes(), int(accel.get("num_processes", 1)))
 
 
-def build_plan(cfg: Config, resume: bool = False, spec: RunSpec | None = None) -> dict:
+def build_plan(cfg: Config, resume: bool = False, spec: RunSpec | None = None, processes: int | None = None) -> dict:
     """The run's plan: sections ``model``, ``algorithm``, ``estimator``, ``task``, ``sampler``, ``sizes``,
     ``memory`` (per process, in GB), ``tracker``, ``accelerate``, ``output`` (plain values, YAML-printable). ``cfg``
     must be validated (:func:`dlmrl.config.validate`); nothing is loaded but local ``config.json`` files and local
@@ -466,6 +466,8 @@ def build_plan(cfg: Config, resume: bool = False, spec: RunSpec | None = None) -
     ``resume``: the output state says which checkpoint ``--resume`` would continue from (and the run's refusals
     apply: no checkpoint, settings that differ from the run's own). ``spec``: the config resolved
     (:func:`~dlmrl.config.validate` returns it; default: resolved here), whose preset and estimator the plan shows.
+    ``processes``: plan for that many processes instead of this launch's (``dlmrl train --dry-run --num-processes
+    N``: the sizes and memory of the launch you will run elsewhere, e.g. 8 GPUs, planned on a laptop).
 
     Raises:
         ConfigError: what the run would refuse before loading a model, for the processes it would start (a batch
@@ -480,10 +482,13 @@ def build_plan(cfg: Config, resume: bool = False, spec: RunSpec | None = None) -
     written = written_tokens(cfg)  # (an infill task's blanks: read from its training file once for two sections)
     estimator = _estimator_section(cfg, spec)
     accel = _accelerate_section()
-    processes = run_processes(accel)
+    planned = processes is not None
+    processes = processes if planned else run_processes(accel)
     check_process_split(cfg, processes, spec.preset)  # (the run's own check, with the run's process count)
     check_sharding_backend()
-    if processes != accel.get("num_processes", processes):
+    if planned:
+        accel["planned_processes"] = processes  # (--num-processes: sizes and memory are for that launch)
+    elif processes != accel.get("num_processes", processes):
         accel["processes_the_run_trains_with"] = processes
     out_dir = Path(cfg.output_dir)
     if resume:  # the run's own check: a checkpoint to continue from, and the run's own settings
