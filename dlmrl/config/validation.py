@@ -558,10 +558,10 @@ def _check_logits_chunk(e: EstimatorConfig) -> None:
 
 def _refuse_ar_estimator_keys(cfg: Config) -> None:
     """An AR policy scores its completions by their exact token log-probs: no estimator runs, so an ``estimator.*``
-    key but :data:`SCORING_KEYS` (checked here, read by the AR scorer)
-    key the user set (:func:`~dlmrl.config.overrides.user_keys`: an override, their YAML file, the API's dict; at a
-    default's value too), or set away from its default (or the default recipe's value), would be ignored silently;
-    refused, naming it. The default recipe's own estimator section and a run's saved config are not the user's."""
+    key other than :data:`SCORING_KEYS` (checked here: the AR scorer reads them) that the user set
+    (:func:`~dlmrl.config.overrides.user_keys`: an override, their YAML file, the API's dict; at a default's value
+    too), or that is set away from its default (or the default recipe's value), would be ignored silently; refused,
+    naming it. The default recipe's own estimator section and a run's saved config are not the user's."""
     from dlmrl.config.overrides import user_keys
 
     e = cfg.estimator
