@@ -306,7 +306,9 @@ def test_the_recipes_record_their_models_architecture(path, tmp_path, capsys):
     assert cfg.model.architecture["name_or_path"] == cfg.model.name_or_path  # (the numbers describe the model)
     assert cli.main(["train", "--config", str(path), "--dry-run", "--output-dir", str(tmp_path / "run")]) == 0
     memory = yaml.safe_load(capsys.readouterr().out.split("\n", 1)[1])["memory"]
-    assert "unavailable" not in memory and memory["peak"].endswith("(forward_backward)")
+    # (which phase is the peak depends on the recipe's batch settings: since the recipes were re-planned to fit
+    # 80 GB, several peak in the rollout)
+    assert "unavailable" not in memory and memory["peak"].endswith(("(forward_backward)", "(rollout)"))
 
 
 def test_another_models_numbers_are_not_used(tmp_path, capsys):
