@@ -294,19 +294,19 @@ class GradientSync:
     - :meth:`count`: every process runs the most passes any process needs (:func:`agreed_count`), padding its own
       with passes of loss weight 0, so no collective waits on a process that has stopped;
     - :meth:`sync`: gradients are reduced across the processes in the update's last backward only, accumulated
-      locally before: FSDP2 ``set_requires_gradient_sync(False)`` on every sharded module, FSDP1 and DDP
-      ``no_sync()``, DeepSpeed the gradient-accumulation boundary (``accelerate``'s ``sync_gradients``, which
-      its ``backward`` hands to ``engine.set_gradient_accumulation_boundary`` and which keeps it from stepping
-      the optimizer before the last backward).
+      locally before: FSDP1 and DDP ``no_sync()``, DeepSpeed the gradient-accumulation boundary (``accelerate``'s
+      ``sync_gradients``, which its ``backward`` hands to ``engine.set_gradient_accumulation_boundary`` and which
+      keeps it from stepping the optimizer before the last backward); FSDP2 reduces in every backward (below).
 
     The reduced gradient is the sum of the passes' gradients averaged over the processes, as one backward of the
-    whole share would give; the loss weights (:func:`loss_share`) make that the 1-process gradient. Memory: FSDP2
-    keeps the accumulated gradients unsharded until the last backward (its documented accumulation mode).
+    whole share would give; the loss weights (:func:`loss_share`) make that the 1-process gradient. FSDP2 (dlmrl's
+    ``train.sharding``) reduce-scatters in every backward instead, which gives the same sum and keeps the
+    accumulated gradients sharded: the memory plan (:mod:`dlmrl.training.memory_plan`) counts them at 1/P.
 
     Args:
         processes: the run's :class:`Processes`. model: the prepared model (FSDP2 module, FSDP/DDP wrapper or
             DeepSpeed engine). accelerator: ``accelerate``'s, read for DeepSpeed (``None``: none).
-    Reference: PyTorch FSDP2 ``FSDPModule.set_requires_gradient_sync``; DeepSpeed
+    Reference: PyTorch FSDP2 ``FSDPModule`` (reduce-scatter per backward, ``set_requires_gradient_sync``); DeepSpeed
     ``DeepSpeedEngine.set_gradient_accumulation_boundary``; accelerate ``Accelerator.backward``.
     """
 
@@ -338,15 +338,12 @@ class GradientSync:
             return
         from torch.distributed.fsdp import FSDPModule
 
-        sharded = [m for m in self.model.modules() if isinstance(m, FSDPModule)]
-        if sharded:
-            for m in sharded:
-                m.set_requires_gradient_sync(False, recurse=False)
-            try:
-                yield
-            finally:
-                for m in sharded:
-                    m.set_requires_gradient_sync(True, recurse=False)
+        if any(isinstance(m, FSDPModule) for m in self.model.modules()):
+            # FSDP2: every backward reduce-scatters and the shards accumulate the reduced parts, so the gradients stay
+            # sharded (1/P of them per process). Switching the sync off until the last backward would save the
+            # communication but keep every parameter's gradient whole, in float32, on every process (FSDP2's
+            # unsharded_accumulated_grad): 65 GB per GPU for a 16B model, the memory sharding is for.
+            yield
             return
         with getattr(self.model, "no_sync", contextlib.nullcontext)():
             yield

@@ -476,8 +476,16 @@ def optimizer_step_bytes(arch: Architecture, s: MemorySettings) -> int:
 
 
 def reference_bytes(arch: Architecture, s: MemorySettings) -> int:
-    """A frozen second copy of the weights for a KL toward the initial model (no LoRA to disable): ``N x dtype``."""
-    return arch.parameter_count() * s.dtype_bytes if s.reference_model else 0
+    """A frozen second copy of the weights for a KL toward the initial model (no LoRA to disable): ``N x dtype``,
+    divided over the processes where the weights are sharded (dlmrl's FSDP2 shards the reference as the policy)."""
+    return arch.parameter_count() * s.dtype_bytes // _shard(s, "parameters") if s.reference_model else 0
+
+
+def scoring_weight_bytes(arch: Architecture, s: MemorySettings) -> int:
+    """Sharded weights gathered whole for the old-policy and reference scores (no grad; ``rollout_gathers_weights``:
+    dlmrl's FSDP2 gathers the policy, and a frozen reference next to it, once for all their passes):
+    ``N x dtype bytes`` per model gathered, 0 otherwise."""
+    return rollout_weight_bytes(arch, s) * (2 if s.reference_model else 1)
 
 
 def layer_activation_bytes_per_token(arch: Architecture, s: MemorySettings, moe: bool = False) -> int:
@@ -728,6 +736,15 @@ class MemoryPlan:
     notes: list[str] = field(default_factory=list)
 
 
+#: the terms every phase holds (:func:`plan_memory`'s ``static``)
+STATIC_TERMS = ("parameters", "master_weights", "optimizer_state", "ddp_buckets", "gathered_layer", "reference_model")
+#: the terms each phase adds to :data:`STATIC_TERMS` (what the budget warning names as the largest)
+PHASE_TERMS = {"forward_backward": ("activations", "logits_per_forward", "attention_mask", "gradients"),
+               "optimizer_step": ("gradients", "optimizer_step"),
+               "rollout": ("rollout_kv_cache", "rollout_logits", "rollout_gathered_weights"),
+               "old_scores": ("scoring_gathered_weights", "logits_per_forward")}
+
+
 def plan_memory(arch: Architecture, s: MemorySettings) -> MemoryPlan:
     """The memory plan of one process (all terms in bytes).
 
@@ -742,7 +759,9 @@ def plan_memory(arch: Architecture, s: MemorySettings) -> MemoryPlan:
     - ``optimizer_step``: the gradients and the step's temporary (:func:`optimizer_step_bytes`);
     - ``rollout``: sampling without grad: the key/value cache and one step's logits
       (:func:`kv_cache_bytes`, :func:`rollout_logits_bytes`), and sharded weights gathered whole for it
-      (:func:`rollout_weight_bytes`).
+      (:func:`rollout_weight_bytes`);
+    - ``old_scores`` (sharded weights only): the old-policy and reference scores, with the policy and the reference
+      gathered whole (:func:`scoring_weight_bytes`) and one forward's logits.
 
     Args:
         arch: the model (:class:`Architecture`). s: the run (:class:`MemorySettings`).
@@ -768,9 +787,9 @@ def plan_memory(arch: Architecture, s: MemorySettings) -> MemoryPlan:
         "rollout_kv_cache": kv_cache_bytes(arch, s),
         "rollout_logits": rollout_logits_bytes(arch, s),
         "rollout_gathered_weights": rollout_weight_bytes(arch, s),
+        "scoring_gathered_weights": scoring_weight_bytes(arch, s),
     }
-    static = sum(terms[k] for k in ("parameters", "master_weights", "optimizer_state", "ddp_buckets",
-                                    "gathered_layer", "reference_model"))
+    static = sum(terms[k] for k in STATIC_TERMS)
     kept = kept_activation_bytes(arch, s) + (kept_logits_bytes(arch, s) if s.logprob_chunk is not None else 0)
     head_grad = arch.vocab_size * arch.hidden_size * _trainable_bytes(s) if s.full else 0
     # (the forward with grad at its two largest moments: the logits formed and undone over the kept activations,
@@ -781,6 +800,8 @@ def plan_memory(arch: Architecture, s: MemorySettings) -> MemoryPlan:
         "optimizer_step": static + terms["gradients"] + terms["optimizer_step"],
         "rollout": static + terms["rollout_kv_cache"] + terms["rollout_logits"] + terms["rollout_gathered_weights"],
     }
+    if terms["scoring_gathered_weights"]:  # (old and reference scores on gathered weights: a no-grad forward)
+        phases["old_scores"] = static + terms["scoring_gathered_weights"] + terms["logits_per_forward"]
     peak_phase = max(phases, key=phases.get)
     return MemoryPlan(terms=terms, phases=phases, peak=phases[peak_phase], peak_phase=peak_phase,
                       total_parameters=arch.parameter_count(), trainable_parameters=trainable_parameters(arch, s))
@@ -1007,7 +1028,8 @@ def memory_section(cfg, nfe: int, processes: int, objective=None) -> dict:
             "rollout_logits": gb["rollout_logits"],
         },
     }
-    for extra in ("attention_mask", "reference_model", "ddp_buckets", "gathered_layer", "rollout_gathered_weights"):
+    for extra in ("attention_mask", "reference_model", "ddp_buckets", "gathered_layer", "rollout_gathered_weights",
+                  "scoring_gathered_weights"):
         if t[extra]:
             out["terms"][extra] = gb[extra]
     out["phases"] = {k: format_bytes(v) for k, v in plan.phases.items()}
@@ -1095,8 +1117,8 @@ def check_memory_config(cfg, nfe: int, processes: int | None = None, objective=N
     settings, numbers = settings_from_config(cfg, nfe, processes, objective)
     plan = plan_memory(arch, settings)
     if plan.peak > limit:
-        top = sorted(((v, k) for k, v in plan.terms.items()
-                      if k not in ("activations_no_checkpointing", "activations_checkpointing")), reverse=True)[:3]
+        held = PHASE_TERMS[plan.peak_phase] + STATIC_TERMS  # (the terms the peak phase holds)
+        top = sorted(((v, k) for k, v in plan.terms.items() if k in held), reverse=True)[:3]
         warnings.warn(f"config key 'train.memory_budget': the memory plan's peak per process is "
                       f"{format_bytes(plan.peak)} ({plan.peak_phase}), over the budget of {format_bytes(limit)}; "
                       f"largest terms: {', '.join(f'{k} {format_bytes(v)}' for v, k in top)} "

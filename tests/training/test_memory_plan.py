@@ -155,6 +155,22 @@ def test_sharding_divides_what_it_shards():
     assert (t["parameters"], t["gradients"], t["ddp_buckets"]) == (4 * n, 4 * n, 4 * n)
 
 
+def test_fsdp2_shards_the_reference_and_gathers_both_models_for_the_old_scores():
+    """dlmrl's FSDP2 shards a frozen reference as the policy (it was counted whole: 16 GB per GPU for LLaDA-8B) and
+    gathers the policy and the reference whole for the old and reference scores (not counted before)."""
+    n = SMALL_N
+    s = MemorySettings(weight_dtype="bfloat16", processes=4, sharding="fsdp", reference_model=True,
+                       rollout_gathers_weights=True)
+    plan = plan_memory(SMALL, s)
+    t = plan.terms
+    assert (t["reference_model"], t["scoring_gathered_weights"], t["rollout_gathered_weights"]) == (
+        2 * n // 4, 2 * (2 * n), 2 * n)
+    static = sum(t[k] for k in ("parameters", "master_weights", "optimizer_state", "ddp_buckets", "gathered_layer",
+                                "reference_model"))
+    assert plan.phases["old_scores"] == static + 2 * (2 * n) + t["logits_per_forward"]
+    assert "old_scores" not in plan_memory(SMALL, MemorySettings(reference_model=True)).phases  # (unsharded)
+
+
 def test_kv_cache_bytes_by_hand():
     s = MemorySettings(weight_dtype="bfloat16", rollout_rows=3, rollout_tokens=10)
     assert kv_cache_bytes(SMALL, s) == 3 * 10 * (2 * 2 * 2 * 16 * 2)  # (rows x tokens x 2 x layers x kv x hd x 2)
