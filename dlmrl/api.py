@@ -64,7 +64,10 @@ def _model_kind(model) -> str | None:
         from dlmrl.models.loading import checkpoint_kind
 
         return checkpoint_kind(model)  # (the kind a saved or shipped model records; None: not recorded)
-    return None
+    from dlmrl.kinds import KIND_KEY, POLICY_KINDS
+
+    recorded = getattr(getattr(model, "config", None), KIND_KEY, None)  # (a loaded model saved by dlmrl)
+    return recorded if recorded in POLICY_KINDS else None
 
 
 def trainer_config(config: Config | dict | None = None, model: Any = None) -> Config:
@@ -119,12 +122,16 @@ def trainer_config(config: Config | dict | None = None, model: Any = None) -> Co
         inner = getattr(model, "model", model)  # (a dlmrl policy holds the transformers model)
         name = getattr(getattr(inner, "config", None), "_name_or_path", None)
         cfg.model.name_or_path = name or f"<{type(inner).__name__} object>"
+        recorded = getattr(getattr(inner, "config", None), "block_size", None)  # (a loaded block model's own size)
+        if cfg.model.kind == "block" and cfg.model.block_size is None and isinstance(recorded, int):
+            cfg.model.block_size = getattr(model, "block_size", None) or recorded
     return cfg
 
 
 def _policy_of(model, tokenizer, cfg: Config):
     """The policy to train: a dlmrl policy as it is; a name loaded as ``model.*`` says; a loaded ``transformers``
-    model wrapped with ``tokenizer`` (else the tokenizer saved with it)."""
+    model wrapped with ``tokenizer`` (else the tokenizer saved with it) as ``model.kind`` says (a model saved by
+    dlmrl records its kind and block size in its config)."""
     from torch import nn
 
     from dlmrl.models.ar import AutoregressivePolicy, ar_policy_from_model
@@ -152,7 +159,18 @@ def _policy_of(model, tokenizer, cfg: Config):
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
     if cfg.model.kind == "ar":
         return ar_policy_from_model(model, tokenizer)
-    return diffusion_policy_from_model(model, tokenizer, cfg.model.family)
+    policy = diffusion_policy_from_model(model, tokenizer, cfg.model.family)
+    if cfg.model.kind != "block":
+        return policy
+    from dlmrl.models.block_policy import block_policy_from
+    from dlmrl.models.families import FAMILIES
+
+    fam = FAMILIES.get(policy.family)
+    if fam.block_forward is None or not cfg.model.block_size:
+        raise ConfigError(f"config key 'model.kind': block needs a family with a block-causal forward and a block size "
+                          f"(model.block_size, or the model's config.block_size); got family {policy.family!r}, "
+                          f"block size {cfg.model.block_size}")
+    return block_policy_from(policy, cfg.model.block_size, fam.block_forward, fam.prompt_blocks)
 
 
 class Trainer:

@@ -108,3 +108,25 @@ def test_a_recorded_value_that_is_no_kind_is_refused_naming_the_file(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "dlmrl_kind": "blokc"}))
     with pytest.raises(ConfigError, match="config.json: dlmrl_kind 'blokc' is not a policy kind"):
         checkpoint_kind(str(tmp_path))
+
+
+def test_a_loaded_block_model_passed_as_an_object_trains_as_a_block_model(tmp_path):
+    """A transformers model loaded from a folder dlmrl saved (its config records dlmrl_kind and block_size) is
+    wrapped as the kind it records, also when the folder is gone (it was wrapped as full diffusion, silently)."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dlmrl import Trainer
+    from dlmrl.models.block_policy import BlockDiffusionPolicy
+    from dlmrl.models.loading import resolve_model_path
+
+    folder = tmp_path / "copy"
+    shutil.copytree(resolve_model_path("tiny-sudoku-block"), folder)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    shutil.rmtree(folder)
+    data = Dataset.from_dict({"prompt": ["3100020023101423="], "solution": ["3142423123141423"]})
+    trainer = Trainer(model, tokenizer=tokenizer, reward_funcs=[lambda prompts, completions, **_: [0.0] * len(prompts)],
+                      train_dataset=data, config={"task.answer_mode": "full", "sampling.steps": 16,
+                                                  "output_dir": str(tmp_path / "run")})
+    assert isinstance(trainer.policy, BlockDiffusionPolicy) and trainer.policy.block_size == 4
+    assert (trainer.config.model.kind, trainer.config.model.block_size) == ("block", 4)
