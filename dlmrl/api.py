@@ -325,19 +325,17 @@ class Trainer:
         """Write the policy's weights (a LoRA run: its adapter and a note of its base) and tokenizer with
         ``save_pretrained`` (safetensors) into ``path``, written to a temporary folder and renamed; the folder
         loads back with ``Trainer(str(path), ...)``, ``load_policy`` / ``load_ar_policy`` and ``dlmrl eval --model``,
-        as the policy kind it was trained as (``config.json``'s ``dlmrl_kind``; a block model with its block size),
-        and holds this trainer's config (``dlmrl_config.yaml``, the settings ``dlmrl eval --model`` uses).
+        as the policy kind it was trained as (``config.json``'s ``dlmrl_kind``; a block model with its block size).
+        It holds no run config for ``dlmrl eval`` (a ``final_model/`` does): this trainer's datasets and reward
+        functions live in Python; ``dlmrl eval --model`` takes the task from its own config or overrides.
         Returns ``path``."""
         from accelerate.utils import extract_model_from_parallel
 
-        from dlmrl.config import save_yaml
         from dlmrl.models.lora import save_final_model
         from dlmrl.training.checkpoint import atomic_dir
-        from dlmrl.training.run_folder import RUN_CONFIG
 
         path = Path(path)
-        with atomic_dir(path) as tmp:
+        with atomic_dir(path) as tmp:  # (no run config: this trainer's data and rewards live in Python only)
             save_final_model(extract_model_from_parallel(self.policy.model), self.policy.tokenizer, tmp,
                              self.config.model)
-            save_yaml(self.config, tmp / RUN_CONFIG)
         return path

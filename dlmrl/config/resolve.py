@@ -152,7 +152,7 @@ def checkpoint_kind_conflict(cfg: Config) -> str | None:
     how = "shipped" if is_shipped(m.name_or_path) else "saved"
     instead = [name for name, kind in SHIPPED_KINDS.items() if kind == m.kind]
     use = f"use {' or '.join(map(repr, instead))}, " if is_shipped(m.name_or_path) and instead else ""
-    return (f"model.name_or_path {m.name_or_path!r} is a {how} {recorded} model (its config.json records "
+    return (f"model.name_or_path {m.name_or_path!r} is a {how} {recorded} model (its saved config records "
             f"{KIND_KEY}: {recorded}) but model.kind is {m.kind!r}; {use}set model.kind {recorded} or leave it out")
 
 

@@ -229,6 +229,10 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
            "estimator.micro_batch", f"must be an integer >= 0 (0 = all canvases at once), got {e.micro_batch!r}")
     _check_logits_chunk(e)
     _check(tr.learning_rate > 0, "train.learning_rate", "must be > 0")
+    # (AdamW's step is lr x m / sqrt(v): above 1 a language model's weights leave any useful range at once, and
+    # near float32's largest value torch's update itself overflows with a bare RuntimeError)
+    _check(tr.learning_rate <= 1, "train.learning_rate", f"must be <= 1 (AdamW; language models train at 1e-7 to "
+                                                         f"1e-3), got {tr.learning_rate}")
     _check(tr.lr_scheduler_type in SCHEDULERS, "train.lr_scheduler_type", f"must be one of {', '.join(SCHEDULERS)}")
     _check(tr.max_steps >= 0, "train.max_steps", "must be >= 0")
     _check(tr.prompts_per_step >= 1, "train.prompts_per_step", "must be >= 1")

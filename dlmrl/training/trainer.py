@@ -191,8 +191,9 @@ def stop_if_non_finite(run: Run, sampled: SamplingStats, result: UpdateResult) -
     problems = [p for p in run.processes.gather(problem) if p]  # (every process stops, or none)
     if problems:
         newest = latest_checkpoint(run.out)
-        resume = (f"the newest checkpoint, {newest.name}, is the last finite state: remove the cause and --resume"
-                  if newest is not None else "no checkpoint was saved yet")
+        resume = (f"checkpoints up to {newest.name} hold finite values; --resume redoes this step with the same "
+                  "settings and seeds, so it helps only when the cause was outside the run; otherwise start a new run "
+                  "(another output_dir) with other settings" if newest is not None else "no checkpoint was saved yet")
         raise NonFiniteError(f"step {run.state.step + 1} went non-finite: {problems[0]}; the run stopped before "
                              f"saving this step ({resume})")
 

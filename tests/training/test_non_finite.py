@@ -61,23 +61,43 @@ def test_a_step_with_nan_weights_stops_the_run_before_its_checkpoint(tmp_path, m
     monkeypatch.setattr("dlmrl.training.trainer.run_updates", poisoning)
     out = tmp_path / "run"
     with pytest.raises(NonFiniteError, match=r"step 2 went non-finite: parameter .* has 1 non-finite entries .*"
-                                             r"the newest checkpoint, step-1, is the last finite state"):
+                                             r"checkpoints up to step-1 hold finite values"):
         train(_config(base, out), progress=False)
     assert [p.name for p in checkpoints(out)] == ["step-1"]
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
 
 
-def test_a_nan_loss_stops_the_run_and_the_cli_says_so(tmp_path, capsys):
-    """A learning rate of 1e30 overflows the weights at once: the CLI exits 2 with the message, no traceback."""
+def test_a_nan_loss_stops_the_run_and_the_cli_says_so(tmp_path, capsys, monkeypatch):
+    """An update whose loss is NaN (a stand-in for an overflow): the CLI exits 2 with the message, no traceback."""
     from dlmrl.cli import main
+    from dlmrl.training import update
 
+    real = update.run_updates
+
+    def nan_loss(run, batch):
+        result = real(run, batch)
+        result.logs[-1]["loss"] = math.nan
+        return result
+
+    monkeypatch.setattr("dlmrl.training.trainer.run_updates", nan_loss)
     base = save_tiny_checkpoint(tmp_path / "base")
     out = tmp_path / "run"
     code = main(["train", "--no-progress", "--output-dir", str(out), f"model.name_or_path={base}", "max_steps=3",
                  "prompts_per_step=2", "num_generations=3", "sampling.steps=4", "save_steps=1", "warmup_steps=0",
-                 "learning_rate=1e30", "max_grad_norm=0", "eval.before=false", "eval.after=false"])
+                 "eval.before=false", "eval.after=false"])
     err = capsys.readouterr().err
-    assert code == 2 and "went non-finite" in err and "Traceback" not in err
+    assert code == 2 and "step 1 went non-finite: the loss of optimizer update 1 of 1 is nan" in err
+    assert "Traceback" not in err
+
+
+def test_a_learning_rate_above_one_is_refused_naming_the_key():
+    """1e38 crashed inside AdamW's update with torch's bare 'value cannot be converted ... without overflow'."""
+    from dlmrl.config import ConfigError, validate
+
+    cfg = Config()
+    apply_overrides(cfg, ["learning_rate=1e38"])
+    with pytest.raises(ConfigError, match="train.learning_rate.*must be <= 1"):
+        validate(cfg)
 
 
 def _strict_json(text: str):
