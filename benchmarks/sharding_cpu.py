@@ -11,8 +11,8 @@ gloo) launch running this file's worker:
 
 - ``1proc_none``: one process, unsharded (``dlmrl train``);
 - ``1proc_fsdp2``: one process, ``train.sharding=fsdp2`` (a world of one: the sharding's bookkeeping alone);
-- ``2proc_ddp``: two processes, ``train.sharding=none`` (accelerate's DDP: whole model, gradients and AdamW state in
-  every process, gradients all-reduced);
+- ``2proc_ddp``: two processes, ``train.sharding=none`` (accelerate's DDP wrapper: whole model, gradients and AdamW
+  state in every process; the gradients averaged by one all-reduce per update, ``Run.own_grad_sync``);
 - ``2proc_fsdp2``: two processes, ``train.sharding=fsdp2`` (each holds half of the parameters, gradients and AdamW
   state; the rollout gathers the whole model once, the update layer by layer).
 
@@ -35,10 +35,10 @@ What is measured, per setting and round:
 
 Threads: one torch thread per process (``--threads``). A 2-process run then uses both of a 2-core machine's cores
 and a 1-process run one of them, so the 2- against 1-process ratio includes that; the DDP against FSDP2 ratio
-compares the same processes on the same cores, so it is the overheads (gloo collectives: DDP's all-reduce against
-FSDP2's all-gathers and reduce-scatters; the sharding's bookkeeping), not a speed-up from more hardware. (With 2
-threads a 1-process run uses both cores, but its steps slowed down up to 8x whenever another process ran on the
-machine: OpenMP's threads wait for each other.)
+compares the same processes on the same cores, so it is the overheads (gloo collectives: DDP's one all-reduce per
+update against FSDP2's all-gathers and reduce-scatters; the sharding's bookkeeping), not a speed-up from more
+hardware. (With 2 threads a 1-process run uses both cores, but its steps slowed down up to 8x whenever another
+process ran on the machine: OpenMP's threads wait for each other.)
 
     python benchmarks/sharding_cpu.py                      # ~6-8 minutes on 2 cores
     python benchmarks/sharding_cpu.py --hidden 32 --layers 1 --intermediate 64 --steps 1 --rounds 1 \\
