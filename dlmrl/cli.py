@@ -428,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     args.overrides = list(args.overrides) + extra
-    from dlmrl.training.memory_plan import planned_processes
+    from dlmrl.training.memory_config import planned_processes
 
     try:
         planned = getattr(args, "num_processes", None) if getattr(args, "dry_run", False) else None

@@ -798,9 +798,9 @@ def _check_reward_funcs(cfg: Config):
 
 def _check_memory(cfg: Config, preset, estimator, for_training: bool) -> None:
     """``model.architecture`` and ``train.memory_budget``
-    (:func:`dlmrl.training.memory_plan.check_memory_config`): malformed values are refused naming the key; a
+    (:func:`dlmrl.training.memory_config.check_memory_config`): malformed values are refused naming the key; a
     training config whose memory plan's peak per process exceeds the budget is warned about."""
-    from dlmrl.training.memory_plan import check_memory_config
+    from dlmrl.training.memory_config import check_memory_config
 
     nfe = 1 if cfg.model.kind == "ar" else estimator.describe(cfg.sampling.gen_length).nfe
     check_memory_config(cfg, nfe, objective=preset.objective if preset is not None else None,

@@ -434,9 +434,9 @@ def _update_structure(cfg: Config, processes: int) -> dict:
 
 
 def _memory_section(cfg: Config, nfe, processes: int, preset) -> dict:
-    """The memory plan per process in GB, term by term (:func:`dlmrl.training.memory_plan.memory_section`; ``nfe``
+    """The memory plan per process in GB, term by term (:func:`dlmrl.training.memory_config.memory_section`; ``nfe``
     the estimator's, a bound when data-dependent)."""
-    from dlmrl.training.memory_plan import memory_section
+    from dlmrl.training.memory_config import memory_section
 
     return memory_section(cfg, nfe if isinstance(nfe, int) else 1, processes, preset.objective)
 

@@ -16,6 +16,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from dlmrl.config import Config, load_yaml, validate
 from dlmrl.config.overrides import apply_overrides, save_yaml
 from dlmrl.errors import ConfigError
+from dlmrl.training.memory_config import parse_bytes
 from dlmrl.training.memory_plan import (
     Architecture,
     MemorySettings,
@@ -25,7 +26,6 @@ from dlmrl.training.memory_plan import (
     kv_cache_bytes,
     layer_activation_bytes_per_token,
     logits_peak_bytes,
-    parse_bytes,
     plan_memory,
 )
 
