@@ -18,7 +18,6 @@ import contextlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -35,7 +34,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from dlmrl.models.loading import DTYPES, SHIPPED_AR, looks_local
+from dlmrl.models.loading import DTYPES, SHIPPED_AR, looks_local, shipped_path
 from dlmrl.models.lora import attach_adapter, check_adapter_kind, find_adapter
 from dlmrl.models.policy import position_ids_from_mask
 from dlmrl.models.token_scores import (
@@ -61,9 +60,7 @@ TemperatureFn = Callable[[torch.Tensor, torch.Tensor], "torch.Tensor | float"]
 def resolve_ar_model_path(name_or_path: str) -> str:
     """A shipped name (``tiny-sudoku-ar``, ``tiny-multihop-ar``, ``tiny-recommend-ar``) → its checkpoint folder in
     ``dlmrl/assets``; anything else is returned unchanged."""
-    if name_or_path in SHIPPED_AR:
-        return str(resources.files("dlmrl") / "assets" / SHIPPED_AR[name_or_path])
-    return name_or_path
+    return shipped_path(name_or_path, SHIPPED_AR) or name_or_path
 
 
 class ARRollout(NamedTuple):

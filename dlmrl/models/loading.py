@@ -29,11 +29,16 @@ SHIPPED_AR = {"tiny-sudoku-ar": "tiny_sudoku_ar", "tiny-multihop-ar": "tiny_mult
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
+def shipped_path(name: str, shipped: dict[str, str] | None = None) -> str | None:
+    """The ``dlmrl/assets`` folder of a shipped checkpoint named ``name`` among ``shipped`` (name -> folder; default
+    every shipped checkpoint, diffusion, block and AR), else ``None``."""
+    folder = (shipped if shipped is not None else {**_SHIPPED, **SHIPPED_AR}).get(name)
+    return str(resources.files("dlmrl") / "assets" / folder) if folder else None
+
+
 def resolve_model_path(name_or_path: str) -> str:
     """``tiny-sudoku`` / ``tiny-sudoku-block`` → the shipped checkpoint folder; anything else is returned unchanged."""
-    if name_or_path in _SHIPPED:
-        return str(resources.files("dlmrl") / "assets" / _SHIPPED[name_or_path])
-    return name_or_path
+    return shipped_path(name_or_path, _SHIPPED) or name_or_path
 
 
 #: every shipped checkpoint's name and the policy kind its ``config.json`` records
@@ -65,8 +70,7 @@ def checkpoint_kind(name_or_path: str) -> str | None:
         adapter = None
     if adapter is not None:
         return adapter.kind if adapter.kind is not None else checkpoint_kind(adapter.base_model_name_or_path)
-    path = _SHIPPED.get(name_or_path) or SHIPPED_AR.get(name_or_path)
-    folder = Path(resources.files("dlmrl") / "assets" / path) if path else Path(name_or_path)
+    folder = Path(shipped_path(name_or_path) or name_or_path)
     file = folder / "config.json"
     try:
         value = json.loads(file.read_text()).get(KIND_KEY) if file.is_file() else None
