@@ -129,8 +129,8 @@ def measure_speed(args) -> list[dict]:
 
 def measure_sudoku(args) -> list[dict]:
     from dlmrl.data.tasks import SudokuTask
+    from dlmrl.evaluation.heldout import evaluate
     from dlmrl.models.loading import load_policy
-    from dlmrl.training.evaluation import evaluate
 
     policy = load_policy(args.sudoku_model)
     task = SudokuTask(policy.tokenizer, policy.mask_token_id)  # (the default job's infilling task)

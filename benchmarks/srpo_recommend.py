@@ -5,7 +5,7 @@ For each seed and algorithm this trains the shipped config (``configs/srpo_recom
 graded reward) from the SFT base (``--base``, default ``dlmrl/assets/tiny_recommend_ar``), then evaluates the final
 model on ``--test-users`` held-out users (the task's test split, first users the configs' own 256):
 greedy ``exact`` match, ``mean_reward`` and ``levels_matched``, and Recall@K / NDCG@K (K = 1, 5, 10) from the
-constrained beam search of 10 items (:func:`dlmrl.training.evaluation.evaluate_ranking`). The base is evaluated
+constrained beam search of 10 items (:func:`dlmrl.evaluation.heldout.evaluate_ranking`). The base is evaluated
 once (greedy decoding and beam search are deterministic). Training curves (rollout reward and exact-match rate at
 temperature 1, ``solve_rate``) are kept per run.
 
@@ -29,8 +29,8 @@ import torch
 from dlmrl.config import Config, apply_overrides, load_yaml, validate
 from dlmrl.config.task_options import task_options
 from dlmrl.data.recommend_task import RecommendTask
+from dlmrl.evaluation.heldout import evaluate_ranking
 from dlmrl.models.ar import load_ar_policy
-from dlmrl.training.evaluation import evaluate_ranking
 from dlmrl.training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -42,8 +42,8 @@ from dlmrl.config import Config, apply_overrides, load_yaml, validate
 from dlmrl.data.multihop_task import MultiHopTask
 from dlmrl.envs import make_env
 from dlmrl.envs.tools.trace_reward import COMPONENTS
+from dlmrl.evaluation.heldout import evaluate_task_episodes
 from dlmrl.models.ar import load_ar_policy
-from dlmrl.training.evaluation import evaluate_task_episodes
 from dlmrl.training.tool_loop import rollout_tool_loop
 from dlmrl.training.trainer import train
 

@@ -288,8 +288,8 @@ def eval_length_configs(cfg: Config, lengths: tuple[int, ...]) -> list[Config]:
         c = copy.deepcopy(cfg)
         c.sampling.gen_length = length
         steps = cfg.eval.steps * length / cfg.sampling.gen_length
-        if cfg.eval.preset != "none":  # (the preset's steps at each length: dlmrl.training.eval_presets)
-            from dlmrl.training.eval_presets import PRESETS, preset_length_problem
+        if cfg.eval.preset != "none":  # (the preset's steps at each length: dlmrl.evaluation.presets)
+            from dlmrl.evaluation.presets import PRESETS, preset_length_problem
 
             problem = preset_length_problem(PRESETS[cfg.eval.preset], length) if cfg.model.kind != "ar" else None
             if problem:
@@ -318,7 +318,7 @@ def eval_lengths(cfg: Config, lengths: tuple[int, ...] | None) -> tuple[int, ...
     512), else ``None`` (the config's one length)."""
     if lengths:
         return lengths
-    from dlmrl.training.eval_presets import PRESETS
+    from dlmrl.evaluation.presets import PRESETS
 
     preset = PRESETS.get(cfg.eval.preset)
     return preset.gen_lengths if preset is not None else None
@@ -341,7 +341,7 @@ def _run_eval(cfg: Config, lengths: tuple[int, ...] | None, out_dir: Path | None
     versions, dtype, device, hashes). Several lengths (``--gen-lengths`` or the ``eval.preset``'s): one JSON line
     per length, then one ``best_of_lengths`` line. With ``--output-dir``, the same is also written to
     ``<output-dir>/eval.json`` (a list of those objects)."""
-    from dlmrl.training.evaluation import check_held_out_size
+    from dlmrl.evaluation.heldout import check_held_out_size
     from dlmrl.training.finite import json_ready
     from dlmrl.training.run_setup import build_task, evaluate_config, load_configured_policy
 
@@ -512,20 +512,20 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "eval":
         return _run_eval(cfg, args.gen_lengths, Path(args.output_dir) if args.output_dir else None)
     else:
-        from dlmrl.training.pretrain import pretrain
-        from dlmrl.training.pretrain_ar import pretrain_ar
+        from dlmrl.pretraining.ar import pretrain_ar
+        from dlmrl.pretraining.loop import pretrain
 
         try:
             if cfg.task == "multihop":
-                from dlmrl.training.pretrain_multihop import pretrain_multihop
+                from dlmrl.pretraining.multihop import pretrain_multihop
 
                 run = pretrain_multihop
             elif cfg.task == "recommend":
-                from dlmrl.training.pretrain_recommend import pretrain_recommend
+                from dlmrl.pretraining.recommend import pretrain_recommend
 
                 run = pretrain_recommend
             else:
-                from dlmrl.training.pretrain_block import pretrain_block
+                from dlmrl.pretraining.block import pretrain_block
 
                 run = {"ar": pretrain_ar, "block": pretrain_block}.get(cfg.kind, pretrain)
             print(json.dumps(run(cfg), indent=2))

@@ -9,4 +9,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 python scripts/make_sudoku_splits.py
-python -m dlmrl.training.pretrain_ar --config configs/pretrain_tiny_sudoku_ar.yaml --output-dir dlmrl/assets/tiny_sudoku_ar
+python -m dlmrl.pretraining.ar --config configs/pretrain_tiny_sudoku_ar.yaml --output-dir dlmrl/assets/tiny_sudoku_ar

@@ -407,7 +407,7 @@ class PretrainConfig:
     (masked-diffusion or next-token)."""
 
     kind: str = doc("diffusion", "Model kind: 'diffusion' (bidirectional, masked-diffusion SFT, infill), 'block' "
-                                 "(block-causal, block-ELBO SFT on d1's full format, dlmrl.training.pretrain_block) or "
+                                 "(block-causal, block-ELBO SFT on d1's full format, dlmrl.pretraining.block) or "
                                  "'ar' (causal, next-token SFT on d1's full format).")
     output_dir: str = doc("runs/pretrain_tiny", "Where the checkpoint (config, tokenizer, safetensors) is saved.")
     seed: int = doc(0, "Seed for initialisation, data and masks.")
@@ -424,8 +424,8 @@ class PretrainConfig:
     eval_puzzles: int = doc(256, "Held-out puzzles evaluated at the end (greedy, infill); multihop: held-out "
                                  "questions (0 = all); recommend: held-out users.")
     task: str = doc("sudoku", "What to SFT on: sudoku (the solutions) | multihop (the scripted agent's tool-use "
-                              "traces, dlmrl.training.pretrain_multihop) | recommend (users' next items as semantic "
-                              "IDs, kind ar, dlmrl.training.pretrain_recommend).")
+                              "traces, dlmrl.pretraining.multihop) | recommend (users' next items as semantic "
+                              "IDs, kind ar, dlmrl.pretraining.recommend).")
     task_options: dict = field(default_factory=dict, metadata={"help": (
         "multihop: the task's settings (MultiHopOptions: kb_seed, kb_scale, hops, ...), as task.options of a run; "
         "recommend: RecommendOptions (codebook_sizes, n_train, noise, ...).")})

@@ -69,8 +69,8 @@ def check_eval_protocol(cfg: Config, for_training: bool = True) -> None:
     Raises:
         ConfigError: naming ``eval.preset`` or ``eval.protocol``.
     """
-    from dlmrl.training.eval_presets import PRESETS, preset_length_problem
-    from dlmrl.training.eval_protocol import PROTOCOLS, protocol_problem
+    from dlmrl.evaluation.presets import PRESETS, preset_length_problem
+    from dlmrl.evaluation.protocol import PROTOCOLS, protocol_problem
 
     ev, t = cfg.eval, cfg.task
     _check(ev.preset == "none" or ev.preset in PRESETS, "eval.preset",

@@ -64,7 +64,7 @@ class SudokuTask(Task):
     name = "sudoku"
     options_class = SudokuOptions
     gen_length = 16
-    primary_metric = "cell_accuracy"  # the held-out headline metric (dlmrl.training.evaluation)
+    primary_metric = "cell_accuracy"  # the held-out headline metric (dlmrl.evaluation.heldout)
     CORRECT = 1.0
 
     def __init__(self, tokenizer, mask_token_id: int, options: SudokuOptions | None = None, **settings):

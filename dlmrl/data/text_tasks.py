@@ -121,7 +121,7 @@ class TextTask(Task):
     """
 
     options_class = TextOptions
-    primary_metric = "accuracy"  # the held-out headline metric (dlmrl.training.evaluation)
+    primary_metric = "accuracy"  # the held-out headline metric (dlmrl.evaluation.heldout)
     CORRECT = 1.0  # the correctness reward of a right answer
     templates: ClassVar[dict[str, PromptTemplate]] = {}
     template_fields: ClassVar[tuple[str, ...]] = ("question",)

@@ -27,6 +27,7 @@ from dlmrl.config import (
 )
 from dlmrl.data.encoding import pad_token_id
 from dlmrl.envs import default_env
+from dlmrl.evaluation.heldout import check_held_out_size, evaluate_with_config, primary_metric
 from dlmrl.models.loading import load_policy
 from dlmrl.models.lora import (
     AdapterDisabledPolicy,
@@ -44,7 +45,6 @@ from dlmrl.training.distributed import (
     check_sharding_backend,
     launched_processes,
 )
-from dlmrl.training.evaluation import check_held_out_size, evaluate_with_config, primary_metric
 from dlmrl.training.logging import MetricsWriter
 from dlmrl.training.precision import keep_float32_master_weights, wants_master_weights
 from dlmrl.training.run_folder import RunState, check_run_folder
@@ -315,7 +315,7 @@ def check_policy(cfg: Config, policy) -> None:
 def evaluate_config(cfg: Config, policy, task, trained_steps: int | None = None) -> dict:
     """Held-out evaluation with the ``eval`` section's settings (its ``preset``'s, protocol ``eval.protocol``; AR:
     left-to-right decoding, ``eval.steps`` unused), with the result's ``record``
-    (:func:`dlmrl.training.evaluation.evaluate_with_config`); a sharded policy's parameters are gathered once for
+    (:func:`dlmrl.evaluation.heldout.evaluate_with_config`); a sharded policy's parameters are gathered once for
     it (:func:`dlmrl.training.sharding.gathered`: processes may decode different numbers of passes)."""
     with gathered(policy.model):
         return evaluate_with_config(cfg, policy, task, trained_steps=trained_steps)

@@ -370,7 +370,7 @@ def test_shipped_default_loads_offline_and_writes_a_grid(shipped):
 
 
 def test_shipped_default_held_out_accuracy_is_the_reported_number():
-    from dlmrl.training.pretrain_ar import evaluate_ar
+    from dlmrl.pretraining.ar import evaluate_ar
 
     # float64: greedy decoding is deterministic, but in float32 another machine's kernels could flip an argmax
     # within a rounding (~1e-6) of a tie, and one of 4096 cells would change the figure; in float64 (~1e-15) not.

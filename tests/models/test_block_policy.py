@@ -94,7 +94,7 @@ def test_the_block_sft_loss_is_the_per_block_masked_cross_entropy():
     import torch.nn.functional as F
 
     from dlmrl.models.block_attention import block_bounds, block_causal_mask, block_position_ids
-    from dlmrl.training.pretrain_block import block_sft_loss
+    from dlmrl.pretraining.block import block_sft_loss
 
     base = tiny_block_policy(seed=13)
     policy = block_policy_from(base, 3)

@@ -153,7 +153,7 @@ def test_a_block_run_is_scored_exactly_and_its_final_model_evaluates_again(tmp_p
 def test_the_block_pretraining_records_its_block_sizes(tmp_path):
     from dlmrl.config import load_yaml
     from dlmrl.config.schema import PretrainConfig
-    from dlmrl.training.pretrain_block import pretrain_block
+    from dlmrl.pretraining.block import pretrain_block
 
     cfg = PretrainConfig()
     load_yaml(cfg, ROOT / "configs" / "pretrain_tiny_sudoku_block.yaml")
@@ -164,7 +164,7 @@ def test_the_block_pretraining_records_its_block_sizes(tmp_path):
     saved = json.loads((tmp_path / "m" / "config.json").read_text())
     assert (saved["block_size"], saved["block_sizes"]) == (4, [2, 4])
     with pytest.raises(ValueError, match="block_sizes"):
-        from dlmrl.training.pretrain_block import parse_block_sizes
+        from dlmrl.pretraining.block import parse_block_sizes
         parse_block_sizes("2,x")
 
 

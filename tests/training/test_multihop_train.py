@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from dlmrl.config import Config, PretrainConfig, apply_overrides, load_yaml, validate
 from dlmrl.errors import ConfigError
-from dlmrl.training.pretrain_multihop import pretrain_multihop
+from dlmrl.pretraining.multihop import pretrain_multihop
 from dlmrl.training.trainer import train
 from tests.tolerances import rounding_tol
 

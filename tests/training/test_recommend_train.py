@@ -21,7 +21,7 @@ from dlmrl.config import (
     validate_pretrain,
 )
 from dlmrl.models.ar import load_ar_policy, resolve_ar_model_path
-from dlmrl.training.pretrain_recommend import pretrain_recommend
+from dlmrl.pretraining.recommend import pretrain_recommend
 from dlmrl.training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]

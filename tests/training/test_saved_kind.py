@@ -90,7 +90,7 @@ def test_a_lora_folder_and_a_pretrained_model_record_their_kind(tmp_path):
     from dlmrl.config import PretrainConfig
     from dlmrl.models.loading import load_policy
     from dlmrl.models.lora import BASE_NOTE, apply_lora, save_final_model
-    from dlmrl.training.pretrain import save_pretrain_run
+    from dlmrl.pretraining.loop import save_pretrain_run
 
     policy = load_policy("tiny-sudoku-block")
     cfg = Config()

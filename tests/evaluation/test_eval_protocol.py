@@ -14,9 +14,9 @@ from dlmrl import cli
 from dlmrl.config import Config, ConfigError, apply_overrides, validate
 from dlmrl.data.sudoku_text import SudokuTextExample
 from dlmrl.data.text_examples import GSM8KExample
-from dlmrl.training.eval_presets import PRESETS, eval_settings
-from dlmrl.training.eval_protocol import canvas_texts, protocol_metrics, protocol_problem
-from dlmrl.training.eval_record import eval_record, short_hash
+from dlmrl.evaluation.presets import PRESETS, eval_settings
+from dlmrl.evaluation.protocol import canvas_texts, protocol_metrics, protocol_problem
+from dlmrl.evaluation.record import eval_record, short_hash
 from tests.training.text_fixtures import save_tiny_text_checkpoint, write_gsm8k
 
 

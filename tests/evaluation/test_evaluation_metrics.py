@@ -10,10 +10,10 @@ import torch
 from dlmrl.config import TaskConfig, build_task
 from dlmrl.data import CountdownTask, GSM8KTask, MathTask, Task
 from dlmrl.data.tasks import SudokuTask
+from dlmrl.evaluation.heldout import evaluate, evaluate_ar, primary_metric
 from dlmrl.models.ar import load_ar_policy
 from dlmrl.models.loading import load_policy
 from dlmrl.models.sampler import generate
-from dlmrl.training.evaluation import evaluate, evaluate_ar, primary_metric
 from tests.training.text_fixtures import save_tiny_text_checkpoint, write_gsm8k
 
 

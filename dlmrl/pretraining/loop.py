@@ -18,12 +18,12 @@ from transformers import get_scheduler
 
 from dlmrl.config import ConfigError, PretrainConfig, save_yaml
 from dlmrl.data.tasks import SudokuTask
+from dlmrl.evaluation.heldout import evaluate
 from dlmrl.models.families import FAMILIES
 from dlmrl.models.policy import MaskedDiffusionPolicy, canvas_logits
 from dlmrl.models.tiny import build_tiny_model
 from dlmrl.models.tokenizer import build_char_tokenizer
 from dlmrl.training.checkpoint import atomic_dir
-from dlmrl.training.evaluation import evaluate
 
 
 def masked_diffusion_sft_loss(policy, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,

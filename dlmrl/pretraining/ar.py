@@ -1,13 +1,13 @@
 """Next-token SFT of the tiny autoregressive default on Sudoku solutions (the AR baseline's base model).
 
-The AR counterpart of :mod:`dlmrl.training.pretrain`: the same config fields, the same generated
+The AR counterpart of :mod:`dlmrl.pretraining.loop`: the same config fields, the same generated
 puzzles (training grids, ``min_blanks..max_blanks`` blanks, batches a function of ``(seed, step)``),
 a causal Llama of the same size class and the same character tokenizer. The target is d1's full
 format: prompt ``[BOS] puzzle =``, completion = the 16 solution cells left to right, then EOS; the
 loss is the mean negative log-likelihood of those 17 tokens. Held-out evaluation decodes the shipped
 test split greedily and scores cell accuracy over the blanks (:func:`evaluate_ar`).
 
-Run it with ``python -m dlmrl.training.pretrain_ar --config configs/pretrain_tiny_sudoku_ar.yaml
+Run it with ``python -m dlmrl.pretraining.ar --config configs/pretrain_tiny_sudoku_ar.yaml
 --output-dir DIR [key=value ...]`` (or ``scripts/build_tiny_ar_default.sh``).
 """
 
@@ -30,10 +30,10 @@ from dlmrl.config import (
     validate_pretrain,
 )
 from dlmrl.data.tasks import SudokuTask
+from dlmrl.evaluation.heldout import evaluate_ar  # (re-exported: it lived here first)
 from dlmrl.models.ar import AutoregressivePolicy, build_tiny_causal_model
 from dlmrl.models.tokenizer import build_char_tokenizer
-from dlmrl.training.evaluation import evaluate_ar  # (re-exported: it lived here first)
-from dlmrl.training.pretrain import pretrain_output_dir, save_pretrain_run, sft_loop
+from dlmrl.pretraining.loop import pretrain_output_dir, save_pretrain_run, sft_loop
 
 
 @dataclasses.dataclass
@@ -128,8 +128,8 @@ def load_ar_pretrain_config(config: str | None = None, overrides: list[str] | tu
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m dlmrl.training.pretrain_ar [--config FILE] [--output-dir DIR] [key=value ...]``."""
-    parser = argparse.ArgumentParser(prog="python -m dlmrl.training.pretrain_ar", description=__doc__.splitlines()[0])
+    """``python -m dlmrl.pretraining.ar [--config FILE] [--output-dir DIR] [key=value ...]``."""
+    parser = argparse.ArgumentParser(prog="python -m dlmrl.pretraining.ar", description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="YAML config (e.g. configs/pretrain_tiny_sudoku_ar.yaml)")
     parser.add_argument("--output-dir", help="where the checkpoint is written (overrides output_dir)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

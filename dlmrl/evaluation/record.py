@@ -53,7 +53,7 @@ def _task(cfg) -> dict:
 
 def eval_record(cfg, policy, settings: dict, trained_steps: int | None = None) -> dict:
     """The record of one evaluation of ``policy`` under config ``cfg`` with ``settings``
-    (:meth:`~dlmrl.training.eval_presets.EvalSettings.as_dict`; for ``model.kind: block`` its ``block_size`` in
+    (:meth:`~dlmrl.evaluation.presets.EvalSettings.as_dict`; for ``model.kind: block`` its ``block_size`` in
     place of ``block_length``, which does not apply): ``protocol``, ``sampling``, ``task``, ``model``
     (id, revision, kind, family, weights dtype), ``dlmrl_version``, ``torch_version``, ``transformers_version``,
     ``device``, ``protocol_hash`` and ``hash`` (module docstring)."""

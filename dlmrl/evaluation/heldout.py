@@ -5,18 +5,18 @@ the headline number the trainer logs as ``eval_<name>`` and compares before/afte
 ``cell_accuracy`` (correct blank cells / all blank cells, d1's metric), the text tasks' ``accuracy`` (fraction
 of completions whose answer is right: GSM8K, MATH, Countdown).
 
-``protocol`` (``eval.protocol``, :mod:`dlmrl.training.eval_protocol`) picks how the text tasks are scored:
+``protocol`` (``eval.protocol``, :mod:`dlmrl.evaluation.protocol`) picks how the text tasks are scored:
 ``strict`` (the task's metrics) or d1's evaluation parser (``d1``, ``d1_fixed``). :func:`evaluate_with_config`
-runs an evaluation with a config's settings (its preset's, :mod:`dlmrl.training.eval_presets`) and writes the
-result's ``record`` (:mod:`dlmrl.training.eval_record`) beside the figures.
+runs an evaluation with a config's settings (its preset's, :mod:`dlmrl.evaluation.presets`) and writes the
+result's ``record`` (:mod:`dlmrl.evaluation.record`) beside the figures.
 """
 
 from __future__ import annotations
 
 import torch
 
+from dlmrl.evaluation.protocol import canvas_texts, protocol_metrics
 from dlmrl.models.sampler import generate
-from dlmrl.training.eval_protocol import canvas_texts, protocol_metrics
 
 
 def primary_metric(task) -> str:
@@ -104,7 +104,7 @@ def evaluate(policy, task, num_puzzles: int = 256, steps: int = 8, block_length:
         text tasks: ``accuracy``, ``mean_reward``; fractions in [0, 1]) plus ``primary_metric`` (the headline
         metric's name), ``protocol``, ``num_puzzles`` (examples decoded), ``nfe`` (forward passes per canvas),
         ``gen_length`` and ``steps``; with ``d1``/``d1_fixed`` the protocol's figures
-        (:func:`~dlmrl.training.eval_protocol.protocol_metrics`) and the strict ones under ``strict``.
+        (:func:`~dlmrl.evaluation.protocol.protocol_metrics`) and the strict ones under ``strict``.
     """
     gen = torch.Generator().manual_seed(seed)
     raw: list[str] = []
@@ -201,14 +201,14 @@ def evaluate_task_episodes(policy, task, num_puzzles: int = 0, batch_size: int =
 
 
 def evaluate_with_config(cfg, policy, task, gen_length: int | None = None, trained_steps: int | None = None) -> dict:
-    """Held-out evaluation with config ``cfg``'s settings (:func:`~dlmrl.training.eval_presets.eval_settings`: its
+    """Held-out evaluation with config ``cfg``'s settings (:func:`~dlmrl.evaluation.presets.eval_settings`: its
     ``eval.preset``'s, else the ``eval`` section's) at ``gen_length`` (default ``sampling.gen_length``; a text task
-    is decoded at that length), with the result's ``record`` (:func:`~dlmrl.training.eval_record.eval_record`).
+    is decoded at that length), with the result's ``record`` (:func:`~dlmrl.evaluation.record.eval_record`).
     AR policies decode left to right (steps and block length unused). ``trained_steps``: inside a training run,
     the steps the policy has been trained so far (the record's ``model.trained_steps``, so that a figure before
     training and one after it do not share a hash)."""
-    from dlmrl.training.eval_presets import eval_settings
-    from dlmrl.training.eval_record import eval_record
+    from dlmrl.evaluation.presets import eval_settings
+    from dlmrl.evaluation.record import eval_record
 
     settings = eval_settings(cfg, gen_length)
     if gen_length is not None:

@@ -1,6 +1,6 @@
 """Block-diffusion SFT of the tiny block model on Sudoku solutions (the base of ``model.kind: block``).
 
-The block counterpart of :mod:`dlmrl.training.pretrain` and :mod:`dlmrl.training.pretrain_ar`: the same config
+The block counterpart of :mod:`dlmrl.pretraining.loop` and :mod:`dlmrl.pretraining.ar`: the same config
 fields, the same generated puzzles (batches a function of ``(seed, step)``), a Llama of the same size, the same
 character tokenizer, and d1's full format as the AR baseline writes it: prompt ``[BOS] puzzle =``, completion = the
 16 solution cells (no EOS: the canvas has a fixed length).
@@ -28,12 +28,12 @@ import torch.nn.functional as F
 from dlmrl.config import PretrainConfig
 from dlmrl.data.tasks import SudokuTask
 from dlmrl.estimators.block_composite import composite_logits
+from dlmrl.evaluation.heldout import evaluate
 from dlmrl.kinds import parse_block_sizes
 from dlmrl.models.block_attention import block_bounds
 from dlmrl.models.block_policy import BlockDiffusionPolicy, block_policy_from
 from dlmrl.models.families import FAMILIES
-from dlmrl.training.evaluation import evaluate
-from dlmrl.training.pretrain import fresh_tiny_policy, pretrain_output_dir, save_pretrain_run, sft_loop
+from dlmrl.pretraining.loop import fresh_tiny_policy, pretrain_output_dir, save_pretrain_run, sft_loop
 
 #: the block size recorded in the shipped model's config.json (``model.block_size: null`` reads it)
 DEFAULT_BLOCK_SIZE = 4

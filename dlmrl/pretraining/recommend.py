@@ -8,8 +8,8 @@ it), drawn in turn. Batches are a function of ``(seed, step)``; no held-out user
 
 The model is a causal Llama (:func:`~dlmrl.models.ar.build_tiny_causal_model`, :data:`MAX_POSITIONS` positions)
 over :func:`~dlmrl.data.recommend_task.recommend_tokenizer`, trained by next-token loss on the completion tokens
-(:func:`~dlmrl.training.pretrain_ar.ar_sft_loss`), then evaluated on the held-out users in each mode
-(:func:`~dlmrl.training.evaluation.evaluate_ranking`: greedy exact match, Recall@K and NDCG@K from the constrained
+(:func:`~dlmrl.pretraining.ar.ar_sft_loss`), then evaluated on the held-out users in each mode
+(:func:`~dlmrl.evaluation.heldout.evaluate_ranking`: greedy exact match, Recall@K and NDCG@K from the constrained
 beam search). Stopping early leaves a base imperfect enough for RL.
 """
 
@@ -30,11 +30,11 @@ from dlmrl.data.recommend_task import (
     recommend_tokenizer,
 )
 from dlmrl.errors import OptionError
+from dlmrl.evaluation.heldout import evaluate_ranking
 from dlmrl.models.ar import AutoregressivePolicy, build_tiny_causal_model
-from dlmrl.training.evaluation import evaluate_ranking
-from dlmrl.training.pretrain import pretrain_output_dir, save_pretrain_run, sft_loop
-from dlmrl.training.pretrain_ar import ar_sft_loss
-from dlmrl.training.pretrain_multihop import SFTPairs, completion_targets
+from dlmrl.pretraining.ar import ar_sft_loss
+from dlmrl.pretraining.loop import pretrain_output_dir, save_pretrain_run, sft_loop
+from dlmrl.pretraining.multihop import SFTPairs, completion_targets
 
 __all__ = ["MAX_POSITIONS", "pretrain_recommend", "recommend_modes", "recommend_options"]
 
@@ -63,7 +63,7 @@ def recommend_modes(cfg: PretrainConfig) -> tuple[str, ...]:
 def pretrain_recommend(cfg: PretrainConfig, progress: bool = True) -> dict:
     """Build a tiny causal model from scratch, SFT it on the recommendation pairs, evaluate, save (module docstring).
 
-    Writes ``<output_dir>/`` as :func:`~dlmrl.training.pretrain.pretrain` does. Returns the summary.
+    Writes ``<output_dir>/`` as :func:`~dlmrl.pretraining.loop.pretrain` does. Returns the summary.
 
     Raises:
         ConfigError: ``kind`` not ``ar``; a bad ``task_options`` entry or ``sft_forms``; ``output_dir`` not a

@@ -5,7 +5,7 @@ import torch
 from dlmrl.config import PretrainConfig
 from dlmrl.estimators import exact_elbo
 from dlmrl.models.policy import canvas_logits
-from dlmrl.training.pretrain import masked_diffusion_sft_loss, pretrain
+from dlmrl.pretraining.loop import masked_diffusion_sft_loss, pretrain
 from tests.conftest import make_toy_policy
 
 

@@ -20,7 +20,7 @@ from dlmrl.models.ar import (
     resolve_ar_model_path,
 )
 from dlmrl.models.tokenizer import build_char_tokenizer
-from dlmrl.training.pretrain_ar import (
+from dlmrl.pretraining.ar import (
     ARPretrainConfig,
     ar_sft_loss,
     load_ar_pretrain_config,
@@ -103,7 +103,7 @@ def test_pretrain_never_replaces_a_foreign_folder(tmp_path, capsys):
 
 def test_dlmrl_pretrain_dispatches_on_kind(tmp_path, capsys, monkeypatch):
     from dlmrl import cli
-    from dlmrl.training import pretrain as diffusion_pretrain
+    from dlmrl.pretraining import loop as diffusion_pretrain
 
     monkeypatch.setattr(diffusion_pretrain, "pretrain", lambda cfg: pytest.fail("kind=ar ran the diffusion SFT"))
     out = tmp_path / "ar"

@@ -8,9 +8,9 @@ what the ReAct episodes' prompts continue; ``memory`` / ``react``: one pair per 
 mode), each completion followed by EOS. Batches are a function of ``(seed, step)``.
 
 - ``kind: ar``: a causal Llama (:func:`~dlmrl.models.ar.build_tiny_causal_model`, 1024 positions), next-token
-  loss on the completion tokens (:func:`~dlmrl.training.pretrain_ar.ar_sft_loss`); evaluated at the end on the
+  loss on the completion tokens (:func:`~dlmrl.pretraining.ar.ar_sft_loss`); evaluated at the end on the
   held-out questions by greedy episodes in both context modes
-  (:func:`~dlmrl.training.evaluation.evaluate_task_episodes`): EM and tool-call validity.
+  (:func:`~dlmrl.evaluation.heldout.evaluate_task_episodes`): EM and tool-call validity.
 - ``kind: diffusion``: the bidirectional tiny model, masked-diffusion SFT (LLaDA arXiv 2502.09992) on a canvas of
   the completion then EOS up to the longest completion of the batch (LLaDA pads answers with EOS and trains on
   them); evaluated by one single-sequence decode per held-out question (``eval_mode: sequence``: the model's own
@@ -34,15 +34,15 @@ from dlmrl.config.overrides import part_options
 from dlmrl.data.encoding import encode_prompts
 from dlmrl.data.multihop_task import MultiHopOptions, MultiHopTask, multihop_tokenizer
 from dlmrl.envs.tools.agent import FORMS, sft_pairs
+from dlmrl.evaluation.heldout import evaluate, evaluate_task_episodes
 from dlmrl.models.ar import AutoregressivePolicy, build_tiny_causal_model
-from dlmrl.training.evaluation import evaluate, evaluate_task_episodes
-from dlmrl.training.pretrain import (
+from dlmrl.pretraining.ar import ar_sft_loss
+from dlmrl.pretraining.loop import (
     masked_diffusion_sft_loss,
     pretrain_output_dir,
     save_pretrain_run,
     sft_loop,
 )
-from dlmrl.training.pretrain_ar import ar_sft_loss
 
 __all__ = ["MAX_POSITIONS", "SFTPairs", "completion_targets", "multihop_options", "pretrain_multihop", "sft_forms"]
 
@@ -64,7 +64,7 @@ def sft_forms(cfg: PretrainConfig) -> tuple[str, ...]:
 
 
 class SFTPairs:
-    """The SFT pairs of each form, batched as :func:`~dlmrl.training.pretrain.sft_loop` reads a task.
+    """The SFT pairs of each form, batched as :func:`~dlmrl.pretraining.loop.sft_loop` reads a task.
 
     Args:
         pairs: form -> ``(prompt, completion)`` texts.
@@ -101,7 +101,7 @@ def completion_targets(tokenizer, completions: list[str],
 def pretrain_multihop(cfg: PretrainConfig, progress: bool = True) -> dict:
     """Build a tiny model of ``cfg.kind`` from scratch, SFT it on scripted traces, evaluate, save (module docstring).
 
-    Writes ``<output_dir>/`` as :func:`~dlmrl.training.pretrain.pretrain` does. Returns the summary.
+    Writes ``<output_dir>/`` as :func:`~dlmrl.pretraining.loop.pretrain` does. Returns the summary.
 
     Raises:
         ConfigError: a bad ``task_options`` entry or ``sft_forms``; ``output_dir`` not a pretrain checkpoint.
