@@ -41,6 +41,7 @@ from dlmrl.config import (
     validate,
 )
 from dlmrl.data.dataset_task import DatasetTask
+from dlmrl.kinds import KINDS, kind_of
 from dlmrl.rewards.functions import RewardFunctions
 from dlmrl.training.callbacks import Callbacks
 
@@ -56,18 +57,18 @@ def _model_kind(model) -> str | None:
     from dlmrl.models.ar import AutoregressivePolicy
     from dlmrl.models.policy import MaskedDiffusionPolicy
 
-    if isinstance(model, AutoregressivePolicy):
-        return "ar"
-    if isinstance(model, MaskedDiffusionPolicy):
-        return getattr(model, "kind", "diffusion")  # (a BlockDiffusionPolicy says "block")
+    if isinstance(model, (AutoregressivePolicy, MaskedDiffusionPolicy)):
+        from dlmrl.kinds import policy_kind
+
+        return policy_kind(model).name  # (a BlockDiffusionPolicy is a block policy)
     if isinstance(model, str):
         from dlmrl.models.loading import checkpoint_kind
 
         return checkpoint_kind(model)  # (the kind a saved or shipped model records; None: not recorded)
-    from dlmrl.kinds import KIND_KEY, POLICY_KINDS
+    from dlmrl.kinds import KIND_KEY, kind_names
 
     recorded = getattr(getattr(model, "config", None), KIND_KEY, None)  # (a loaded model saved by dlmrl)
-    return recorded if recorded in POLICY_KINDS else None
+    return recorded if recorded in kind_names() else None
 
 
 def trainer_config(config: Config | dict | None = None, model: Any = None) -> Config:
@@ -103,8 +104,9 @@ def trainer_config(config: Config | dict | None = None, model: Any = None) -> Co
             cfg.eval.num_puzzles = 0
         if "model.kind" not in explicit and kind is not None:
             cfg.model.kind = kind
-        if "train.algorithm" not in explicit and cfg.model.kind == "ar":
-            cfg.train.algorithm = "grpo"
+        default_algorithm = kind_of(cfg.model.kind).default_algorithm if cfg.model.kind in KINDS else None
+        if "train.algorithm" not in explicit and default_algorithm is not None:
+            cfg.train.algorithm = default_algorithm
         use_the_algorithms_estimator(cfg, [f"{k}=" for k in explicit])
     else:
         raise TypeError(f"config: expected a dlmrl.config.Config, a dict of overrides or None, got "
@@ -113,7 +115,8 @@ def trainer_config(config: Config | dict | None = None, model: Any = None) -> Co
         raise ConfigError(f"config key 'task.name': the Python API trains on train_dataset (task 'dataset'), got "
                           f"{cfg.task.name!r}")
     cfg.task.name = "dataset"
-    if kind is not None and cfg.model.kind != kind:
+    if kind is not None and cfg.model.kind != kind and not (cfg.model.kind in KINDS
+                                                            and kind_of(cfg.model.kind).accepts_checkpoint(kind)):
         raise ConfigError(f"config key 'model.kind': the model is a {kind} policy but model.kind is "
                           f"{cfg.model.kind!r}")
     if isinstance(model, str):
@@ -122,9 +125,8 @@ def trainer_config(config: Config | dict | None = None, model: Any = None) -> Co
         inner = getattr(model, "model", model)  # (a dlmrl policy holds the transformers model)
         name = getattr(getattr(inner, "config", None), "_name_or_path", None)
         cfg.model.name_or_path = name or f"<{type(inner).__name__} object>"
-        recorded = getattr(getattr(inner, "config", None), "block_size", None)  # (a loaded block model's own size)
-        if cfg.model.kind == "block" and cfg.model.block_size is None and isinstance(recorded, int):
-            cfg.model.block_size = getattr(model, "block_size", None) or recorded
+        if cfg.model.kind in KINDS:  # (an unknown kind is refused by the config check, naming model.kind)
+            kind_of(cfg.model.kind).adopt_model_settings(cfg, model)  # (e.g. a loaded block model's own size)
     return cfg
 
 
@@ -134,8 +136,7 @@ def _policy_of(model, tokenizer, cfg: Config):
     dlmrl records its kind and block size in its config)."""
     from torch import nn
 
-    from dlmrl.models.ar import AutoregressivePolicy, ar_policy_from_model
-    from dlmrl.models.loading import diffusion_policy_from_model
+    from dlmrl.models.ar import AutoregressivePolicy
     from dlmrl.models.policy import MaskedDiffusionPolicy
     from dlmrl.training.run_setup import load_configured_policy
 
@@ -157,20 +158,7 @@ def _policy_of(model, tokenizer, cfg: Config):
         if not path:
             raise ValueError("model: a transformers model built in memory has no saved tokenizer; pass tokenizer=")
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
-    if cfg.model.kind == "ar":
-        return ar_policy_from_model(model, tokenizer)
-    policy = diffusion_policy_from_model(model, tokenizer, cfg.model.family)
-    if cfg.model.kind != "block":
-        return policy
-    from dlmrl.models.block_policy import block_policy_from
-    from dlmrl.models.families import FAMILIES
-
-    fam = FAMILIES.get(policy.family)
-    if fam.block_forward is None or not cfg.model.block_size:
-        raise ConfigError(f"config key 'model.kind': block needs a family with a block-causal forward and a block size "
-                          f"(model.block_size, or the model's config.block_size); got family {policy.family!r}, "
-                          f"block size {cfg.model.block_size}")
-    return block_policy_from(policy, cfg.model.block_size, fam.block_forward, fam.prompt_blocks)
+    return kind_of(cfg.model.kind).wrap(model, tokenizer, cfg)
 
 
 class Trainer:

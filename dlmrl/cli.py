@@ -31,6 +31,7 @@ from dlmrl.config import (
     validate,
     validate_pretrain,
 )
+from dlmrl.kinds import kind_of
 from dlmrl.listing import _REGISTRIES, _run_list, plain_text  # noqa: F401 (plain_text: re-exported)
 
 
@@ -289,14 +290,14 @@ def eval_length_configs(cfg: Config, lengths: tuple[int, ...]) -> list[Config]:
         c.sampling.gen_length = length
         steps = cfg.eval.steps * length / cfg.sampling.gen_length
         if cfg.eval.preset != "none":  # (the preset's steps at each length: dlmrl.evaluation.presets)
-            from dlmrl.evaluation.presets import PRESETS, preset_length_problem
+            from dlmrl.evaluation.presets import PRESETS
 
-            problem = preset_length_problem(PRESETS[cfg.eval.preset], length) if cfg.model.kind != "ar" else None
+            problem = kind_of(cfg.model.kind).eval_preset_problem(PRESETS[cfg.eval.preset], length)
             if problem:
                 raise ConfigError(f"--gen-lengths {length}: eval.preset {cfg.eval.preset!r}: {problem}")
             out.append(_validated_length(c, length))
             continue
-        if cfg.model.kind != "ar" and steps != int(steps):
+        if kind_of(cfg.model.kind).denoises and steps != int(steps):
             raise ConfigError(f"--gen-lengths {length}: eval.steps {cfg.eval.steps} at gen_length "
                               f"{cfg.sampling.gen_length} gives {steps:g} steps at {length}; choose lengths or "
                               "eval.steps that scale to whole steps")

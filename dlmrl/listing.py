@@ -17,6 +17,7 @@ _REGISTRIES = {
     "weightings": ("dlmrl.objectives.weighting", "WEIGHTINGS"),
     "families": ("dlmrl.models.families", "FAMILIES"),
     "envs": ("dlmrl.envs", "ENVS"),
+    "kinds": ("dlmrl.kinds", "KINDS"),
 }
 
 

@@ -2,7 +2,8 @@
 ``dlmrl.plugins`` entry points.
 
 Importing a module is how its registrations happen: a module that calls ``REWARDS.register("name")``,
-``TASKS.register(...)``, ``ESTIMATORS.register(...)`` or ``ALGORITHMS.register(...)`` at import time makes those
+``TASKS.register(...)``, ``ESTIMATORS.register(...)``, ``ALGORITHMS.register(...)`` or ``KINDS.register(...)`` (a
+policy kind, :mod:`dlmrl.kinds`) at import time makes those
 names visible to config validation, ``dlmrl list`` and training. ``dlmrl train --import MODULE`` imports such a
 module before the config is read; an installed package can instead declare an entry point in the
 ``dlmrl.plugins`` group (pyproject: ``[project.entry-points."dlmrl.plugins"] my_pkg = "my_pkg.dlmrl_plugin"``),

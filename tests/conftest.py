@@ -59,12 +59,13 @@ def make_toy_policy(vocab_size: int = 8, seed: int = 0, dtype: torch.dtype = tor
 def no_model_load(monkeypatch):
     """Fail the test if any model is loaded (errors that must come first)."""
     import dlmrl.models.ar
+    import dlmrl.models.loading
     import dlmrl.training.run_setup
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the error")
 
-    for owner, name in ((dlmrl.training.run_setup, "load_configured_policy"), (dlmrl.training.run_setup, "load_policy"),
+    for owner, name in ((dlmrl.training.run_setup, "load_configured_policy"), (dlmrl.models.loading, "load_policy"),
                         (dlmrl.models.ar, "load_ar_policy")):
         monkeypatch.setattr(owner, name, refuse)
 

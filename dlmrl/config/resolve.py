@@ -117,11 +117,12 @@ def _recorded_kind(cfg: Config) -> tuple[str | None, bool]:
     """(the kind ``cfg.model.name_or_path`` records, or ``None``; whether the config chose ``model.kind``: the user's
     YAML file, an override or the API's dict set it (:func:`~dlmrl.config.overrides.user_keys`; not the packaged
     recipe nor a run's saved config), or a config built in Python holds a kind other than the default)."""
+    from dlmrl.kinds import kind_names
     from dlmrl.models.loading import checkpoint_kind
 
     m = cfg.model
     keys = user_keys(cfg)
-    return checkpoint_kind(m.name_or_path), ("model.kind" in keys if keys is not None else m.kind != type(m)().kind)
+    return checkpoint_kind(m.name_or_path, kind_names()), ("model.kind" in keys if keys is not None else m.kind != type(m)().kind)
 
 
 def adopt_checkpoint_kind(cfg: Config) -> None:
@@ -142,12 +143,14 @@ def adopt_checkpoint_kind(cfg: Config) -> None:
 def checkpoint_kind_conflict(cfg: Config) -> str | None:
     """Why ``model.kind`` contradicts the kind its checkpoint records (a shipped name: the shipped models of the
     configured kind to use instead), else ``None``."""
-    from dlmrl.kinds import KIND_KEY
+    from dlmrl.models.checkpoint_keys import KIND_KEY
     from dlmrl.models.loading import SHIPPED_KINDS, is_shipped
 
     m = cfg.model
+    from dlmrl.kinds import KINDS
+
     recorded, _ = _recorded_kind(cfg)
-    if recorded is None or recorded == m.kind:
+    if recorded is None or recorded == m.kind or (m.kind in KINDS and KINDS.get(m.kind).accepts_checkpoint(recorded)):
         return None
     how = "shipped" if is_shipped(m.name_or_path) else "saved"
     instead = [name for name, kind in SHIPPED_KINDS.items() if kind == m.kind]
@@ -161,12 +164,9 @@ def estimator_sampling(cfg: Config) -> SamplingConfig:
     block`` that of one block (``gen_length = block_length = model.block_size``, ``steps`` per block), so the
     trajectory estimator's NFE counts a block's steps (its passes cover every block at once) and SPG's masks tile
     the policy's blocks."""
-    s, m = cfg.sampling, cfg.model
-    if m.kind != "block" or not m.block_size:
-        return s
-    blocks = -(-s.gen_length // m.block_size)
-    return dataclasses.replace(s, gen_length=m.block_size, block_length=m.block_size,
-                               steps=max(s.steps // blocks, 1))
+    from dlmrl.kinds import kind_of
+
+    return kind_of(cfg.model.kind).estimator_sampling(cfg)
 
 
 def resolve_run(cfg: Config, for_training: bool = True) -> RunSpec:
@@ -259,7 +259,11 @@ def use_the_algorithms_estimator(cfg: Config, overrides: list[str]) -> bool:
     untuned = dataclasses.replace(cfg.estimator, options=recipe.estimator.options,
                                   micro_batch=recipe.estimator.micro_batch,
                                   logits_chunk=recipe.estimator.logits_chunk)
-    if (cfg.model.kind == "ar" or cfg.train.algorithm == recipe.train.algorithm or chosen
+    from dlmrl.kinds import KINDS, kind_of
+
+    # (a kind that runs no estimator has none to choose; an unknown kind is refused by the config check)
+    runs_none = cfg.model.kind in KINDS and not kind_of(cfg.model.kind).scores_with_estimators
+    if (runs_none or cfg.train.algorithm == recipe.train.algorithm or chosen
             or untuned != recipe.estimator):
         return False
     cfg.estimator = EstimatorConfig(options=cfg.estimator.options, micro_batch=cfg.estimator.micro_batch,

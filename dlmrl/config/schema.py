@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlmrl.kinds import DIFFUSION_KINDS, POLICY_KINDS, base_kind  # noqa: F401 (re-exported)
-
 DEFAULT_TRAIN_CONFIG = "gdpo_sudoku_tiny.yaml"
 
 
@@ -40,7 +38,8 @@ class ModelConfig:
     kind: str = doc("diffusion", "Policy kind: diffusion (masked-diffusion LM: sampler + ELBO estimator) | block "
                                  "(block diffusion: blocks of model.block_size written left to right, denoised inside, "
                                  "exact key/value cache, one-pass composite likelihoods) | ar (causal LM: generate + "
-                                 "exact token log-probs; task.answer_mode full).")
+                                 "exact token log-probs; task.answer_mode full), or a kind a plugin registers "
+                                 "(dlmrl list kinds; dlmrl.kinds).")
     name_or_path: str = doc("tiny-sudoku", "Checkpoint: local folder, hub id, or 'tiny-sudoku' (shipped diffusion "
                                            "default) / 'tiny-sudoku-ar' (shipped AR default).")
     family: str = doc("auto", "Family adapter (diffusion, block): auto | llada | dream | masked_lm | tiny | sdar | llada2; auto "
@@ -456,3 +455,18 @@ def help_text(cls: type) -> str:
         tname = getattr(ftype, "__name__", str(ftype)).replace("typing.", "")
         lines.append(f"  {key} ({tname}, default {default!r})\n      {f.metadata.get('help', '')}")
     return "\n".join(lines)
+
+
+def parse_block_sizes(text: str) -> list[int]:
+    """``"1,2,4"`` → ``[1, 2, 4]`` (the block pretraining's ``block_sizes``).
+
+    Raises:
+        ValueError: an entry that is not an integer >= 1, or none at all.
+    """
+    try:
+        sizes = [int(part) for part in str(text).split(",") if part.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or any(b < 1 for b in sizes):
+        raise ValueError(f"block_sizes must be a comma list of integers >= 1, got {text!r}")
+    return sizes

@@ -241,10 +241,10 @@ class MultiHopTask(Task):
         return other
 
     @classmethod
-    def check_policy(cls, options: MultiHopOptions, kind: str, evaluates: bool) -> None:
+    def check_policy(cls, options: MultiHopOptions, kind, evaluates: bool) -> None:
         """Episode evaluation plays the held-out questions with the policy's ``generate`` (an AR policy): a diffusion
         policy that evaluates needs ``eval_mode: sequence``."""
-        _check(not (evaluates and kind != "ar" and options.eval_mode == "episodes"), "eval_mode",
+        _check(not (evaluates and not kind.autoregressive and options.eval_mode == "episodes"), "eval_mode",
                f"'episodes' plays the held-out questions turn by turn with an AR policy; model.kind {kind!r} decodes "
                "one sequence per question: set task.options.eval_mode: sequence (or turn held-out evaluation off: "
                "eval.before: false, eval.after: false, eval.eval_steps: 0)")

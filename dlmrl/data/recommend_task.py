@@ -311,10 +311,10 @@ class RecommendTask(Task):
                                             f"({need} tokens); set sampling.gen_length >= {need}")
 
     @classmethod
-    def check_policy(cls, options: RecommendOptions, kind: str, evaluates: bool) -> None:
+    def check_policy(cls, options: RecommendOptions, kind, evaluates: bool) -> None:
         """The held-out beam search scores IDs with an AR policy's exact log-probs: another kind that evaluates
         needs ``eval_mode: greedy``."""
-        _check(not (evaluates and kind != "ar" and options.eval_mode == "beam"), "eval_mode",
+        _check(not (evaluates and not kind.autoregressive and options.eval_mode == "beam"), "eval_mode",
                f"'beam' ranks the catalogue by an AR policy's sequence log-probs; model.kind {kind!r} cannot: set "
                "task.options.eval_mode: greedy (exact-match metrics from one greedy completion)")
 

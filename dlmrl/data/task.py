@@ -120,11 +120,12 @@ class Task(ABC):
         return None
 
     @classmethod
-    def check_policy(cls, options, kind: str, evaluates: bool) -> None:
+    def check_policy(cls, options, kind, evaluates: bool) -> None:
         """Refuse, before any model loads, a policy kind the task cannot serve with these options.
 
         Args:
-            kind: ``model.kind`` (``diffusion`` or ``ar``). evaluates: whether the run evaluates on held-out data.
+            kind: the policy kind of ``model.kind`` (:class:`dlmrl.kinds.PolicyKind`: its ``name`` and capabilities,
+                e.g. ``autoregressive``). evaluates: whether the run evaluates on held-out data.
         Raises:
             OptionError: naming the setting (default: accepts every kind).
         """

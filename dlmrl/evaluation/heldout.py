@@ -6,8 +6,8 @@ the headline number the trainer logs as ``eval_<name>`` and compares before/afte
 of completions whose answer is right: GSM8K, MATH, Countdown).
 
 ``protocol`` (``eval.protocol``, :mod:`dlmrl.evaluation.protocol`) picks how the text tasks are scored:
-``strict`` (the task's metrics) or d1's evaluation parser (``d1``, ``d1_fixed``). :func:`evaluate_with_config`
-runs an evaluation with a config's settings (its preset's, :mod:`dlmrl.evaluation.presets`) and writes the
+``strict`` (the task's metrics) or d1's evaluation parser (``d1``, ``d1_fixed``).
+:func:`dlmrl.evaluation.configured.evaluate_with_config` runs an evaluation with a config's settings (its preset's, :mod:`dlmrl.evaluation.presets`) and writes the
 result's ``record`` (:mod:`dlmrl.evaluation.record`) beside the figures.
 """
 
@@ -198,33 +198,3 @@ def evaluate_task_episodes(policy, task, num_puzzles: int = 0, batch_size: int =
                              o.turn_length, batch_size)
     return _summary(task, examples, [], 0, "strict", None, metrics=task.episode_metrics(examples, envs),
                     mode="episodes", max_turns=o.max_turns, max_new_tokens=o.turn_length)
-
-
-def evaluate_with_config(cfg, policy, task, gen_length: int | None = None, trained_steps: int | None = None) -> dict:
-    """Held-out evaluation with config ``cfg``'s settings (:func:`~dlmrl.evaluation.presets.eval_settings`: its
-    ``eval.preset``'s, else the ``eval`` section's) at ``gen_length`` (default ``sampling.gen_length``; a text task
-    is decoded at that length), with the result's ``record`` (:func:`~dlmrl.evaluation.record.eval_record`).
-    AR policies decode left to right (steps and block length unused). ``trained_steps``: inside a training run,
-    the steps the policy has been trained so far (the record's ``model.trained_steps``, so that a figure before
-    training and one after it do not share a hash)."""
-    from dlmrl.evaluation.presets import eval_settings
-    from dlmrl.evaluation.record import eval_record
-
-    settings = eval_settings(cfg, gen_length)
-    if gen_length is not None:
-        task.gen_length = gen_length
-    s = settings
-    check_held_out_size(task, s.num_puzzles)  # (a ConfigError naming the key, not the task's bare ValueError)
-    if getattr(task, "evaluates_episodes", False):  # (a task whose answers need its environment: multihop)
-        result = evaluate_task_episodes(policy, task, num_puzzles=s.num_puzzles, batch_size=s.batch_size)
-    elif getattr(task, "evaluates_ranking", False):  # (recommend: a beam search over the catalogue; AR only)
-        result = evaluate_ranking(policy, task, num_puzzles=s.num_puzzles, batch_size=s.batch_size)
-    elif cfg.model.kind == "ar":
-        result = evaluate_ar(policy, task, num_puzzles=s.num_puzzles, batch_size=s.batch_size,
-                             temperature=s.temperature, seed=s.seed, protocol=s.protocol)
-    else:
-        result = evaluate(policy, task, num_puzzles=s.num_puzzles, steps=s.steps, block_length=s.block_length,
-                          temperature=s.temperature, batch_size=s.batch_size, seed=s.seed, protocol=s.protocol)
-    recorded = settings.as_dict()
-    recorded["gen_length"] = getattr(task, "gen_length", recorded["gen_length"])  # (the canvas decoded)
-    return {**result, "record": eval_record(cfg, policy, recorded, trained_steps)}

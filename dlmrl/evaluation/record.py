@@ -51,12 +51,13 @@ def _task(cfg) -> dict:
             **({"options": dict(t.options)} if t.options else {})}  # (a task's own settings: its held-out data)
 
 
-def eval_record(cfg, policy, settings: dict, trained_steps: int | None = None) -> dict:
+def eval_record(cfg, policy, settings: dict, trained_steps: int | None = None, kind=None) -> dict:
     """The record of one evaluation of ``policy`` under config ``cfg`` with ``settings``
     (:meth:`~dlmrl.evaluation.presets.EvalSettings.as_dict`; for ``model.kind: block`` its ``block_size`` in
     place of ``block_length``, which does not apply): ``protocol``, ``sampling``, ``task``, ``model``
     (id, revision, kind, family, weights dtype), ``dlmrl_version``, ``torch_version``, ``transformers_version``,
-    ``device``, ``protocol_hash`` and ``hash`` (module docstring)."""
+    ``device``, ``protocol_hash`` and ``hash`` (module docstring). ``kind``: the policy kind of ``model.kind``
+    (:class:`~dlmrl.kinds.base.PolicyKind`; default: :func:`dlmrl.kinds.kind_of` ``cfg.model.kind``)."""
     import transformers
 
     from dlmrl import __version__
@@ -64,10 +65,11 @@ def eval_record(cfg, policy, settings: dict, trained_steps: int | None = None) -
     model, param = _model(cfg, policy)
     if trained_steps is not None:  # (inside a training run: the weights are the run's after that many steps)
         model["trained_steps"] = trained_steps
+    from dlmrl.kinds import kind_of
+
     sampling = {k: v for k, v in settings.items() if k != "protocol"}
-    if cfg.model.kind == "block":  # (it decodes in the model's blocks: their size decides the figures, not block_length)
-        sampling["block_length"] = None
-        sampling["block_size"] = getattr(policy, "block_size", cfg.model.block_size)
+    kind = kind if kind is not None else kind_of(cfg.model.kind)
+    sampling = kind.record_sampling(sampling, cfg, policy)  # (block: its block_size, not block_length)
     record = {"protocol": settings["protocol"], "sampling": sampling, "task": _task(cfg), "model": model,
               "dlmrl_version": __version__, "torch_version": torch.__version__,
               "transformers_version": transformers.__version__,

@@ -480,7 +480,7 @@ def load_ar_policy(name_or_path: str = TINY_AR_DEFAULT, trust_remote_code: bool 
         raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     adapter = find_adapter(name_or_path)
     if adapter is not None:
-        check_adapter_kind(adapter, "ar")
+        check_adapter_kind(adapter, ("ar",))
         policy = load_ar_policy(adapter.base_model_name_or_path, trust_remote_code, dtype, device)
         policy.model = attach_adapter(policy.model, adapter).to(device)
         return policy

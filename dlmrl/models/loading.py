@@ -50,10 +50,12 @@ def is_shipped(name: str) -> bool:
     return name in SHIPPED_KINDS
 
 
-def checkpoint_kind(name_or_path: str) -> str | None:
+def checkpoint_kind(name_or_path: str, known=None) -> str | None:
     """The policy kind a local (or shipped) checkpoint records: a LoRA adapter folder's note
-    (``dlmrl_base_model.json`` ``kind``, else its base model's), else ``config.json``'s ``dlmrl_kind`` (:data:`dlmrl.kinds.KIND_KEY`);
+    (``dlmrl_base_model.json`` ``kind``, else its base model's), else ``config.json``'s ``dlmrl_kind`` (:data:`dlmrl.models.checkpoint_keys.KIND_KEY`);
     ``None`` when it records none (a checkpoint dlmrl did not write, a hub id: nothing is fetched here).
+    ``known``: the policy kinds' names (:data:`dlmrl.kinds.KINDS`, the config check's); a recorded value outside
+    them is refused (default: the built-in kinds of :data:`SHIPPED_KINDS`).
 
     Raises:
         ConfigError: a recorded value that is not a policy kind (naming the file).
@@ -61,23 +63,25 @@ def checkpoint_kind(name_or_path: str) -> str | None:
     import json
 
     from dlmrl.errors import ConfigError
-    from dlmrl.kinds import KIND_KEY, POLICY_KINDS
+    from dlmrl.models.checkpoint_keys import KIND_KEY
     from dlmrl.models.lora import read_adapter
+
+    known = list(known) if known is not None else list(dict.fromkeys(SHIPPED_KINDS.values()))
 
     try:
         adapter = read_adapter(name_or_path)
     except (ValueError, OSError):  # (an unreadable adapter: the loader reports it)
         adapter = None
     if adapter is not None:
-        return adapter.kind if adapter.kind is not None else checkpoint_kind(adapter.base_model_name_or_path)
+        return adapter.kind if adapter.kind is not None else checkpoint_kind(adapter.base_model_name_or_path, known)
     folder = Path(shipped_path(name_or_path) or name_or_path)
     file = folder / "config.json"
     try:
         value = json.loads(file.read_text()).get(KIND_KEY) if file.is_file() else None
     except (OSError, ValueError, AttributeError):  # (an unreadable config.json: the loader reports it)
         return None
-    if value is not None and value not in POLICY_KINDS:
-        raise ConfigError(f"{file}: {KIND_KEY} {value!r} is not a policy kind (one of {', '.join(POLICY_KINDS)})")
+    if value is not None and value not in known:
+        raise ConfigError(f"{file}: {KIND_KEY} {value!r} is not a policy kind (one of {', '.join(known)})")
     return value
 
 
@@ -231,7 +235,7 @@ def load_policy(
         raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     adapter = find_adapter(name_or_path)
     if adapter is not None:
-        check_adapter_kind(adapter, "diffusion")
+        check_adapter_kind(adapter, ("diffusion", "block"))
         base_family = family if family != "auto" else adapter.family or "auto"
         policy = load_policy(adapter.base_model_name_or_path, base_family, trust_remote_code, dtype, device,
                              mask_token_id)

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from dlmrl.errors import ConfigError
-from dlmrl.kinds import KIND_KEY
+from dlmrl.models.checkpoint_keys import KIND_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -373,12 +373,15 @@ def attach_adapter(model: nn.Module, adapter: AdapterInfo, trainable: bool = Fal
         return PeftModel.from_pretrained(model, adapter.path, is_trainable=trainable)
 
 
-def check_adapter_kind(adapter: AdapterInfo, kind: str) -> None:
-    """Raise ``ValueError`` when the adapter was trained on the other policy kind (``diffusion`` / ``ar``)."""
-    from dlmrl.kinds import base_kind
+#: the loader of a saved adapter's policy kind, for the message when another loader is asked (default: load_policy)
+ADAPTER_LOADERS = {"ar": "load_ar_policy (model.kind=ar)"}
 
-    if adapter.kind is not None and base_kind(adapter.kind) != base_kind(kind):  # (a block adapter: a diffusion one)
-        loader = "load_ar_policy (model.kind=ar)" if adapter.kind == "ar" else "load_policy (model.kind=diffusion)"
+
+def check_adapter_kind(adapter: AdapterInfo, accepts: tuple[str, ...]) -> None:
+    """Raise ``ValueError`` when the adapter was trained on a policy kind the calling loader does not build
+    (``accepts``: its kinds' names; a block adapter is a diffusion one: ``load_policy`` takes both)."""
+    if adapter.kind is not None and adapter.kind not in accepts:
+        loader = ADAPTER_LOADERS.get(adapter.kind, "load_policy (model.kind=diffusion)")
         raise ValueError(f"{adapter.path}: this adapter was trained on a {adapter.kind!r} policy over "
                          f"{adapter.base_model_name_or_path!r}; load it with {loader}")
 

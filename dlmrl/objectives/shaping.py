@@ -3,25 +3,11 @@ SRPO's residual-sensitive graded reward."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from dlmrl.objectives.advantages import _all_equal, _grouped
 
 SRPO_LEVEL_REWARDS = (0.0, 0.5, 0.707, 0.866, 0.95)  # by leading levels matched: 0, 1, 2, 3, >= 4
-
-
-def generation_budget(kind: str, gen_length: int, preset) -> int:
-    """The tokens a rollout may sample per completion: ``gen_length`` (AR: plus EOS; with DAPO's soft overlong
-    punishment, ``⌈(gen_length + 1) / (1 − fraction)⌉``, **dlmrl interpretation**: the cache sits past the answer, so a
-    complete answer is never punished and only tokens beyond it are). One function for the run, its plan and the
-    config check (the budget of a trajectory with the tools inside the rollout)."""
-    if kind != "ar":
-        return gen_length
-    if preset is None or preset.overlong_cache_fraction is None:
-        return gen_length + 1
-    return math.ceil((gen_length + 1) / (1 - preset.overlong_cache_fraction))
 
 
 def soft_overlong_punishment(lengths: torch.Tensor, max_length: int, cache_length: int) -> torch.Tensor:

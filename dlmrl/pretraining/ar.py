@@ -31,6 +31,7 @@ from dlmrl.config import (
 )
 from dlmrl.data.tasks import SudokuTask
 from dlmrl.evaluation.heldout import evaluate_ar  # (re-exported: it lived here first)
+from dlmrl.kinds import KINDS, kind_of
 from dlmrl.models.ar import AutoregressivePolicy, build_tiny_causal_model
 from dlmrl.models.tokenizer import build_char_tokenizer
 from dlmrl.pretraining.loop import pretrain_output_dir, save_pretrain_run, sft_loop
@@ -120,7 +121,7 @@ def load_ar_pretrain_config(config: str | None = None, overrides: list[str] | tu
         if output_dir:
             cfg.output_dir = output_dir
         validate_pretrain(cfg)
-        if cfg.kind != "ar":
+        if cfg.kind not in KINDS or not kind_of(cfg.kind).autoregressive:
             raise ConfigError(f"config key 'kind' must be 'ar' for the AR pretraining, got {cfg.kind!r}")
     except ConfigError as e:
         raise locate_error(e, config) from None

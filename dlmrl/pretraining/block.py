@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 
 from dlmrl.config import PretrainConfig
+from dlmrl.config.schema import parse_block_sizes
 from dlmrl.data.tasks import SudokuTask
 from dlmrl.estimators.block_composite import composite_logits
 from dlmrl.evaluation.heldout import evaluate
-from dlmrl.kinds import parse_block_sizes
 from dlmrl.models.block_attention import block_bounds
 from dlmrl.models.block_policy import BlockDiffusionPolicy, block_policy_from
 from dlmrl.models.families import FAMILIES

@@ -86,7 +86,7 @@ def sft_loop(model, task, cfg: PretrainConfig, batch_loss, desc: str, progress: 
 def save_pretrain_run(out: Path, model, tokenizer, cfg: PretrainConfig, summary: dict) -> None:
     """Write the model, tokenizer, config and summary to ``out`` atomically (replacing it as a whole); the model's
     ``config.json`` records its policy kind (``dlmrl_kind``, ``cfg.kind``) for the loaders."""
-    from dlmrl.kinds import KIND_KEY
+    from dlmrl.models.checkpoint_keys import KIND_KEY
 
     setattr(model.config, KIND_KEY, cfg.kind)
     with atomic_dir(out) as tmp:

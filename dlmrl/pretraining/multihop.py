@@ -35,6 +35,7 @@ from dlmrl.data.encoding import encode_prompts
 from dlmrl.data.multihop_task import MultiHopOptions, MultiHopTask, multihop_tokenizer
 from dlmrl.envs.tools.agent import FORMS, sft_pairs
 from dlmrl.evaluation.heldout import evaluate, evaluate_task_episodes
+from dlmrl.kinds import kind_of
 from dlmrl.models.ar import AutoregressivePolicy, build_tiny_causal_model
 from dlmrl.pretraining.ar import ar_sft_loss
 from dlmrl.pretraining.loop import (
@@ -111,7 +112,7 @@ def pretrain_multihop(cfg: PretrainConfig, progress: bool = True) -> dict:
     torch.manual_seed(cfg.seed)
     tokenizer = multihop_tokenizer()
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    ar = cfg.kind == "ar"
+    ar = kind_of(cfg.kind).autoregressive  # (a causal model, next-token SFT; else bidirectional, masked)
     if ar:
         model = build_tiny_causal_model(len(tokenizer), cfg.hidden_size, cfg.num_layers, cfg.num_heads,
                                         cfg.intermediate_size, MAX_POSITIONS, cfg.seed, tokenizer.bos_token_id, eos, pad)

@@ -31,6 +31,7 @@ from dlmrl.data.recommend_task import (
 )
 from dlmrl.errors import OptionError
 from dlmrl.evaluation.heldout import evaluate_ranking
+from dlmrl.kinds import KINDS, kind_of
 from dlmrl.models.ar import AutoregressivePolicy, build_tiny_causal_model
 from dlmrl.pretraining.ar import ar_sft_loss
 from dlmrl.pretraining.loop import pretrain_output_dir, save_pretrain_run, sft_loop
@@ -69,7 +70,7 @@ def pretrain_recommend(cfg: PretrainConfig, progress: bool = True) -> dict:
         ConfigError: ``kind`` not ``ar``; a bad ``task_options`` entry or ``sft_forms``; ``output_dir`` not a
             pretrain checkpoint.
     """
-    if cfg.kind != "ar":
+    if cfg.kind not in KINDS or not kind_of(cfg.kind).autoregressive:
         raise ConfigError(f"config key 'kind': the recommend pretraining builds a causal model (kind: ar), got "
                           f"{cfg.kind!r}")
     options, modes = recommend_options(cfg), recommend_modes(cfg)

@@ -36,7 +36,8 @@ def add_anchors(ro: Rollout, task, anchor_threshold: float, kind: str, eos_token
 
     Args:
         ro: the rollout with ``rewards`` and ``train_rewards``. anchor_threshold: the cut (DaGRPO: 0).
-        kind: ``"ar"`` | ``"diffusion"``.
+        kind: the policy kind (:class:`~dlmrl.kinds.base.PolicyKind`): ``autoregressive`` ones write the reference
+            then EOS; the others lay it on the canvas.
         eos_token_id: appended to AR anchors, fills a diffusion canvas after a short reference (``None``:
             nothing appended; ``pad_id`` fills). pad_id: AR padding.
         shape: ``(rewards (n,), lengths (n,)) -> (n,)`` training rewards of the ``n`` anchors.
@@ -64,7 +65,7 @@ def add_anchors(ro: Rollout, task, anchor_threshold: float, kind: str, eos_token
         if text is None:
             continue
         ids = task.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if kind == "ar":
+        if kind.autoregressive:
             ids = ids + ([eos_token_id] if eos_token_id is not None else [])
             if len(ids) > L:
                 too_long += 1

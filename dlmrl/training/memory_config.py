@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from pathlib import Path
 
+from dlmrl.kinds import kind_of
 from dlmrl.training.memory_plan import (
     ASSUMED_PROMPT_TOKENS,
     PHASE_TERMS,
@@ -88,18 +89,16 @@ def architecture_for(cfg) -> tuple[Architecture | None, str]:
     Raises:
         ValueError: ``model.architecture`` (or the config.json) has a key missing or malformed (naming it).
     """
-    from dlmrl.models.ar import resolve_ar_model_path
-    from dlmrl.models.loading import resolve_model_path
-
     m = cfg.model
     name = m.name_or_path
-    path = Path((resolve_ar_model_path if m.kind == "ar" else resolve_model_path)(name))
+    kind = kind_of(m.kind)
+    path = Path(kind.model_path(name))
     if path.is_dir() and (path / "adapter_config.json").is_file():
         try:
             from dlmrl.models.lora import read_adapter
 
             base = read_adapter(str(path)).base_model_name_or_path
-            path = Path((resolve_ar_model_path if m.kind == "ar" else resolve_model_path)(base))
+            path = Path(kind.model_path(base))
             name = base
         except (ValueError, OSError):
             pass
@@ -149,23 +148,12 @@ def settings_from_config(cfg, nfe: int, processes: int, objective=None, sharding
     length = s.gen_length
     per_process = -(-tr.prompts_per_step * tr.num_generations // max(processes, 1))
     per_update = -(-per_process // tr.steps_per_generation)
-    kind = m.kind
-    head = None
-    if kind == "ar":  # (the AR scorer keeps the logits of the L + 1 last positions and converts the L it scores)
-        canvases = per_update
-        positions, head, scored = prompt + length + 1, length + 1, length
-        float_all = False
-    else:  # (the diffusion and block forwards convert the model's whole output to float32)
-        canvases = per_update * nfe
-        positions = prompt + (2 * length if kind == "block" else length)
-        scored = length
-        float_all = True
+    # (what one scoring canvas and one rollout forward hold for this kind: the policy kind's shapes)
+    shapes = kind_of(m.kind).memory_shapes(cfg, prompt, per_update, nfe)
+    canvases, positions = shapes["canvases"], shapes["positions"]
     per_forward = min(e.micro_batch, canvases) if e.micro_batch else canvases
     reference = (objective is not None and objective.beta > 0 and "logp_ref" in objective.required_inputs
                  and not m.use_peft)
-    cached = kind in ("ar", "block") or (kind == "diffusion" and s.cache != "none")
-    block = m.block_size if kind == "block" else (1 if kind == "ar" else s.block_length)
-    fwd = {"ar": 1, "block": block}.get(kind, prompt + length if s.cache == "none" else block)
     batch = getattr(s, "rollout_batch_size", 0) or 0  # (sampling.rollout_batch_size: rows per sampling call)
     rows = min(batch, per_process) if batch else per_process
     if foreach_optimizer is None:
@@ -179,12 +167,14 @@ def settings_from_config(cfg, nfe: int, processes: int, objective=None, sharding
     settings = MemorySettings(
         weight_dtype=m.dtype, lora_r=m.lora_r if m.use_peft else None, lora_targets=m.lora_target_modules,
         lora_dropout=m.lora_dropout if m.use_peft else 0.0, master_weights=master, processes=max(processes, 1),
-        sharding=sharding, canvases_per_forward=per_forward, positions=positions, head_positions=head,
-        scored_positions=scored, float_copy_all=float_all, grads_during_forward=per_forward < canvases,
-        gradient_checkpointing=m.gradient_checkpointing, logprob_chunk=chunk, dense_mask=kind == "block",
+        sharding=sharding, canvases_per_forward=per_forward, positions=positions,
+        head_positions=shapes["head_positions"], scored_positions=shapes["scored_positions"],
+        float_copy_all=shapes["float_copy_all"], grads_during_forward=per_forward < canvases,
+        gradient_checkpointing=m.gradient_checkpointing, logprob_chunk=chunk, dense_mask=shapes["dense_mask"],
         foreach_optimizer=foreach_optimizer, reference_model=reference, rollout_rows=rows,
-        rollout_tokens=(prompt + length) if cached else 0, rollout_forward_positions=fwd,
-        rollout_scored_positions=block, rollout_prefill_positions=prompt if kind == "block" else 0,
+        rollout_tokens=(prompt + length) if shapes["cached"] else 0,
+        rollout_forward_positions=shapes["rollout_forward_positions"],
+        rollout_scored_positions=shapes["rollout_block"], rollout_prefill_positions=shapes["prefill_positions"],
         rollout_gathers_weights=getattr(tr, "sharding", "none") == "fsdp2")
     numbers = {"prompt_tokens": f"{prompt} ({prompt_note})", "completions_per_update": per_update,
                "canvases_per_update": canvases, "canvases_per_forward": per_forward,

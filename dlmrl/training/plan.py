@@ -16,54 +16,23 @@ import os
 from pathlib import Path
 
 from dlmrl.config import Config, RunSpec, resolve_run
+from dlmrl.kinds import kind_of
 
 
 def _model_section(cfg: Config) -> dict:
-    from dlmrl.models.ar import resolve_ar_model_path
-    from dlmrl.models.loading import resolve_model_path
-
     m = cfg.model
+    kind = kind_of(m.kind)
     out: dict = {"name_or_path": m.name_or_path, "kind": m.kind, "dtype": m.dtype,
                  "trust_remote_code": m.trust_remote_code}
-    path = Path((resolve_ar_model_path if m.kind == "ar" else resolve_model_path)(m.name_or_path))
-    family = m.family
-    config: dict = {}
+    path = Path(kind.model_path(m.name_or_path))
     if path.is_dir():
         out["source"] = f"local folder {path}"
         if (path / "adapter_config.json").is_file():
             out["source"] += " (a LoRA adapter: its base model is loaded with it)"
-        elif (path / "config.json").is_file() and m.kind in ("diffusion", "block"):
-            from dlmrl.models.families import detect_family
-            from dlmrl.models.loading import needs_remote_code, read_checkpoint_config
-
-            config = read_checkpoint_config(str(path))  # (a json file: no model code runs)
-            out["model_type"] = config.get("model_type")
-            if family == "auto":
-                try:
-                    family = f"{detect_family(config)} (detected)"
-                except ValueError as e:
-                    family = f"auto: {e}"
-            out["remote_code"] = needs_remote_code(config)
     else:
         out["source"] = "hub id (not contacted by --dry-run; downloaded by the run)"
-    from dlmrl.models.families import FAMILIES
-
-    fam = family.split()[0]  # (the mask id a family fixes when neither tokenizer nor config names one)
-    if m.kind == "block":
-        out["block_size"] = m.block_size
-        prompt = ("the prompt is cut into blocks too, counted back from its end: the family's trained layout" if fam in FAMILIES and FAMILIES.get(fam).prompt_blocks else
-                  "the prompt is one clean block every block attends" if fam in FAMILIES else
-                  "the prompt's layout is the detected family's: one clean block (tiny) or cut into blocks (sdar)")
-        out["attention"] = (f"block-causal: blocks of {m.block_size} tokens, bidirectional inside a block, causal "
-                            f"across blocks ({prompt})")
-    if m.kind in ("diffusion", "block"):
-        out["family"] = family
-        default = FAMILIES.get(fam).default_mask_token_id if fam in FAMILIES else None
-        if config.get("mask_token_id") is not None:  # (a local config.json, read above)
-            out["mask_token_id"] = f"{config['mask_token_id']} (config.json) unless the tokenizer names another"
-        elif default is not None:
-            out["mask_token_id"] = f"{default} unless the tokenizer or config.json names another"
-    out["token_logprobs"] = _token_logprobs_line(cfg, fam)
+    out.update(kind.plan_model(cfg, path))  # (the family, its mask id, a block model's attention)
+    out["token_logprobs"] = _token_logprobs_line(cfg, str(out.get("family", m.family)).split()[0])
     if getattr(m, "use_peft", False):
         out["lora"] = {"r": m.lora_r, "alpha": m.lora_alpha, "dropout": m.lora_dropout,
                        "target_modules": m.lora_target_modules}
@@ -76,20 +45,10 @@ def _model_section(cfg: Config) -> dict:
 
 def _token_logprobs_line(cfg: Config, family: str) -> str:
     """How scoring takes the chosen tokens' log-probs (``estimator.logits_chunk``), for the model section."""
-    from dlmrl.models.canvas_scores import describe_head_split
-    from dlmrl.models.families import FAMILIES
-
-    chunk = cfg.estimator.logits_chunk
-    if not chunk:
+    if not cfg.estimator.logits_chunk:
         return ("from full logits: (positions x vocabulary) float32 for every canvas of a forward call "
                 "(estimator.logits_chunk 0)")
-    if cfg.model.kind == "ar":
-        return (f"from the model's output head (get_output_embeddings), completion positions only, {chunk} per "
-                "head call, recomputed in the backward (a model that changes the head's output is refused)")
-    line = describe_head_split(family if family in FAMILIES else None)
-    if family in FAMILIES and FAMILIES.get(family).output_head is None:
-        return line
-    return f"{line}, scored positions only, {chunk} per head call, recomputed in the backward"
+    return kind_of(cfg.model.kind).plan_token_logprobs(cfg, family)
 
 
 def _algorithm_section(cfg: Config, preset) -> dict:
@@ -138,20 +97,12 @@ def _algorithm_section(cfg: Config, preset) -> dict:
         out["episodes"] = {"env": tr.env or default_env(cfg.task.name), "max_turns": tr.max_turns,
                            "rows": "one per turn (context, response), the trajectory's final reward on each"}
     elif tr.env is not None:
-        from dlmrl.training.run_setup import generation_budget
-
+        kind = kind_of(cfg.model.kind)
         out["tools_in_rollout"] = {
             "env": tr.env, "max_turns": tr.max_turns,
-            "token_budget": f"{generation_budget(cfg.model.kind, cfg.sampling.gen_length, preset)} tokens per "
-                            "trajectory, actions and observations together (" + (
-                                "the canvas, sampling.gen_length" if cfg.model.kind != "ar" else
-                                "sampling.gen_length + 1, the AR completion width" if preset.overlong_cache_fraction
-                                is None else "sampling.gen_length + 1 and DAPO's overlong cache past it; its length "
-                                "punishment counts the policy's tokens") + ")",
-            "turn_stops_at": {"ar": "the end of the line of its first Action: or Final Answer:",
-                              "block": "the end of the block where that line ends (model.block_size)",
-                              "diffusion": "the end of the segment where that line ends (sampling.block_length; "
-                                           "segment rounds)"}[cfg.model.kind],
+            "token_budget": f"{kind.generation_budget(cfg.sampling.gen_length, preset)} tokens per trajectory, "
+                            f"actions and observations together ({kind.plan_budget(preset)})",
+            "turn_stops_at": kind.turn_stops_at,
             "rows": "one per trajectory: the policy's turns with the environment's observations appended between "
                     "them",
             "observation_tokens": "context only: not in the loss, the log-probs, the KL or entropy terms or any "
@@ -161,17 +112,9 @@ def _algorithm_section(cfg: Config, preset) -> dict:
 
 
 def _estimator_section(cfg: Config, spec: RunSpec) -> dict:
-    """The estimator's own description (:meth:`~dlmrl.estimators.configurable.ConfigurableEstimator.describe`: its
-    settings by field name, its NFE and the formula), what chose it, and whether the NFE is a bound."""
-    if cfg.model.kind == "ar":
-        return {"name": "exact token log-probs (AR)", "nfe": 1}
-    d = spec.estimator.describe(cfg.sampling.gen_length)  # (a canvas-dependent NFE: its bound at gen_length)
-    out: dict = {"name": spec.estimator_name, "nfe": d.nfe, "nfe_formula": d.nfe_formula, "chosen_by": spec.chosen_by,
-                 **d.settings}
-    if d.nfe_is_bound or (d.name == "trajectory" and cfg.sampling.adaptive):
-        # (data-dependent: the trajectory's steps or tokens; the figure is the bound)
-        out["nfe_is"] = "at most, per completion (it depends on the rollout; the run logs nfe_scoring per step)"
-    return {**out, **d.notes}
+    """The likelihood the kind trains with (:meth:`~dlmrl.kinds.base.PolicyKind.plan_estimator`: an estimator's own
+    description, its NFE, what chose it)."""
+    return kind_of(cfg.model.kind).plan_estimator(cfg, spec)
 
 
 def _task_section(cfg: Config) -> dict:
@@ -241,7 +184,7 @@ def written_tokens(cfg: Config) -> tuple[int, int, float] | None:
     whole canvas is written. From the training file's puzzles when one is set, else the generator's blank range
     (uniform, so the mean is its midpoint)."""
     t = cfg.task
-    if cfg.model.kind not in ("diffusion", "block") or t.name != "sudoku" or t.answer_mode != "infill":
+    if not kind_of(cfg.model.kind).denoises or t.name != "sudoku" or t.answer_mode != "infill":
         return None
     if t.train_file:
         from dlmrl.data.sudoku import load_sudoku_file
@@ -251,94 +194,9 @@ def written_tokens(cfg: Config) -> tuple[int, int, float] | None:
     return t.min_blanks, t.max_blanks, (t.min_blanks + t.max_blanks) / 2
 
 
-def _sampler_section(cfg: Config, written: tuple[int, int, float] | None) -> dict:
-    s, ev = cfg.sampling, cfg.eval
-    length = s.gen_length  # (validate holds Sudoku's grid modes to 16)
-    if cfg.model.kind == "ar":
-        from dlmrl.config.resolve import build_preset
-        from dlmrl.training.run_setup import generation_budget
-
-        budget = generation_budget("ar", length, build_preset(cfg))  # (DAPO: its overlong cache past the answer)
-        return {"kind": "left to right (generate)", "max_new_tokens": budget, "temperature": s.temperature,
-                "nfe_per_completion": f"at most {budget}"}
-    if cfg.model.kind == "block":
-        return _block_sampler_section(cfg, written)
-    blocks = length // s.block_length
-    cfg_factor = 2 if s.cfg_scale > 0 else 1
-    out = {"gen_length": length, "block_length": s.block_length, "blocks": blocks, "steps": s.steps,
-           "steps_per_block": s.steps // blocks, "tokens_per_step": round(length / s.steps, 3),
-           "temperature": s.temperature, "remasking": s.remasking, "cfg_scale": s.cfg_scale,
-           "threshold": s.threshold, "threshold_factor": s.threshold_factor, "cache": s.cache,
-           "nfe_per_completion": s.steps * cfg_factor}
-    if written is not None:  # (infill: a step reveals its share of the blank cells, not of the whole canvas)
-        lo, hi, mean = written
-        out["tokens_per_step"] = round(mean / s.steps, 3)
-        out["tokens_note"] = (f"infill: only the blank cells are written ({lo}-{hi} of the {length} canvas cells, "
-                              f"mean {mean:g}), revealed over the denoising steps")
-    if s.cache != "none":
-        out["cache_note"] = (f"{s.cache} cache (Fast-dLLM): a block's first pass runs over the whole sequence, its "
-                             "later passes reuse the keys/values " + ("before the block" if s.cache == "prefix"
-                                                                     else "outside the block") +
-                             " (an approximation; with the trajectory estimator at merge 1 the run logs rollout_logp_gap_mean/max)")
-    if s.adaptive:  # (threshold decoding: the steps depend on the model's confidence)
-        rule = (f"reveal every masked position with confidence >= {s.threshold:g}" if s.threshold is not None
-                else f"reveal the longest run of the most confident masked positions with confidence >= "
-                     f"1 - {s.threshold_factor:g} / (n + 1)")
-        out.update({"decoding": f"threshold (Fast-dLLM): {rule}, at least one per step; each block runs until "
-                                "decoded (steps unused)",
-                    "steps_per_block": f"1 to {s.block_length} (data-dependent)",
-                    "tokens_per_step": "at least 1 (data-dependent)",
-                    "nfe_per_completion": f"at most {length * cfg_factor} (data-dependent; the run logs "
-                                          "nfe_sampling, the mean per completion)"})
-    out.update(_early_stop(cfg, out["nfe_per_completion"]))
-    out["eval"] = {"steps": ev.steps, "temperature": ev.temperature, "batch_size": ev.batch_size,
-                   "examples": ev.num_puzzles or "the whole held-out split"}
-    if s.adaptive or s.cache != "none":
-        out["eval"]["decoding"] = ("the plain schedule (eval.steps), no cache; the threshold and the cache apply to "
-                                   "rollouts")
-    return out
-
-
-def _block_sampler_section(cfg: Config, written: tuple[int, int, float] | None) -> dict:
-    """The block-diffusion sampler: blocks of ``model.block_size`` left to right, each denoised against the exact
-    key/value cache of the prompt and the finished blocks (``block_generate``)."""
-    s, ev, b = cfg.sampling, cfg.eval, cfg.model.block_size
-    length = s.gen_length
-    blocks = -(-length // b)
-    per_block = s.steps // blocks
-    out = {"kind": "block diffusion (block_generate)", "gen_length": length, "block_size": b, "blocks": blocks,
-           "steps": s.steps, "steps_per_block": per_block,
-           "tokens_per_step": round((written[2] if written else length) / s.steps, 3),
-           "temperature": s.temperature, "remasking": s.remasking, "threshold": s.threshold,
-           "threshold_factor": s.threshold_factor,
-           "cache": "exact key/value cache of the prompt and the finished blocks (built once per block)",
-           "nfe_per_completion": s.steps, "cache_passes_per_completion": blocks}
-    if s.adaptive:
-        out.update({"decoding": "threshold (Fast-dLLM) inside each block, at least one token per step",
-                    "steps_per_block": f"1 to {b} (data-dependent)", "tokens_per_step": "at least 1",
-                    "nfe_per_completion": f"at most {length} (data-dependent)"})
-    out.update(_early_stop(cfg, out["nfe_per_completion"]))
-    if ev.preset == "none":
-        out["eval"] = {"steps": ev.steps, "steps_per_block": ev.steps // blocks if ev.steps % blocks == 0 else None,
-                       "temperature": ev.temperature, "batch_size": ev.batch_size,
-                       "examples": ev.num_puzzles or "the whole held-out split"}
-    return out
-
-
-def _early_stop(cfg: Config, nfe) -> dict:
-    """``sampling.stop_at_eos`` as the rollout resolves it (:func:`dlmrl.training.rollout.stops_at_eos`: null = on
-    for the block kind when the tokenizer has an EOS), and the NFE figure it makes a bound."""
-    setting = cfg.sampling.stop_at_eos
-    on = setting if setting is not None else cfg.model.kind == "block"
-    if cfg.train.env is not None:  # (tools inside the rollout: the loop ends each turn itself)
-        return {"stop_at_eos": "does not apply: the tool loop ends each turn itself"}
-    if not on:
-        return {"stop_at_eos": "off: every block is decoded"}
-    bound = nfe if isinstance(nfe, str) else f"at most {nfe}"
-    return {"stop_at_eos": ("a row ends at the block holding its first EOS (its later blocks: EOS, no loss); a "
-                            "sampling call stops once all its rows have" + (" (the kind's default; needs an EOS in "
-                            "the tokenizer)" if setting is None else "")),
-            "nfe_per_completion": bound.split(" (")[0] + " (fewer when rows end early; the run logs nfe_sampling)"}
+def _sampler_section(cfg: Config, preset, written: tuple[int, int, float] | None) -> dict:
+    """The kind's sampler (:meth:`~dlmrl.kinds.base.PolicyKind.plan_sampler`)."""
+    return kind_of(cfg.model.kind).plan_sampler(cfg, preset, written)
 
 
 def _rollout_rows(cfg: Config, processes: int) -> dict:
@@ -372,7 +230,7 @@ def _accelerate_section() -> dict:
 
 
 def _sizes_section(cfg: Config, nfe_scoring: int, processes: int, written: tuple[int, int, float] | None) -> dict:
-    tr, e = cfg.train, cfg.estimator
+    tr = cfg.train
     rows = tr.prompts_per_step * tr.num_generations
     out: dict = {"prompts_per_step": tr.prompts_per_step, "num_generations": tr.num_generations,
                  "completions_per_step": rows}
@@ -388,18 +246,7 @@ def _sizes_section(cfg: Config, nfe_scoring: int, processes: int, written: tuple
         out["completion_tokens_note"] = (f"mean over the data: {rows} completions x {written[2]:g} blank cells "
                                          f"(infill; the canvas is {length} tokens, {rows * length} in all)")
     out["rollout"] = _rollout_rows(cfg, processes)
-    if cfg.model.kind in ("diffusion", "block"):
-        # (an optimizer step scores one mini-batch of the batch with grad: train.steps_per_generation, cut into whole
-        # groups; each process scores its share of the mini-batch's groups: the figures are one process's, its
-        # largest share)
-        groups = -(-tr.prompts_per_step // tr.steps_per_generation)
-        canvases = -(-groups // processes) * tr.num_generations * nfe_scoring
-        if cfg.model.kind == "block":  # (each scoring canvas is a composite pass over [prompt | noisy | clean])
-            out["scoring_pass"] = "composite: every block's noised copy next to the clean completion, 2L positions"
-        out["scoring_canvases_per_update"] = canvases  # (at most, for data-dependent NFE)
-        out["canvases_per_forward"] = min(e.micro_batch, canvases) if e.micro_batch else canvases
-        out["scoring"] = ("two-pass chunks of estimator.micro_batch (memory of one chunk)"
-                          if e.micro_batch and e.micro_batch < canvases else "one call with grad")
+    out.update(kind_of(cfg.model.kind).plan_scoring(cfg, nfe_scoring, processes))  # (canvases scored per update)
     out.update(_update_structure(cfg, processes))
     out["max_steps"] = tr.max_steps
     return out
@@ -505,7 +352,7 @@ def build_plan(cfg: Config, resume: bool = False, spec: RunSpec | None = None, p
         "algorithm": _algorithm_section(cfg, preset),
         "estimator": estimator,
         "task": _task_section(cfg),
-        "sampler": _sampler_section(cfg, written),
+        "sampler": _sampler_section(cfg, preset, written),
         "sizes": _sizes_section(cfg, estimator["nfe"], processes, written),
         "memory": _memory_section(cfg, estimator["nfe"], processes, preset),
         "tracker": _tracker_section(cfg),

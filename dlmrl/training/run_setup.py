@@ -19,7 +19,6 @@ from dlmrl.config import (
     Config,
     ConfigError,
     RunSpec,
-    check_cache_family,
     flatten,
     resolve_run,
     save_yaml,
@@ -27,8 +26,9 @@ from dlmrl.config import (
 )
 from dlmrl.data.encoding import pad_token_id
 from dlmrl.envs import default_env
-from dlmrl.evaluation.heldout import check_held_out_size, evaluate_with_config, primary_metric
-from dlmrl.models.loading import load_policy
+from dlmrl.evaluation.configured import evaluate_with_config
+from dlmrl.evaluation.heldout import check_held_out_size, primary_metric
+from dlmrl.kinds import PolicyKind, kind_of, policy_kind
 from dlmrl.models.lora import (
     AdapterDisabledPolicy,
     is_peft_model,
@@ -36,7 +36,6 @@ from dlmrl.models.lora import (
     register_adapter_checkpointing,
 )
 from dlmrl.objectives.segments import delimiter_token_ids
-from dlmrl.objectives.shaping import generation_budget  # (also imported from here: plan.py)
 from dlmrl.rewards.functions import RewardFunctions
 from dlmrl.training.distributed import (
     GradientSync,
@@ -48,7 +47,6 @@ from dlmrl.training.distributed import (
 from dlmrl.training.logging import MetricsWriter
 from dlmrl.training.precision import keep_float32_master_weights, wants_master_weights
 from dlmrl.training.run_folder import RunState, check_run_folder
-from dlmrl.training.scorers import ARScorer, DiffusionScorer
 from dlmrl.training.sharding import (
     SHARDED_MODES,
     GatheredScorer,
@@ -67,10 +65,11 @@ class Run:
 
     Attributes:
         cfg, preset: the config and its algorithm preset (``vocab_size`` filled in for ESPO's clip rule).
+        kind: the policy kind of ``model.kind`` (:mod:`dlmrl.kinds`).
         out: the output folder. ckpt: the checkpoint resumed from, or ``None``.
         accelerator, processes: ``accelerate``'s and dlmrl's view of the processes (W = ``processes.count``).
         policy, ref: the trained policy (prepared by ``accelerate``) and the frozen KL reference (or ``None``).
-        task: the task. scorer: :class:`ARScorer` or :class:`DiffusionScorer` (the training estimator).
+        task: the task. scorer: the kind's scorer (:meth:`~dlmrl.kinds.base.PolicyKind.build_scorer`).
         optimizer, scheduler: AdamW and the ``train.lr_scheduler_type`` schedule (one step per update).
         state: the :class:`RunState` a checkpoint holds. metrics_writer: ``metrics.jsonl`` (main process only).
         own_grad_sync: DDP gradients averaged once per update by the loop, not by DDP per backward.
@@ -85,6 +84,7 @@ class Run:
     """
 
     cfg: Config
+    kind: PolicyKind
     preset: object
     out: Path
     ckpt: Path | None
@@ -107,10 +107,6 @@ class Run:
     metric: str
     solved: float | None
     sharding: object | None = None
-
-    @property
-    def is_ar(self) -> bool:
-        return self.cfg.model.kind == "ar"
 
     @property
     def objective(self):
@@ -150,7 +146,7 @@ def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None)
     configure_deepspeed(accelerator, tr.max_grad_norm)
     torch.manual_seed(tr.seed)
 
-    preset, is_ar = spec.preset, cfg.model.kind == "ar"
+    preset, kind = spec.preset, kind_of(cfg.model.kind)
     given = policy is not None
     if given:
         check_policy(cfg, policy)
@@ -177,14 +173,9 @@ def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None)
     task = build_task(cfg, policy) if task is None else task
     if cfg.eval.before or cfg.eval.after or cfg.eval.eval_steps:  # (hub data is counted only now it is loaded)
         check_held_out_size(task, cfg.eval.num_puzzles)
-    # (AR with one process: an entropy preset with μ = 1 takes its entropies from the update's own forward)
-    scorer = (ARScorer(policy, ref, old_scores=objective.needs_old_scores, share_forward=processes.count == 1,
-                       micro_batch=cfg.estimator.micro_batch or None, logits_chunk=cfg.estimator.logits_chunk or None)
-              if is_ar else
-              DiffusionScorer(policy, ref, build_estimator(cfg, spec), cfg.estimator.micro_batch or None,
-                              old_scores=objective.needs_old_scores, block_size=cfg.model.block_size,
-                              logits_chunk=cfg.estimator.logits_chunk or None))
-    if tr.steps_per_generation > 1 and not is_ar and measures_rollout_mismatch(scorer):
+    estimator = build_estimator(cfg, spec) if kind.scores_with_estimators else None
+    scorer = kind.build_scorer(policy, ref, cfg, estimator, objective, processes.count)
+    if tr.steps_per_generation > 1 and kind.scores_with_estimators and measures_rollout_mismatch(scorer):
         # (the rollout log-prob gap is measured on old scores taken before any step: with several mini-batches the
         # updates' own scores come from a moved policy, so a ratio-free objective's scorer takes them too)
         scorer.old_scores = True
@@ -233,14 +224,14 @@ def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None)
                                   init_kwargs={"wandb": {"name": out.name}, "trackio": {"name": out.name}})
     metrics_writer = (MetricsWriter(out / "metrics.jsonl", resume_step=state.step if ckpt else None)
                       if accelerator.is_main_process else None)
-    max_length = generation_budget(cfg.model.kind, task.gen_length, preset)
-    return Run(cfg=cfg, preset=preset, out=out, ckpt=ckpt, accelerator=accelerator, processes=processes,
+    max_length = kind.generation_budget(task.gen_length, preset)
+    return Run(cfg=cfg, kind=kind, preset=preset, out=out, ckpt=ckpt, accelerator=accelerator, processes=processes,
                policy=policy, ref=ref, task=task, scorer=scorer, optimizer=optimizer, scheduler=scheduler,
                state=state, metrics_writer=metrics_writer, own_grad_sync=own_grad_sync, delimiters=delimiters,
                max_length=max_length,
                pad_id=pad_token_id(policy.tokenizer),  # (prompt padding: the pad id, else EOS, else 0)
                env=(tr.env or default_env(cfg.task.name)) if preset.multi_turn else tr.env,  # (else: tools in the loop)
-               gap_measured=not is_ar and measures_rollout_mismatch(scorer),  # (rollout_logp_gap_* logged)
+               gap_measured=kind.scores_with_estimators and measures_rollout_mismatch(scorer),  # (rollout_logp_gap_*)
                metric=primary_metric(task), solved=solved_reward(task), sharding=sharding)
 
 
@@ -270,20 +261,12 @@ def build_estimator(cfg: Config, spec: RunSpec | None = None):
 
 
 def load_configured_policy(cfg: Config):
-    """``load_policy`` (diffusion) or ``load_ar_policy`` (ar) with the ``model`` section; a load failure becomes
-    a ``ConfigError`` naming the model."""
+    """The policy of the ``model`` section, loaded by its kind (:meth:`~dlmrl.kinds.base.PolicyKind.load`) and
+    checked (:func:`check_policy`); a load failure becomes a ``ConfigError`` naming the model."""
     m = cfg.model
+    kind = kind_of(m.kind)
     try:
-        if m.kind == "ar":
-            from dlmrl.models.ar import load_ar_policy
-
-            return load_ar_policy(m.name_or_path, m.trust_remote_code, m.dtype)
-        if m.kind == "block":
-            from dlmrl.models.loading import load_block_policy
-
-            policy = load_block_policy(m.name_or_path, m.block_size, m.family, m.trust_remote_code, m.dtype)
-        else:
-            policy = load_policy(m.name_or_path, m.family, m.trust_remote_code, m.dtype)
+        policy = kind.load(m)
     except (OSError, ValueError) as e:
         raise ConfigError(f"model.name_or_path {m.name_or_path!r} (family {m.family!r}) cannot be loaded: {e}") from e
     check_policy(cfg, policy)
@@ -291,31 +274,25 @@ def load_configured_policy(cfg: Config):
 
 
 def check_policy(cfg: Config, policy) -> None:
-    """What only a loaded (or given) policy can tell: its kind is ``model.kind``, and with ``sampling.cache`` its
-    family has a block cache (a detected family is known only now; refused before any rollout).
+    """What only a loaded (or given) policy can tell: it is a policy of ``model.kind``
+    (:meth:`~dlmrl.kinds.base.PolicyKind.owns`), and what its kind checks on it
+    (:meth:`~dlmrl.kinds.base.PolicyKind.check_loaded`: a block policy's size; with ``sampling.cache`` a detected
+    family's block cache, known only now; refused before any rollout).
 
     Raises:
-        ConfigError: naming ``model.kind`` or ``sampling.cache``.
+        ConfigError: naming ``model.kind``, ``model.block_size`` or ``sampling.cache``.
     """
-    from dlmrl.models.ar import AutoregressivePolicy
-    from dlmrl.models.block_policy import BlockDiffusionPolicy
-
-    kind = "ar" if isinstance(policy, AutoregressivePolicy) else "block" if isinstance(policy, BlockDiffusionPolicy) \
-        else "diffusion"
-    if kind != cfg.model.kind:
-        raise ConfigError(f"config key 'model.kind': the policy is a {kind} policy ({type(policy).__name__}) but "
-                          f"model.kind is {cfg.model.kind!r}")
-    if kind == "block" and policy.block_size != cfg.model.block_size:
-        raise ConfigError(f"config key 'model.block_size': the policy's block size is {policy.block_size} but "
-                          f"model.block_size is {cfg.model.block_size}")
-    if cfg.sampling.cache != "none" and kind == "diffusion":  # (a detected family is known only now)
-        check_cache_family(policy.family, cfg.sampling.cache, cfg.model.name_or_path)
+    kind = kind_of(cfg.model.kind)
+    if not kind.owns(policy):
+        raise ConfigError(f"config key 'model.kind': the policy is a {policy_kind(policy).name} policy "
+                          f"({type(policy).__name__}) but model.kind is {cfg.model.kind!r}")
+    kind.check_loaded(cfg, policy)
 
 
 def evaluate_config(cfg: Config, policy, task, trained_steps: int | None = None) -> dict:
     """Held-out evaluation with the ``eval`` section's settings (its ``preset``'s, protocol ``eval.protocol``; AR:
     left-to-right decoding, ``eval.steps`` unused), with the result's ``record``
-    (:func:`dlmrl.evaluation.heldout.evaluate_with_config`); a sharded policy's parameters are gathered once for
+    (:func:`dlmrl.evaluation.configured.evaluate_with_config`); a sharded policy's parameters are gathered once for
     it (:func:`dlmrl.training.sharding.gathered`: processes may decode different numbers of passes)."""
     with gathered(policy.model):
         return evaluate_with_config(cfg, policy, task, trained_steps=trained_steps)

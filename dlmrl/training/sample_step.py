@@ -11,14 +11,14 @@ import torch
 
 from dlmrl.config import Config
 from dlmrl.envs import make_env
+from dlmrl.kinds import kind_of
 from dlmrl.objectives.shaping import soft_overlong_punishment
 from dlmrl.rewards.functions import ScoresEachReward
 from dlmrl.training.distributed import Processes, gather_rollout
 from dlmrl.training.dynamic_sampling import SamplingStats, example_key, fill_informative_groups, fresh_prompts
 from dlmrl.training.episodes import rollout_episodes, trajectory_reward_parts, trajectory_rewards
-from dlmrl.training.rollout import Rollout, rollout_ar, rollout_diffusion
+from dlmrl.training.rollout import Rollout
 from dlmrl.training.sharding import gathered
-from dlmrl.training.tool_loop import rollout_tool_loop, rollout_tool_loop_blocks
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
@@ -40,22 +40,21 @@ def sample_groups(policy, task, cfg: Config, preset, examples: list, generator: 
                   pad_id: int = 0) -> Rollout:
     """Step 1 for one batch of prompts: G completions per prompt (``env`` with a multi-turn preset: G episodes per
     prompt, one row per turn, :func:`dlmrl.training.episodes.rollout_episodes`; ``env`` with any other preset: G
-    trajectories with the tools run inside each sequence, :func:`dlmrl.training.tool_loop.rollout_tool_loop`) with ``rewards`` (task) and ``train_rewards``
+    trajectories with the tools run inside each sequence, :meth:`~dlmrl.kinds.base.PolicyKind.sample_tool_loop`;
+    otherwise the kind's :meth:`~dlmrl.kinds.base.PolicyKind.sample`) with ``rewards`` (task) and ``train_rewards``
     (plus DAPO's soft overlong punishment when the preset has it; episodes: the trajectory's final reward).
 
     With several ``processes`` each samples (and rewards) its share of the prompts, every row with the random
     numbers it has in the whole batch, and the shares are gathered: every process returns the whole batch
     (:mod:`dlmrl.training.distributed`)."""
-    G = cfg.train.num_generations
+    G, kind = cfg.train.num_generations, kind_of(cfg.model.kind)
     share = processes.share(len(examples)) if processes is not None and processes.count > 1 else None
     if env is not None and not preset.multi_turn:  # tools inside the rollout: one sequence per trajectory
         if share is not None:
             raise NotImplementedError("tools inside the rollout (train.env with a single-turn preset) run on one "
                                       "process for now; launch without data parallelism")
         envs = lambda: make_env(env, task, cfg.train.max_turns)
-        ro = (rollout_tool_loop(policy, envs, examples, G, generator, max_length, cfg.sampling.temperature,
-                                temperature_fn) if cfg.model.kind == "ar" else
-              rollout_tool_loop_blocks(policy, envs, examples, G, generator, cfg.sampling, task.gen_length))
+        ro = kind.sample_tool_loop(policy, envs, examples, generator, max_length, cfg, task, temperature_fn)
         ro.train_rewards = shaped_rewards(preset, ro.rewards, ro.completion_mask.sum(-1).cpu(), max_length)
         return ro
     if env is not None:
@@ -64,11 +63,7 @@ def sample_groups(policy, task, cfg: Config, preset, examples: list, generator: 
                               max_length, cfg.sampling.temperature, temperature_fn,
                               processes if share is not None else None, cfg.sampling.rollout_batch_size)
         return ro if share is None else gather_rollout(ro, processes, pad_id)
-    if cfg.model.kind == "ar":
-        ro = rollout_ar(policy, task, cfg, examples, generator, max_new_tokens=max_length,
-                        temperature_fn=temperature_fn, prompts=share)
-    else:
-        ro = rollout_diffusion(policy, task, cfg, examples, generator, prompts=share)
+    ro = kind.sample(policy, task, cfg, examples, generator, max_length, temperature_fn, prompts=share)
     texts = task.decode(ro.completion)
     if isinstance(task, ScoresEachReward):  # (a sum of reward functions: each one's values are logged too)
         ro.reward_parts = task.reward_table(ro.examples, texts)  # (B, F), NaN where a function returned None

@@ -118,7 +118,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, *, policy=No
             # 2. DaGRPO: each group with no reward above the threshold gets its reference solution as an anchor
             anchors = 0
             if preset.anchor_threshold is not None and len(ro):
-                ro, anchors = add_anchors(ro, run.task, preset.anchor_threshold, cfg.model.kind,
+                ro, anchors = add_anchors(ro, run.task, preset.anchor_threshold, run.kind,
                                           getattr(run.policy, "eos_token_id", None), run.pad_id,
                                           lambda r, n: shaped_rewards(preset, r, n, run.max_length),
                                           lambda m: left_to_right_reveal_steps(m, cfg.sampling.block_length,
@@ -201,7 +201,7 @@ def stop_if_non_finite(run: Run, sampled: SamplingStats, result: UpdateResult) -
 def hapo_temperature(run: Run) -> HapoTemperature | None:
     """HAPO's sampling temperature ``T·(1 + τ·ĥ_t)`` for an AR preset with ``adaptive_temperature_tau``, ĥ normalised
     by the previous step's entropy statistics (``None`` otherwise: the plain temperature)."""
-    if not run.is_ar or run.preset.adaptive_temperature_tau is None:
+    if not run.kind.autoregressive or run.preset.adaptive_temperature_tau is None:
         return None
     stats = HapoEntropyStats(**run.state.hapo_stats) if run.state.hapo_stats else None
     return HapoTemperature(stats, run.preset.adaptive_temperature_tau)

@@ -13,6 +13,7 @@ from dlmrl.data import TASKS
 from dlmrl.data.recommend_task import RecommendOptions, RecommendTask, recommend_tokenizer
 from dlmrl.data.semantic_ids import format_sid
 from dlmrl.errors import OptionError
+from dlmrl.kinds import kind_of
 from dlmrl.models.tokenizer import build_char_tokenizer
 from dlmrl.objectives.advantage_registry import ADVANTAGES, AdvantageInputs
 
@@ -136,9 +137,9 @@ def test_config_names_the_key_and_refuses_beam_evaluation_for_diffusion():
     with pytest.raises(ConfigError, match=r"task\.options\.beam_size"):
         validate(cfg)
     with pytest.raises(OptionError, match="eval_mode"):
-        RecommendTask.check_policy(RecommendOptions(), "diffusion", evaluates=True)
-    RecommendTask.check_policy(RecommendOptions(eval_mode="greedy"), "diffusion", evaluates=True)
-    RecommendTask.check_policy(RecommendOptions(), "ar", evaluates=True)
+        RecommendTask.check_policy(RecommendOptions(), kind_of("diffusion"), evaluates=True)
+    RecommendTask.check_policy(RecommendOptions(eval_mode="greedy"), kind_of("diffusion"), evaluates=True)
+    RecommendTask.check_policy(RecommendOptions(), kind_of("ar"), evaluates=True)
 
 
 def test_tokenizer_without_code_tokens_is_refused():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dlmrl.config import Config, ConfigError, TaskConfig, apply_overrides, build_task, validate
-from dlmrl.config.validation import _check_data_files
+from dlmrl.config.check_data import check_data_files as _check_data_files
 from dlmrl.data import (
     TASKS,
     CountdownExample,

@@ -203,14 +203,14 @@ def test_episode_evaluation_with_a_diffusion_policy_is_refused_before_the_model_
 
     from dlmrl.cli import main
     from dlmrl.config import Config, ConfigError, apply_overrides, load_yaml
-    from dlmrl.training import run_setup
+    from dlmrl.models import loading
     from dlmrl.training.trainer import train
 
     config = str(Path(__file__).parents[2] / "configs" / "mtr_multihop_tiny_ar.yaml")
     diffusion = ["model.kind=diffusion", "model.name_or_path=tiny-sudoku", f"output_dir={tmp_path / 'run'}"]
     assert main(["train", "--config", config, *diffusion, "--dry-run"]) == 2
     assert "config key 'task.options.eval_mode': eval_mode: 'episodes'" in capsys.readouterr().err
-    monkeypatch.setattr(run_setup, "load_policy", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(loading, "load_policy", lambda *a, **k: pytest.fail("the model was loaded"))
     cfg = Config()
     load_yaml(cfg, config)
     apply_overrides(cfg, diffusion)

@@ -11,6 +11,7 @@ import torch
 
 from dlmrl.data.sudoku import SudokuExample
 from dlmrl.data.tasks import SudokuTask
+from dlmrl.kinds import kind_of
 from dlmrl.models.tokenizer import build_char_tokenizer
 from dlmrl.objectives.advantage_registry import AdvantageInputs
 from dlmrl.objectives.pairwise import ngram_jaccard
@@ -57,7 +58,7 @@ def test_a_group_with_no_reward_above_the_threshold_gets_its_solution_as_an_anch
     # group 0 (EX_A): rewards 0 and 0 -> anchor; group 1 (EX_B): one cell of two right (0.5) -> none
     ro = batch(task, kind, [ALL_WRONG_A, ALL_WRONG_A, "1234341221434331", "1214341221434331"])
     assert ro.rewards.tolist() == [0.0, 0.0, 0.5, 0.0]
-    out, n = add_anchors(ro, task, 0.0, kind, TOK.eos_token_id, TOK.pad_token_id, lambda r, lengths: r * 10 + lengths)
+    out, n = add_anchors(ro, task, 0.0, kind_of(kind), TOK.eos_token_id, TOK.pad_token_id, lambda r, lengths: r * 10 + lengths)
     assert n == 1 and len(out) == 5
     assert out.anchor.tolist() == [False] * 4 + [True]
     assert out.group_ids.tolist() == [0, 0, 1, 1, 0] and out.trajectory_ids.tolist() == [0, 1, 2, 3, 4]
@@ -73,7 +74,7 @@ def test_a_group_with_no_reward_above_the_threshold_gets_its_solution_as_an_anch
     assert out.rewards.tolist() == [0.0, 0.0, 0.5, 0.0, 1.0]  # scored by the task reward
     assert out.train_rewards[4].item() == 10.0 + length and torch.equal(out.train_rewards[:4], ro.train_rewards)
     # a threshold every group clears: no anchor, the rollout unchanged
-    same, n = add_anchors(ro, task, -1.0, kind, TOK.eos_token_id, TOK.pad_token_id, lambda r, lengths: r)
+    same, n = add_anchors(ro, task, -1.0, kind_of(kind), TOK.eos_token_id, TOK.pad_token_id, lambda r, lengths: r)
     assert n == 0 and same is ro
 
 
@@ -84,7 +85,7 @@ def test_a_short_reference_is_followed_by_eos_and_a_long_one_is_left_out_with_a_
                     ro.group_ids,
                     rewards=ro.rewards, train_rewards=ro.train_rewards)
     with pytest.warns(UserWarning, match="1 reference solution"):  # (EX_B's group has 0.5: no anchor)
-        same, n = add_anchors(short, task, 0.0, "ar", TOK.eos_token_id, 0, lambda r, n: r)
+        same, n = add_anchors(short, task, 0.0, kind_of("ar"), TOK.eos_token_id, 0, lambda r, n: r)
     assert n == 0 and same is short
 
     class ShortReference(SudokuTask):
@@ -93,7 +94,7 @@ def test_a_short_reference_is_followed_by_eos_and_a_long_one_is_left_out_with_a_
 
     task = ShortReference(TOK, TOK.mask_token_id, answer_mode="infill")
     ro = batch(task, "diffusion", [ALL_WRONG_A] * 4)
-    out, n = add_anchors(ro, task, 0.0, "diffusion", TOK.eos_token_id, 0, lambda r, n: r)
+    out, n = add_anchors(ro, task, 0.0, kind_of("diffusion"), TOK.eos_token_id, 0, lambda r, n: r)
     # "12" then EOS laid on the canvas; EX_A's blanks 0, 1, 5, 10, 15 take it, the givens stay
     eos = TOK.eos_token_id
     expected = ids("0034301221034320")

@@ -11,9 +11,10 @@ import torch
 
 from dlmrl.config import Config, ConfigError, apply_overrides, validate
 from dlmrl.data.tasks import SudokuTask
+from dlmrl.kinds import kind_of
 from dlmrl.models.loading import load_policy
 from dlmrl.objectives.objective import GroupObjective
-from dlmrl.training import run_setup, sample_step, trainer, update
+from dlmrl.training import rollout, run_setup, trainer, update
 from dlmrl.training.anchors import add_anchors
 from dlmrl.training.distributed import Processes, gather_rollout
 from dlmrl.training.rollout import mean_nfe, rollout_diffusion
@@ -148,7 +149,7 @@ def test_threshold_rollouts_report_the_mean_nfe_and_the_summed_passes(shipped):
     assert plain.nfe == 4 and plain.row_nfe.tolist() == [4] * 12 and plain.sampling_passes() == 48
     # anchors were not sampled: no log-probs, no passes
     ro.rewards = ro.train_rewards = torch.zeros(12)
-    out, k = add_anchors(ro, task, 0.0, "diffusion", shipped.eos_token_id, 0, lambda r, _: r,
+    out, k = add_anchors(ro, task, 0.0, kind_of("diffusion"), shipped.eos_token_id, 0, lambda r, _: r,
                          lambda m: torch.where(m, 0, -1))
     assert k == 3 and (out.token_logprobs[-3:] == 0).all() and (out.row_nfe[-3:] == 0).all()
     assert torch.equal(out.token_logprobs[:12], ro.token_logprobs)
@@ -219,14 +220,14 @@ def test_the_gap_is_logged_only_for_the_exact_trajectory_likelihood(tmp_path):
 
 def test_a_capped_weight_reweights_the_tokens_the_rollout_drew_off_policy(tmp_path, monkeypatch):
     # rollout log-probs lowered by 1 nat on every token: Δ = +1, weight min(e, 1.5) = 1.5 everywhere; the gap is 1
-    original = sample_step.rollout_diffusion
+    original = rollout.rollout_diffusion
 
     def off_policy(*args, **kwargs):
         ro = original(*args, **kwargs)
         ro.token_logprobs = torch.where(ro.completion_mask, ro.token_logprobs - 1.0, ro.token_logprobs)
         return ro
 
-    monkeypatch.setattr(sample_step, "rollout_diffusion", off_policy)
+    monkeypatch.setattr(rollout, "rollout_diffusion", off_policy)  # (the masked kind samples with it)
     trainer.train(small_config("tiny-sudoku", tmp_path, **TRAJECTORY, **{"train.rollout_is_cap": 1.5}),
                   progress=False)
     rows = [r for r in metrics(tmp_path) if r["rows_scored"]]

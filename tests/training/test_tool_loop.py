@@ -12,6 +12,7 @@ from dlmrl.data.multihop_task import MultiHopTask
 from dlmrl.envs import make_env
 from dlmrl.envs.tools.agent import ScriptedAgent
 from dlmrl.envs.tools.env import turn_end
+from dlmrl.kinds import kind_of
 from dlmrl.models.ar import AutoregressivePolicy, load_ar_policy
 from dlmrl.objectives.presets import ALGORITHMS
 from dlmrl.training.tool_loop import cut_turn_tokens, rollout_tool_loop
@@ -446,9 +447,7 @@ def test_the_budget_check_counts_dapos_overlong_cache_as_the_run_does(tmp_path):
     """The trajectory's budget is generation_budget's, the run's max_length: with DAPO (cache fraction 0.2)
     gen_length 13 gives ⌈14 / 0.8⌉ = 18 tokens, which holds a 16-token turn (it was refused counting 13 + 1)."""
     from dlmrl.objectives.presets import get_algorithm
-    from dlmrl.objectives.shaping import generation_budget
-
-    assert generation_budget("ar", 13, get_algorithm("dapo")) == 18
+    assert kind_of("ar").generation_budget(13, get_algorithm("dapo")) == 18
     config("configs/mtr_multihop_tiny_ar.yaml", "tiny-multihop-ar", tmp_path,
            **{**TOOL_LOOP, "sampling.gen_length": 13, "train.algorithm": "dapo"})
     with pytest.raises(ConfigError, match=r"config key 'sampling.gen_length': 14 tokens \(sampling.gen_length 13 and "

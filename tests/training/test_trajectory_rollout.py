@@ -10,6 +10,7 @@ import torch
 
 from dlmrl.config import Config, ConfigError, apply_overrides, validate
 from dlmrl.data.tasks import SudokuTask
+from dlmrl.kinds import kind_of
 from dlmrl.models.loading import load_policy
 from dlmrl.models.sampler import generate, left_to_right_reveal_steps
 from dlmrl.training import trainer
@@ -50,13 +51,13 @@ def test_an_anchor_row_gets_the_left_to_right_order_in_the_samplers_schedule():
     ro = batch(task, "diffusion", [ALL_WRONG_A, ALL_WRONG_A, "1234341221434331", "1214341221434331"])
     ro.reveal_step = torch.where(ro.completion_mask, 0, -1)  # (a record: every blank at step 0)
     schedule = lambda m: left_to_right_reveal_steps(m, 16, 4)
-    out, n = add_anchors(ro, task, 0.0, "diffusion", TOK.eos_token_id, TOK.pad_token_id, lambda r, _: r, schedule)
+    out, n = add_anchors(ro, task, 0.0, kind_of("diffusion"), TOK.eos_token_id, TOK.pad_token_id, lambda r, _: r, schedule)
     assert n == 1
     # EX_A's 5 blanks (0, 1, 5, 10, 15) over 4 steps: 2, 1, 1, 1, left to right
     assert out.reveal_step[-1].tolist() == [0, 0, -1, -1, -1, 1, -1, -1, -1, -1, 2, -1, -1, -1, -1, 3]
     assert torch.equal(out.reveal_step[:4], ro.reveal_step)
     with pytest.raises(ValueError, match="pass reveal_steps"):
-        add_anchors(ro, task, 0.0, "diffusion", TOK.eos_token_id, TOK.pad_token_id, lambda r, _: r)
+        add_anchors(ro, task, 0.0, kind_of("diffusion"), TOK.eos_token_id, TOK.pad_token_id, lambda r, _: r)
 
 
 @pytest.mark.parametrize(("algorithm", "extra"), [

@@ -1,0 +1,104 @@
+"""The config check of the ``estimator`` section beyond its registry entry: keys a kind without an estimator refuses,
+keys the chosen estimator ignores, the scoring chunks, and the rollout correction's estimator."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from dlmrl.config.resolve import _default_recipe, flat_settings
+from dlmrl.config.schema import Config, EstimatorConfig
+from dlmrl.errors import ConfigError
+from dlmrl.kinds import check_key as _check
+from dlmrl.kinds import kind_of
+
+
+def is_number(value) -> bool:
+    """A finite int or float (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_rollout_is_cap(cfg: Config, estimator) -> None:
+    """``train.rollout_is_cap``: ``>= 1``, and only where the old-policy scores are the sampler's own distribution."""
+    cap = cfg.train.rollout_is_cap
+    if cap is None:
+        return
+    _check(is_number(cap) and cap >= 1, "train.rollout_is_cap",
+           f"must be >= 1 (a cap below 1 would scale down tokens the rollout drew exactly as the policy would) or "
+           f"null, got {cap!r}")
+    _check(kind_of(cfg.model.kind).scores_with_estimators, "train.rollout_is_cap",
+           f"corrects diffusion rollouts; model.kind {cfg.model.kind!r} rollouts record no log-probs (set it null)")
+    from dlmrl.estimators import Trajectory
+
+    settings = estimator.describe().settings
+    exact = isinstance(estimator, Trajectory) and estimator.merge == 1 and estimator.order == "sampled"
+    _check(exact, "train.rollout_is_cap",
+           f"needs estimator.name trajectory with estimator.merge 1 and estimator.order sampled, the exact "
+           f"likelihood of the sampler's own steps (got {estimator.name!r}, merge {settings.get('merge')}, order "
+           f"{settings.get('order')!r}): other estimators' per-token scores are not log-probs of the distribution "
+           "the rollout drew from")
+
+
+#: ``estimator`` keys that tune how any kind scores (chunks of rows or canvases, of positions), AR included
+SCORING_KEYS = ("micro_batch", "logits_chunk")
+
+
+def check_logits_chunk(e: EstimatorConfig) -> None:
+    _check(isinstance(e.logits_chunk, int) and not isinstance(e.logits_chunk, bool) and e.logits_chunk >= 0,
+           "estimator.logits_chunk", f"must be an integer >= 0 (scored positions per output-head call; 0 = full "
+           f"logits), got {e.logits_chunk!r}")
+
+
+def refuse_estimator_keys(cfg: Config) -> None:
+    """A kind that runs no likelihood estimator (an AR policy scores its completions by their exact token
+    log-probs): no estimator runs, so an ``estimator.*``
+    key other than :data:`SCORING_KEYS` (checked here: the AR scorer reads them) that the user set
+    (:func:`~dlmrl.config.overrides.user_keys`: an override, their YAML file, the API's dict; at a default's value
+    too), or that is set away from its default (or the default recipe's value), would be ignored silently; refused,
+    naming it. The default recipe's own estimator section and a run's saved config are not the user's."""
+    from dlmrl.config.overrides import user_keys
+
+    e = cfg.estimator
+    defaults = (EstimatorConfig(), _default_recipe().estimator)
+    chosen = user_keys(cfg) or frozenset()
+    _check(isinstance(e.micro_batch, int) and not isinstance(e.micro_batch, bool) and e.micro_batch >= 0,
+           "estimator.micro_batch", f"must be an integer >= 0 (rows per forward call; 0 = all), got {e.micro_batch!r}")
+    check_logits_chunk(e)
+    for f in dataclasses.fields(e):
+        if f.name in SCORING_KEYS:  # (rows per forward call and positions per head call: AR scoring reads them)
+            continue
+        value = getattr(e, f.name)
+        key = f"estimator.{f.name}"
+        if any(k == key or k.startswith(key + ".") for k in chosen) or all(value != getattr(d, f.name)
+                                                                           for d in defaults):
+            raise ConfigError(f"config key 'estimator.{f.name}': model.kind 'ar' scores exact token log-probs (no "
+                              f"likelihood estimator runs, so estimator settings do not apply); remove "
+                              f"estimator.{f.name} (got {value!r}), or train a diffusion policy (model.kind diffusion)")
+
+
+def warn_estimator_fields(cfg: Config, name: str, estimator, e: EstimatorConfig) -> None:
+    """Warn about flat ``estimator`` fields set away from their defaults that the estimator's class does not read
+    (:meth:`~dlmrl.estimators.configurable.ConfigurableEstimator.reads`; they would be ignored silently), and about
+    training with an estimator of infinite variance. A value of the dataclass defaults or of the default recipe
+    counts as unset, so ``dlmrl train estimator.name=sdmc`` does not blame the user for the recipe's own
+    ``merge: 2``."""
+    import warnings
+
+    from dlmrl.estimators import Coupled, DoubleMC
+
+    flat = flat_settings(e)
+    reads = type(estimator).reads(flat)
+    defaults = [flat_settings(d) for d in (EstimatorConfig(), _default_recipe().estimator)]
+    ignored = [k for k, v in flat.items() if k not in reads and all(v != d[k] for d in defaults)]
+    if ignored:
+        warnings.warn(f"config keys {', '.join(f'estimator.{k}' for k in ignored)} do not apply to the {name!r} "
+                      f"estimator (it reads {', '.join(sorted(reads)) or 'none of them'}; its own settings go in "
+                      "estimator.options) and are ignored", UserWarning, stacklevel=3)
+    bernoulli_dmc = isinstance(estimator, DoubleMC) and estimator.masking == "bernoulli"
+    bernoulli_coupled = (isinstance(estimator, Coupled) and estimator.masking == "bernoulli"
+                         and (estimator.t_min == 0 or estimator.t_max == 1))
+    if bernoulli_dmc or bernoulli_coupled:
+        warnings.warn(f"estimator {name!r} with bernoulli masking{'' if bernoulli_dmc else ' and t reaching 0 or 1'} "
+                      "has infinite variance (a lone masked token weighs 1/t as t -> 0): its gradients are heavy-"
+                      "tailed; exact_count masking (or sdmc) is unbiased with finite variance", UserWarning,
+                      stacklevel=3)

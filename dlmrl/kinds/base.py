@@ -1,0 +1,296 @@
+"""The :class:`PolicyKind` interface: what a kind of policy (``model.kind``) decides, and the registry of kinds.
+
+A policy kind is one way a language model writes and scores a completion: full-attention masked diffusion
+(``diffusion``, :mod:`dlmrl.kinds.masked`), block diffusion (``block``, :mod:`dlmrl.kinds.block`) or a causal LM
+(``ar``, :mod:`dlmrl.kinds.causal`). The config check, ``--dry-run``, the trainer, evaluation, the Python API and
+the CLI ask the kind object of ``model.kind`` (:func:`kind_of`) instead of comparing the name; a new kind is a new
+module with a subclass and a ``KINDS.register(name)(instance)`` line (README, "Extending dlmrl"), loaded like any
+other plugin (``--import``, the ``dlmrl.plugins`` entry point).
+
+The base class holds the defaults a kind inherits; the abstract methods are what every kind must say.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from dlmrl.errors import ConfigError
+from dlmrl.registry import Registry
+
+__all__ = ["KINDS", "PolicyKind", "check_key", "kind_names", "kind_of", "policy_kind", "warn_key"]
+
+
+def check_key(cond: bool, key: str, msg: str) -> None:
+    """Raise ``ConfigError("config key '<key>': <msg>")`` unless ``cond`` (the config check's one refusal form; the
+    CLI adds the file and line of the key)."""
+    if not cond:
+        raise ConfigError(f"config key {key!r}: {msg}")
+
+
+def warn_key(msg: str, stacklevel: int = 4) -> None:
+    """A ``UserWarning`` from a kind's config check (attributed to the caller of :func:`dlmrl.config.validate`)."""
+    import warnings
+
+    warnings.warn(msg, UserWarning, stacklevel=stacklevel)
+
+
+class PolicyKind(ABC):
+    """A kind of policy: how it loads, checks its config keys, samples a group, records a rollout, is scored,
+    decodes held-out examples and describes itself in ``--dry-run``.
+
+    Capabilities (class attributes) say what the shared code may do with a policy of this kind:
+
+    Attributes:
+        name: the ``model.kind`` value.
+        algorithm_policy: the entry of an algorithm preset's ``policies`` that covers this kind (``"diffusion"``:
+            the presets' sequence-likelihood parts run on a likelihood estimator's terms; ``"ar"``: on exact token
+            log-probs).
+        autoregressive: writes left to right with ``generate`` (a completion ends at EOS; HAPO's adaptive
+            temperature, multi-turn episodes and episode/beam evaluation need it).
+        denoises: decodes a canvas over a schedule of denoising steps (``sampling.steps``, blocks, the eval presets'
+            step counts apply; an infill task writes only its blank cells).
+        scores_with_estimators: the likelihood is a diffusion estimator's (the ``estimator`` section, its NFE; a
+            rollout records the sampler's per-token log-probs, so ``train.rollout_is_cap`` and the rollout gap apply).
+        uses_families: the checkpoint is one of the diffusion families (:data:`dlmrl.models.families.FAMILIES`,
+            ``model.family``, detected from ``config.json``).
+        stops_at_eos_by_default: ``sampling.stop_at_eos: null`` means on (rows end at the block holding their EOS).
+        default_algorithm: the algorithm the Python API trains when the caller names none (``None``: the default
+            recipe's).
+        turn_stops_at: with tools inside the rollout, where a turn ends (the ``--dry-run`` text).
+        checkpoint_kinds: the other kinds whose saved checkpoints (``config.json``'s ``dlmrl_kind``) this kind runs
+            without the config check calling it a contradiction (default: none; its own name always).
+    """
+
+    name: str = ""
+    algorithm_policy: str = "diffusion"
+    autoregressive: bool = False
+    denoises: bool = True
+    scores_with_estimators: bool = True
+    uses_families: bool = True
+    stops_at_eos_by_default: bool = False
+    default_algorithm: str | None = None
+    turn_stops_at: str = ""
+    checkpoint_kinds: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        return f"<policy kind {self.name!r}>"
+
+    def accepts_checkpoint(self, recorded: str) -> bool:
+        """Whether a checkpoint saved as kind ``recorded`` runs as this kind (its own, or :attr:`checkpoint_kinds`)."""
+        return recorded == self.name or recorded in self.checkpoint_kinds
+
+    # ----- loading -----------------------------------------------------------------------------------------
+    def model_path(self, name_or_path: str) -> str:
+        """``name_or_path`` with a shipped model's name resolved to its folder (a hub id or path as given)."""
+        from dlmrl.models.loading import resolve_model_path
+
+        return resolve_model_path(name_or_path)
+
+    @abstractmethod
+    def load(self, model_cfg):
+        """The policy of the ``model`` section (``name_or_path``, ``family``, ``trust_remote_code``, ``dtype``, ...).
+
+        Raises:
+            OSError, ValueError: a model that cannot be loaded (the caller names ``model.name_or_path``).
+        """
+
+    @abstractmethod
+    def owns(self, policy) -> bool:
+        """Whether ``policy`` (a loaded or given policy object) is a policy of this kind."""
+
+    @abstractmethod
+    def wrap(self, model, tokenizer, cfg):
+        """A policy of this kind around a loaded ``transformers`` ``model`` and its ``tokenizer`` (the Python API's
+        ``Trainer(model=<nn.Module>)``).
+
+        Raises:
+            ConfigError: a model this kind cannot run (naming the key).
+        """
+
+    def adopt_model_settings(self, cfg, model) -> None:
+        """Fill config keys a given model object decides (default: none)."""
+
+    def check_loaded(self, cfg, policy) -> None:
+        """What only a loaded (or given) policy can tell, beyond its kind (default: nothing).
+
+        Raises:
+            ConfigError: naming the key.
+        """
+
+    # ----- the config check ----------------------------------------------------------------------------------
+    def check_model(self, cfg) -> None:
+        """The ``model`` keys this kind reads or refuses, and how the task's canvas fits it (default:
+        ``model.block_size`` unset).
+
+        Raises:
+            ConfigError: naming the key.
+        """
+        m = cfg.model
+        check_key(m.block_size is None, "model.block_size",
+                  f"is the block size of a block-diffusion policy; model.kind is {m.kind!r} (set model.kind block, or "
+                  "remove model.block_size; a full-diffusion sampler's semi-autoregressive block is "
+                  "sampling.block_length)")
+
+    def denoising_blocks(self, cfg) -> tuple[int, str] | None:
+        """``(blocks, where)``: the blocks the sampler splits ``sampling.gen_length`` into and how that count is
+        made (for the messages about ``sampling.steps`` / ``eval.steps``), or ``None`` when no step schedule
+        applies (default).
+
+        Raises:
+            ConfigError: a length the blocks cannot split.
+        """
+        return None
+
+    def check_step_count(self, key: str, steps: int, blocks: int, where: str, cfg) -> None:
+        """Warn about a valid but doubtful step count ``steps`` of ``key`` over ``blocks`` (default: nothing)."""
+
+    def check_sampling(self, cfg) -> None:
+        """The ``sampling`` keys that depend on the kind: threshold decoding, ``sampling.cache``,
+        ``sampling.stop_at_eos``, a checkpoint's own code (default: nothing).
+
+        Raises:
+            ConfigError: naming the key.
+        """
+
+    def check_estimator(self, cfg, name: str, estimator, section) -> None:
+        """The training estimator ``estimator`` (registered as ``name``, built from the ``estimator`` ``section``)
+        on this kind (default: nothing).
+
+        Raises:
+            ConfigError: naming the key.
+        """
+
+    def check_tools_in_rollout(self, cfg, estimator_name: str) -> None:
+        """Tools inside the rollout (``train.env`` with a single-turn preset) with this kind's likelihood (default:
+        allowed).
+
+        Raises:
+            ConfigError: naming ``train.env``.
+        """
+
+    def eval_preset_problem(self, preset, gen_length: int) -> str | None:
+        """Why eval preset ``preset`` cannot decode ``gen_length`` tokens with this kind, or ``None`` (its steps and
+        blocks apply to a denoising sampler)."""
+        if not self.denoises:
+            return None
+        from dlmrl.evaluation.presets import preset_length_problem
+
+        return preset_length_problem(preset, gen_length)
+
+    def estimator_sampling(self, cfg):
+        """The ``sampling`` section as the likelihood estimator sees one denoising run (default: the config's)."""
+        return cfg.sampling
+
+    # ----- budgets and sizes -----------------------------------------------------------------------------------
+    def generation_budget(self, gen_length: int, preset) -> int:
+        """The tokens a rollout may sample per completion (default: the canvas, ``gen_length``)."""
+        return gen_length
+
+    def budget_parts(self, preset) -> str:
+        """What :meth:`generation_budget` adds to ``sampling.gen_length``, as words for messages (default: none)."""
+        return ""
+
+    def scoring_nfe(self, estimator, gen_length: int):
+        """Forward passes per completion when scoring: the estimator's NFE at ``gen_length`` (default)."""
+        return estimator.describe(gen_length).nfe
+
+    @abstractmethod
+    def memory_shapes(self, cfg, prompt: int, per_update: int, nfe: int) -> dict:
+        """The shapes the memory plan needs (:func:`dlmrl.training.memory_config.settings_from_config`): keys
+        ``canvases``, ``positions``, ``head_positions``, ``scored_positions``, ``float_copy_all``, ``cached``,
+        ``rollout_block``, ``rollout_forward_positions``, ``dense_mask``, ``prefill_positions``, for ``prompt``
+        prompt tokens, ``per_update`` completions per optimizer step and process, and the scoring NFE ``nfe``."""
+
+    # ----- training ----------------------------------------------------------------------------------------
+    @abstractmethod
+    def build_scorer(self, policy, ref, cfg, estimator, objective, processes: int):
+        """The scorer of a run: old, reference and current scores of a rollout batch
+        (:mod:`dlmrl.training.scorers`)."""
+
+    @abstractmethod
+    def sample(self, policy, task, cfg, examples: list, generator, max_length: int, temperature_fn=None,
+               prompts: tuple[int, int] | None = None):
+        """G completions per example (``prompts``: one process's share), a
+        :class:`~dlmrl.training.rollout.Rollout` with what this kind records."""
+
+    @abstractmethod
+    def sample_tool_loop(self, policy, make_env, examples: list, generator, max_length: int, cfg, task,
+                         temperature_fn=None):
+        """G trajectories per example with the environment's tools run inside each sequence."""
+
+    @abstractmethod
+    def evaluate(self, policy, task, settings) -> dict:
+        """Decode the held-out examples with ``settings`` (:class:`~dlmrl.evaluation.presets.EvalSettings`) and score
+        them (:mod:`dlmrl.evaluation.heldout`)."""
+
+    def record_sampling(self, sampling: dict, cfg, policy) -> dict:
+        """The eval record's ``sampling`` fields for this kind (default: as decoded)."""
+        return sampling
+
+    # ----- --dry-run -----------------------------------------------------------------------------------------
+    def plan_model(self, cfg, path) -> dict:
+        """The ``model`` section's entries this kind adds after ``source`` (``path``: the resolved folder or id)."""
+        return {}
+
+    @abstractmethod
+    def plan_token_logprobs(self, cfg, family: str) -> str:
+        """How scoring takes the chosen tokens' log-probs with ``estimator.logits_chunk`` > 0 (``family``: the
+        configured or detected family name)."""
+
+    @abstractmethod
+    def plan_estimator(self, cfg, spec) -> dict:
+        """The ``estimator`` section: the likelihood this kind trains with and its NFE."""
+
+    @abstractmethod
+    def plan_sampler(self, cfg, preset, written) -> dict:
+        """The ``sampler`` section (``written``: an infill task's ``(fewest, most, mean)`` written tokens, or
+        ``None``)."""
+
+    def plan_scoring(self, cfg, nfe: int, processes: int) -> dict:
+        """The ``sizes`` section's scoring entries (default: none)."""
+        return {}
+
+    def plan_budget(self, preset) -> str:
+        """How the tools-inside-the-rollout token budget is made, for ``--dry-run``."""
+        return "the canvas, sampling.gen_length"
+
+
+#: the policy kinds by ``model.kind`` name (each entry an instance of a :class:`PolicyKind` subclass)
+KINDS: Registry[PolicyKind] = Registry("policy kind")
+
+
+def kind_of(name: str) -> PolicyKind:
+    """The registered kind called ``name``.
+
+    Raises:
+        ConfigError: an unknown name (naming ``model.kind`` and the known kinds).
+    """
+    if name not in KINDS:
+        raise ConfigError(f"config key 'model.kind': unknown policy kind {name!r}; use {', '.join(kind_names())}")
+    return KINDS.get(name)
+
+
+def policy_kind(policy) -> PolicyKind:
+    """The kind of ``policy``: the registered kind its ``kind`` attribute names when that kind
+    :meth:`~PolicyKind.owns` it (a block or AR policy says so; a kind from outside sets it on its own policy class),
+    else the first whose ``owns`` accepts it, from the most specific built-in kind (block, ar) to the
+    masked-diffusion kind, which takes any other policy.
+
+    Raises:
+        ValueError: no registered kind owns it.
+    """
+    named = getattr(policy, "kind", None)
+    if isinstance(named, str) and named in KINDS and KINDS.get(named).owns(policy):
+        return KINDS.get(named)
+    built_in = [n for n in ("block", "ar", "diffusion") if n in KINDS]
+    order = built_in + [n for n in KINDS.names() if n not in built_in]
+    for name in order:
+        if KINDS.get(name).owns(policy):
+            return KINDS.get(name)
+    raise ValueError(f"no registered policy kind owns a {type(policy).__name__}")
+
+
+def kind_names() -> list[str]:
+    """The registered kinds' names, built-in ones first in their historical order."""
+    first = [n for n in ("diffusion", "block", "ar") if n in KINDS]
+    return first + [n for n in KINDS.names() if n not in first]

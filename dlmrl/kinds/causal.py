@@ -1,0 +1,141 @@
+"""``model.kind: ar``: a causal LM (any ``AutoModelForCausalLM``; the tiny AR defaults) through the AR adapter.
+
+It writes left to right with transformers' ``generate`` (a completion ends at EOS: ``sampling.gen_length`` + 1
+tokens, DAPO's overlong cache past them), is scored by its exact token log-probs (one forward, NFE 1; no
+``estimator`` section), and runs the GRPO family's AR presets (GRPO, Dr. GRPO, DAPO, GSPO, HAPO, Flow-GRPO, ...).
+"""
+
+from __future__ import annotations
+
+import math
+
+from dlmrl.kinds.base import KINDS, PolicyKind, check_key
+
+__all__ = ["CausalKind"]
+
+
+class CausalKind(PolicyKind):
+    """A causal LM (AutoModelForCausalLM) through the AR adapter: left-to-right generate, exact token log-probs."""
+
+    name = "ar"
+    algorithm_policy = "ar"
+    autoregressive = True
+    denoises = False
+    scores_with_estimators = False
+    uses_families = False
+    default_algorithm = "grpo"
+    turn_stops_at = "the end of the line of its first Action: or Final Answer:"
+
+    # ----- loading -----------------------------------------------------------------------------------------
+    def model_path(self, name_or_path: str) -> str:
+        from dlmrl.models.ar import resolve_ar_model_path
+
+        return resolve_ar_model_path(name_or_path)
+
+    def load(self, model_cfg):
+        from dlmrl.models.ar import load_ar_policy
+
+        m = model_cfg
+        return load_ar_policy(m.name_or_path, m.trust_remote_code, m.dtype)
+
+    def owns(self, policy) -> bool:
+        from dlmrl.models.ar import AutoregressivePolicy
+
+        return isinstance(policy, AutoregressivePolicy)
+
+    def wrap(self, model, tokenizer, cfg):
+        from dlmrl.models.ar import ar_policy_from_model
+
+        return ar_policy_from_model(model, tokenizer)
+
+    # ----- the config check ----------------------------------------------------------------------------------
+    def check_model(self, cfg) -> None:
+        super().check_model(cfg)
+        t = cfg.task
+        sudoku_grid = t.name == "sudoku" and t.answer_mode != "text"  # (the tiny model's 16-cell canvas)
+        check_key(not sudoku_grid or t.answer_mode == "full", "task.answer_mode",
+                  "model.kind 'ar' generates the whole grid left to right: use answer_mode full (or text)")
+
+    def check_sampling(self, cfg) -> None:
+        s = cfg.sampling
+        if s.adaptive:
+            check_key(False, "sampling.threshold" if s.threshold is not None else "sampling.threshold_factor",
+                      "is a diffusion-sampler setting; model.kind 'ar' decodes left to right (set it null)")
+        check_key(s.cache == "none", "sampling.cache",
+                  "is the diffusion sampler's block cache; model.kind 'ar' decodes with transformers' own key/value "
+                  "cache (set it none)")
+        check_key(s.stop_at_eos is not False, "sampling.stop_at_eos",
+                  "model.kind 'ar' always ends a completion at EOS (transformers' generate stops there); set it null")
+
+    # ----- budgets and sizes -----------------------------------------------------------------------------------
+    def generation_budget(self, gen_length: int, preset) -> int:
+        """``gen_length`` + EOS; with DAPO's soft overlong punishment ``⌈(gen_length + 1) / (1 − fraction)⌉``
+        (**dlmrl interpretation**: the cache sits past the answer, so a complete answer is never punished and only
+        tokens beyond it are)."""
+        if preset is None or preset.overlong_cache_fraction is None:
+            return gen_length + 1
+        return math.ceil((gen_length + 1) / (1 - preset.overlong_cache_fraction))
+
+    def budget_parts(self, preset) -> str:
+        return " and EOS" if preset.overlong_cache_fraction is None else ", EOS and DAPO's overlong cache"
+
+    def scoring_nfe(self, estimator, gen_length: int) -> int:
+        return 1  # (exact token log-probs: one forward per completion)
+
+    def memory_shapes(self, cfg, prompt: int, per_update: int, nfe: int) -> dict:
+        length = cfg.sampling.gen_length
+        # (the AR scorer keeps the logits of the L + 1 last positions and converts the L it scores)
+        return {"canvases": per_update, "positions": prompt + length + 1, "head_positions": length + 1,
+                "scored_positions": length, "float_copy_all": False, "cached": True, "rollout_block": 1,
+                "rollout_forward_positions": 1, "dense_mask": False, "prefill_positions": 0}
+
+    # ----- training ----------------------------------------------------------------------------------------
+    def build_scorer(self, policy, ref, cfg, estimator, objective, processes: int):
+        from dlmrl.training.scorers import ARScorer
+
+        # (one process: an entropy preset with μ = 1 takes its entropies from the update's own forward)
+        return ARScorer(policy, ref, old_scores=objective.needs_old_scores, share_forward=processes == 1,
+                        micro_batch=cfg.estimator.micro_batch or None, logits_chunk=cfg.estimator.logits_chunk or None)
+
+    def sample(self, policy, task, cfg, examples: list, generator, max_length: int, temperature_fn=None,
+               prompts: tuple[int, int] | None = None):
+        from dlmrl.training.rollout import rollout_ar
+
+        return rollout_ar(policy, task, cfg, examples, generator, max_new_tokens=max_length,
+                          temperature_fn=temperature_fn, prompts=prompts)
+
+    def sample_tool_loop(self, policy, make_env, examples: list, generator, max_length: int, cfg, task,
+                         temperature_fn=None):
+        from dlmrl.training.tool_loop import rollout_tool_loop
+
+        return rollout_tool_loop(policy, make_env, examples, cfg.train.num_generations, generator, max_length,
+                                 cfg.sampling.temperature, temperature_fn)
+
+    def evaluate(self, policy, task, settings) -> dict:
+        from dlmrl.evaluation.heldout import evaluate_ar
+
+        s = settings
+        return evaluate_ar(policy, task, num_puzzles=s.num_puzzles, batch_size=s.batch_size,
+                           temperature=s.temperature, seed=s.seed, protocol=s.protocol)
+
+    # ----- --dry-run -----------------------------------------------------------------------------------------
+    def plan_token_logprobs(self, cfg, family: str) -> str:
+        return (f"from the model's output head (get_output_embeddings), completion positions only, "
+                f"{cfg.estimator.logits_chunk} per head call, recomputed in the backward (a model that changes the "
+                "head's output is refused)")
+
+    def plan_estimator(self, cfg, spec) -> dict:
+        return {"name": "exact token log-probs (AR)", "nfe": 1}
+
+    def plan_sampler(self, cfg, preset, written) -> dict:
+        budget = self.generation_budget(cfg.sampling.gen_length, preset)  # (DAPO: its overlong cache past the answer)
+        return {"kind": "left to right (generate)", "max_new_tokens": budget, "temperature": cfg.sampling.temperature,
+                "nfe_per_completion": f"at most {budget}"}
+
+    def plan_budget(self, preset) -> str:
+        return ("sampling.gen_length + 1, the AR completion width" if preset.overlong_cache_fraction is None else
+                "sampling.gen_length + 1 and DAPO's overlong cache past it; its length punishment counts the policy's "
+                "tokens")
+
+
+KINDS.register("ar")(CausalKind())
