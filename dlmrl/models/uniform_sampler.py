@@ -150,8 +150,9 @@ def resolve_settings(model: nn.Module, prompt_length: int, generation_config=Non
         overrides: any of :data:`SETTING_KEYS`; ``entropy_bound=γ`` stands for
             ``sampler_config=EntropyBoundSamplerConfig(γ)``.
     Raises:
-        ValueError: an unknown setting (named), both ``entropy_bound`` and ``sampler_config``, a value
-            ``DiffusionGemmaGenerationConfig.validate`` refuses (its message), a ``cache_implementation`` other
+        ValueError: an unknown setting (named), both ``entropy_bound`` and ``sampler_config``, a
+            ``stability_threshold`` that is not an int ≥ 0 or a ``confidence_threshold`` that is not a float > 0,
+            a value ``DiffusionGemmaGenerationConfig.validate`` refuses (its message), a ``cache_implementation`` other
             than None / ``"dynamic"``, or no ``t_min``/``t_max``/``sampler_config`` after resolution.
     """
     from transformers.models.diffusion_gemma.generation_diffusion_gemma import (
@@ -164,6 +165,14 @@ def resolve_settings(model: nn.Module, prompt_length: int, generation_config=Non
     if unknown:
         raise ValueError(f"sample_diffusion_gemma: unknown setting(s) {unknown}; known: {list(SETTING_KEYS)}")
     overrides = dict(overrides)
+    # DiffusionGemmaGenerationConfig.validate formats these two errors with an attribute the config lacks
+    # (self.entropy_bound), so a bad value raises AttributeError there: check them here first, by name
+    stability = overrides.get("stability_threshold")
+    if stability is not None and (not isinstance(stability, int) or isinstance(stability, bool) or stability < 0):
+        raise ValueError(f"stability_threshold: {stability!r} must be an integer >= 0 (or None: no early stopping)")
+    confidence = overrides.get("confidence_threshold")
+    if confidence is not None and (not isinstance(confidence, float) or confidence <= 0):
+        raise ValueError(f"confidence_threshold: {confidence!r} must be a float > 0 (or None: no early stopping)")
     if "entropy_bound" in overrides:
         if "sampler_config" in overrides:
             raise ValueError("sample_diffusion_gemma: give entropy_bound or sampler_config, not both")

@@ -398,5 +398,9 @@ def test_settings_resolution_and_errors(models):
         sample_diffusion_gemma(model, ids, mask[:, 1:])
     with pytest.raises(ValueError, match="t_max"):
         sample_diffusion_gemma(model, ids, mask, t_min=0.9, t_max=0.5)
+    with pytest.raises(ValueError, match="stability_threshold"):
+        sample_diffusion_gemma(model, ids, mask, stability_threshold=-1)
+    with pytest.raises(ValueError, match="confidence_threshold"):
+        sample_diffusion_gemma(model, ids, mask, confidence_threshold=1)  # an int, as transformers refuses it
     with pytest.raises(TypeError, match="DiffusionGemmaForBlockDiffusion"):
         sample_diffusion_gemma(torch.nn.Linear(2, 2), ids, mask)
