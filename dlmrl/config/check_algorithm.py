@@ -43,6 +43,7 @@ def check_algorithm(cfg: Config):
     _check(isinstance(tr.max_completions, int) and tr.max_completions >= 0, "train.max_completions",
            "must be an integer >= 0 (0 = no rollout budget)")
     check_rollout_parts(cfg, preset)
+    kind.check_algorithm(cfg, preset)  # (what the kind lacks beyond its policies entry)
     return preset
 
 

@@ -180,6 +180,28 @@ class SamplingConfig:
               "generate stops there; no position attends a later block), diffusion false (LLaDA's generate decodes "
               "the whole canvas, and a bidirectional scorer would see the EOS filling where a full decode leaves its "
               "own tokens). AR rollouts always end at EOS (null or true). Single-turn rollouts only.")
+    entropy_bound: float | None = doc(
+        None, "model.kind uniform (DiffusionGemma): the entropy bound gamma of the sampler's acceptance rule (arXiv "
+              "2505.24857: each step keeps the lowest-entropy draws whose entropies sum, minus their largest, to at "
+              "most gamma; the rest is renoised); > 0; null = the checkpoint's generation_config. Other kinds refuse "
+              "it.")
+    t_max: float | None = doc(
+        None, "model.kind uniform: the temperature of a canvas's first denoising step (the schedule falls linearly "
+              "to t_min); > 0; null = the checkpoint's generation_config. Other kinds refuse it.")
+    t_min: float | None = doc(
+        None, "model.kind uniform: the temperature the schedule falls towards (its last step: t_min + (t_max - "
+              "t_min) / steps); > 0; null = the checkpoint's generation_config. Other kinds refuse it.")
+    stability_threshold: int | None = doc(
+        None, "model.kind uniform: early stopping of a canvas once its argmax is unchanged for this many steps (and "
+              "confident: confidence_threshold); integer >= 0; null = the checkpoint's generation_config. Other "
+              "kinds refuse it.")
+    confidence_threshold: float | None = doc(
+        None, "model.kind uniform: early stopping needs the canvas's mean entropy below this; > 0; null = the "
+              "checkpoint's generation_config. Other kinds refuse it.")
+    draw_last_step: bool = doc(
+        False, "model.kind uniform: append each canvas's last step's draw (every position a sample, scored) instead "
+               "of its argmax (DiffusionGemma's generate; the argmax adds no likelihood term). Rollouts only; other "
+               "kinds refuse true.")
 
     @property
     def adaptive(self) -> bool:

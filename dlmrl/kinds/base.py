@@ -17,7 +17,28 @@ from abc import ABC, abstractmethod
 from dlmrl.errors import ConfigError
 from dlmrl.registry import Registry
 
-__all__ = ["KINDS", "PolicyKind", "check_key", "kind_names", "kind_of", "policy_kind", "warn_key"]
+__all__ = ["KINDS", "UNIFORM_SAMPLING_KEYS", "PolicyKind", "check_key", "kind_names", "kind_of", "policy_kind",
+           "refuse_uniform_sampling_keys", "warn_key"]
+
+#: the ``sampling`` keys of the uniform-noise sampler (``model.kind: uniform``, :mod:`dlmrl.kinds.uniform`): null
+#: (``draw_last_step``: false) unless set
+UNIFORM_SAMPLING_KEYS = ("entropy_bound", "t_max", "t_min", "stability_threshold", "confidence_threshold",
+                         "draw_last_step")
+
+
+def refuse_uniform_sampling_keys(cfg) -> None:
+    """Refuse a ``sampling`` key of the uniform-noise sampler (:data:`UNIFORM_SAMPLING_KEYS`) that is set on a
+    kind that does not read it (null, and ``draw_last_step`` false, pass).
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    s = cfg.sampling
+    for key in UNIFORM_SAMPLING_KEYS:
+        value = getattr(s, key, None)
+        check_key(value is None or value is False, f"sampling.{key}",
+                  f"is a setting of the uniform-noise sampler (model.kind uniform, DiffusionGemma); model.kind "
+                  f"{cfg.model.kind!r} does not read it (remove it)")
 
 
 def check_key(cond: bool, key: str, msg: str) -> None:
@@ -146,11 +167,32 @@ class PolicyKind(ABC):
 
     def check_sampling(self, cfg) -> None:
         """The ``sampling`` keys that depend on the kind: threshold decoding, ``sampling.cache``,
-        ``sampling.stop_at_eos``, a checkpoint's own code (default: nothing).
+        ``sampling.stop_at_eos``, a checkpoint's own code (default: the uniform-noise sampler's keys are refused
+        when set, :func:`refuse_uniform_sampling_keys`).
 
         Raises:
             ConfigError: naming the key.
         """
+        refuse_uniform_sampling_keys(cfg)
+
+    def check_algorithm(self, cfg, preset) -> None:
+        """The algorithm preset ``preset`` (already known to run on :attr:`algorithm_policy`) on this kind, beyond
+        that (default: nothing).
+
+        Raises:
+            ConfigError: naming ``train.algorithm`` (or the key that asks for what the kind lacks).
+        """
+
+    def measures_rollout_gap(self, scorer) -> bool:
+        """Whether ``scorer``'s old-policy scores are log-probs of the distribution the rollout drew from, so the
+        trainer logs ``rollout_logp_gap_mean`` / ``_max`` (default: an estimator kind whose estimator is the exact
+        trajectory, :func:`dlmrl.training.update.measures_rollout_mismatch`)."""
+        if not self.scores_with_estimators:
+            return False
+        from dlmrl.estimators.trajectory import Trajectory  # (the rule of measures_rollout_mismatch)
+
+        est = getattr(scorer, "estimator", None)
+        return isinstance(est, Trajectory) and est.merge == 1 and est.order == "sampled"
 
     def check_estimator(self, cfg, name: str, estimator, section) -> None:
         """The training estimator ``estimator`` (registered as ``name``, built from the ``estimator`` ``section``)

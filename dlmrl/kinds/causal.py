@@ -57,6 +57,7 @@ class CausalKind(PolicyKind):
                   "model.kind 'ar' generates the whole grid left to right: use answer_mode full (or text)")
 
     def check_sampling(self, cfg) -> None:
+        super().check_sampling(cfg)  # (the uniform-noise sampler's keys, refused when set)
         s = cfg.sampling
         if s.adaptive:
             check_key(False, "sampling.threshold" if s.threshold is not None else "sampling.threshold_factor",

@@ -40,8 +40,9 @@ class MaskedDiffusionKind(PolicyKind):
         # (any policy that is neither causal nor block-causal runs the masked-diffusion sampler)
         from dlmrl.models.ar import AutoregressivePolicy
         from dlmrl.models.block_policy import BlockDiffusionPolicy
+        from dlmrl.models.uniform_policy import UniformNoisePolicy
 
-        return not isinstance(policy, (AutoregressivePolicy, BlockDiffusionPolicy))
+        return not isinstance(policy, (AutoregressivePolicy, BlockDiffusionPolicy, UniformNoisePolicy))
 
     def wrap(self, model, tokenizer, cfg):
         from dlmrl.models.loading import diffusion_policy_from_model
@@ -66,6 +67,7 @@ class MaskedDiffusionKind(PolicyKind):
         return s.gen_length // s.block_length, f"sampling.gen_length {s.gen_length} / sampling.block_length {s.block_length}"
 
     def check_sampling(self, cfg) -> None:
+        super().check_sampling(cfg)  # (the uniform-noise sampler's keys, refused when set)
         s = cfg.sampling
         if s.cache != "none":
             self.check_cache(cfg)

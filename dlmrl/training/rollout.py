@@ -65,6 +65,9 @@ class Rollout:
         exact: ``(B,)`` bool, whether each completion matches its example exactly (``task.exact_matches`` of the
             texts decoded for the rewards), set by the sampler when the preset's advantage reads it (SRPO's pass@k
             bonus); ``None`` otherwise.
+        kind_record: per-row tensors (first dimension ``B``) a policy kind records for its own scorer, by name (the
+            uniform-noise kind: each step's input canvas and draws, :mod:`dlmrl.training.uniform_trajectory`);
+            selected and concatenated with the rows; ``None`` for the other kinds.
     """
 
     examples: list
@@ -87,6 +90,7 @@ class Rollout:
     turns: torch.Tensor | None = None
     tool_errors: torch.Tensor | None = None
     exact: torch.Tensor | None = None
+    kind_record: dict | None = None
 
     def __len__(self) -> int:
         return len(self.completion)
@@ -99,6 +103,8 @@ class Rollout:
     def _map(self, fn, **changes) -> Rollout:
         """A copy with ``fn`` applied to every per-row tensor field and the ``changes`` made."""
         mapped = {n: None if getattr(self, n) is None else fn(getattr(self, n)) for n in self._TENSORS}
+        if self.kind_record is not None:
+            mapped["kind_record"] = {k: fn(v) for k, v in self.kind_record.items()}
         return dataclasses.replace(self, **mapped, **changes)
 
     def rows(self, index: torch.Tensor) -> Rollout:
@@ -164,6 +170,13 @@ class Rollout:
                 raise ValueError(f"Rollout.cat: {name} is set on some parts only")
             return torch.cat([getattr(p, name) for p in parts]) if all(have) else None
 
+        def records():
+            have = [p.kind_record is not None for p in parts]
+            if any(have) and not all(have):
+                raise ValueError("Rollout.cat: kind_record is set on some parts only")
+            return {k: torch.cat([p.kind_record[k] for p in parts]) for k in parts[0].kind_record} if all(have) \
+                else None
+
         return Rollout(
             [e for p in parts for e in p.examples],
             torch.cat([left_pad(p.prompt_ids, pad_id) for p in parts]),
@@ -177,6 +190,7 @@ class Rollout:
             optional("reveal_step"), optional("token_logprobs"), optional("row_nfe"),
             reward_parts=optional("reward_parts"), observation_mask=optional("observation_mask"),
             turns=optional("turns"), tool_errors=optional("tool_errors"), exact=optional("exact"),
+            kind_record=records(),
         )
 
 

@@ -55,7 +55,6 @@ from dlmrl.training.sharding import (
     register_checkpointing,
     shard_policy,
 )
-from dlmrl.training.update import measures_rollout_mismatch
 
 
 @dataclass
@@ -77,7 +76,8 @@ class Run:
         max_length: the generation budget in tokens (AR: the answer + EOS, DAPO: its overlong cache past it).
         pad_id: prompt padding id. env: the environment of a multi-turn preset (episodes), or ``train.env`` with any
             other preset (tools inside the rollout, :mod:`dlmrl.training.tool_loop`), else ``None``.
-        gap_measured: the rollout log-prob gap is defined and logged (:func:`measures_rollout_mismatch`).
+        gap_measured: the rollout log-prob gap is defined and logged (the kind's
+            :meth:`~dlmrl.kinds.base.PolicyKind.measures_rollout_gap`).
         metric: the held-out headline metric. solved: the reward meaning "fully right" (``solve_rate``), or ``None``.
         sharding: the FSDP2 sharding of ``train.sharding: fsdp2`` (:class:`dlmrl.training.sharding.Sharding`), else
             ``None``.
@@ -175,7 +175,7 @@ def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None)
         check_held_out_size(task, cfg.eval.num_puzzles)
     estimator = build_estimator(cfg, spec) if kind.scores_with_estimators else None
     scorer = kind.build_scorer(policy, ref, cfg, estimator, objective, processes.count)
-    if tr.steps_per_generation > 1 and kind.scores_with_estimators and measures_rollout_mismatch(scorer):
+    if tr.steps_per_generation > 1 and kind.measures_rollout_gap(scorer):
         # (the rollout log-prob gap is measured on old scores taken before any step: with several mini-batches the
         # updates' own scores come from a moved policy, so a ratio-free objective's scorer takes them too)
         scorer.old_scores = True
@@ -231,7 +231,7 @@ def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None)
                max_length=max_length,
                pad_id=pad_token_id(policy.tokenizer),  # (prompt padding: the pad id, else EOS, else 0)
                env=(tr.env or default_env(cfg.task.name)) if preset.multi_turn else tr.env,  # (else: tools in the loop)
-               gap_measured=kind.scores_with_estimators and measures_rollout_mismatch(scorer),  # (rollout_logp_gap_*)
+               gap_measured=kind.measures_rollout_gap(scorer),  # (rollout_logp_gap_*)
                metric=primary_metric(task), solved=solved_reward(task), sharding=sharding)
 
 

@@ -68,6 +68,8 @@ def measures_rollout_mismatch(scorer) -> bool:
     not defined there (not logged)."""
     from dlmrl.estimators.trajectory import Trajectory
 
+    if getattr(scorer, "measures_rollout_gap", False):  # (a scorer that says so: the uniform kind's trajectory)
+        return True
     est = getattr(scorer, "estimator", None)
     return isinstance(est, Trajectory) and est.merge == 1 and est.order == "sampled"
 
@@ -260,7 +262,9 @@ def prepare_update(run, ro: Rollout, generator: torch.Generator) -> UpdateBatch:
     # train.rollout_is_cap
     mismatch = None
     if old is not None and run.gap_measured and mine.token_logprobs is not None:
-        valid = mine.completion_mask.bool() & (mine.reveal_step >= 0)
+        valid = mine.completion_mask.bool()
+        if mine.reveal_step is not None:  # (a kind without a reveal order scores every completion token)
+            valid &= mine.reveal_step >= 0
         if mine.anchor is not None:
             valid &= ~mine.anchor.bool()[:, None]
         mismatch = RolloutMismatch(mine.token_logprobs, valid, tr.rollout_is_cap)

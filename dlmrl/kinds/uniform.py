@@ -1,0 +1,284 @@
+"""``model.kind: uniform``: a uniform-noise, self-conditioned diffusion LM (Google's DiffusionGemma,
+``DiffusionGemmaForBlockDiffusion``, loaded natively: :mod:`dlmrl.models.uniform_policy`).
+
+It writes canvases of ``L`` tokens left to right (``config.canvas_length``; ``ceil((sampling.gen_length + 1) / L)``
+canvases at most, the completion then EOS as the AR kind budgets it), each denoised from uniform noise with the
+entropy-bounded sampler (arXiv 2505.24857) as transformers' ``generate`` does
+(:func:`dlmrl.models.uniform_sampler.sample_diffusion_gemma`, token-identical): ``sampling.steps`` is the most
+denoising steps per canvas, and ``sampling.entropy_bound``, ``t_max``, ``t_min``, ``stability_threshold``,
+``confidence_threshold`` override the checkpoint's generation config when set. A completion ends at its first EOS.
+
+It is scored by the **trajectory likelihood** (:mod:`dlmrl.training.uniform_trajectory`, dlmrl interpretation):
+the log-probs of the draws each step accepted, replayed under the current weights; no ``estimator`` section
+(``estimator.micro_batch`` chunks the rows). The presets that run on exact token log-probs (``policies`` containing
+``ar``: GRPO, Dr. GRPO, GSPO, DAPO, RLOO, SRPO, ...) run on it, with the trajectory likelihood in place of the AR
+token log-probs; presets that read per-token entropies (EGSW, ESPO, GTPO, GRPO-S, HAPO), add off-policy anchors
+(DaGRPO), play multi-turn episodes or run tools inside the rollout are refused, naming ``train.algorithm`` /
+``train.env``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from dlmrl.errors import ConfigError
+from dlmrl.kinds.base import KINDS, PolicyKind, check_key
+
+__all__ = ["UniformNoiseKind", "evaluate_uniform"]
+
+
+def _set(value) -> bool:
+    return value is not None
+
+
+class UniformNoiseKind(PolicyKind):
+    """A uniform-noise diffusion LM (DiffusionGemma): canvases denoised from uniform noise by the entropy-bounded
+    sampler, scored by the sampled trajectory's likelihood."""
+
+    name = "uniform"
+    algorithm_policy = "ar"  # (the presets' exact-log-prob variants: the trajectory likelihood is an exact log-prob)
+    autoregressive = False
+    denoises = True
+    scores_with_estimators = False
+    uses_families = False
+    stops_at_eos_by_default = True
+    default_algorithm = "grpo"
+    turn_stops_at = ""
+
+    # ----- loading -----------------------------------------------------------------------------------------
+    def load(self, model_cfg):
+        from dlmrl.models.uniform_policy import load_uniform_policy
+
+        return load_uniform_policy(self.model_path(model_cfg.name_or_path), model_cfg.dtype)
+
+    def owns(self, policy) -> bool:
+        from dlmrl.models.uniform_policy import UniformNoisePolicy
+
+        return isinstance(policy, UniformNoisePolicy)
+
+    def wrap(self, model, tokenizer, cfg):
+        from dlmrl.models.uniform_policy import uniform_policy_from_model
+
+        try:
+            return uniform_policy_from_model(model, tokenizer)
+        except TypeError as e:
+            raise ConfigError(f"config key 'model.kind': uniform needs a DiffusionGemma model: {e}") from None
+
+    # ----- the config check ----------------------------------------------------------------------------------
+    def check_model(self, cfg) -> None:
+        """``model.block_size`` unset, ``model.family`` auto, no remote code (transformers ships the class), no LoRA,
+        gradient checkpointing or sharding yet; a local checkpoint whose ``config.json`` is not a DiffusionGemma one;
+        Sudoku in ``answer_mode`` full or text (the whole grid written, as the AR kind); ``estimator.logits_chunk``
+        0 (the trajectory takes the full canvas logits)."""
+        super().check_model(cfg)
+        m, t = cfg.model, cfg.task
+        check_key(m.family == "auto", "model.family",
+                  f"model.kind 'uniform' runs DiffusionGemma checkpoints (family diffusion_gemma, detected); set it "
+                  f"auto (got {m.family!r})")
+        check_key(not m.trust_remote_code, "model.trust_remote_code",
+                  "model.kind 'uniform' loads DiffusionGemma with transformers' own class; no checkpoint code runs "
+                  "(set it false)")
+        check_key(not m.use_peft, "model.use_peft", "LoRA is not supported for model.kind 'uniform' yet (set it false)")
+        check_key(not m.gradient_checkpointing, "model.gradient_checkpointing",
+                  "is not supported for model.kind 'uniform' yet (set it false)")
+        check_key(cfg.train.sharding == "none", "train.sharding",
+                  "model.kind 'uniform' runs unsharded for now (set it none)")
+        check_key(cfg.estimator.logits_chunk == 0, "estimator.logits_chunk",
+                  "model.kind 'uniform' scores with the full canvas logits (each step's log-softmax); set it 0")
+        sudoku_grid = t.name == "sudoku" and t.answer_mode != "text"
+        check_key(not sudoku_grid or t.answer_mode == "full", "task.answer_mode",
+                  "model.kind 'uniform' writes the whole grid in canvases left to right: use answer_mode full (or "
+                  "text)")
+        path = Path(self.model_path(m.name_or_path))
+        if (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
+            from dlmrl.models.diffusion_gemma import is_diffusion_gemma
+            from dlmrl.models.loading import read_checkpoint_config
+
+            try:
+                config = read_checkpoint_config(str(path))
+            except (OSError, ValueError):
+                return  # (the load reports an unreadable config)
+            check_key(is_diffusion_gemma(config), "model.kind",
+                      f"'uniform' runs DiffusionGemma checkpoints (config.json model_type diffusion_gemma); "
+                      f"{m.name_or_path!r} has model_type {config.get('model_type')!r}")
+
+    def check_sampling(self, cfg) -> None:
+        """The masked samplers' keys refused (threshold decoding, ``cache``, guidance, ``block_length``,
+        ``remasking``, ``stop_at_eos: false``, ``rollout_batch_size``, ``temperature``: the schedule is
+        ``t_max`` → ``t_min``), the uniform sampler's keys' ranges, ``sampling.steps`` / ``eval.steps`` >= 1,
+        ``eval.temperature`` 0 and ``eval.preset`` none."""
+        s, ev = cfg.sampling, cfg.eval
+        default = type(s)()
+        if s.adaptive:
+            check_key(False, "sampling.threshold" if s.threshold is not None else "sampling.threshold_factor",
+                      "is a masked-diffusion sampler setting; model.kind 'uniform' accepts draws by the entropy bound "
+                      "(sampling.entropy_bound); set it null")
+        for key, ok, why in (
+                ("cache", s.cache == "none", ("is the masked sampler's block cache; the uniform sampler keeps an exact "
+                                              "key/value cache of the prompt and finished canvases (set it none)")),
+                ("cfg_scale", s.cfg_scale == 0, "classifier-free guidance is not implemented for model.kind 'uniform'"),
+                ("block_length", s.block_length == default.block_length,
+                 ("does not apply: model.kind 'uniform' decodes in the model's canvases (config.canvas_length); "
+                  "remove it")),
+                ("remasking", s.remasking == default.remasking,
+                 "does not apply: the uniform sampler renoises the positions the entropy bound rejects; remove it"),
+                ("stop_at_eos", s.stop_at_eos is not False,
+                 "model.kind 'uniform' always ends a completion at the canvas holding its first EOS (set it null)"),
+                ("rollout_batch_size", s.rollout_batch_size == 0,
+                 "model.kind 'uniform' samples the batch in one call (its random draws are batch-wide); set it 0"),
+                ("temperature", s.temperature == default.temperature,
+                 ("does not apply: the uniform sampler's temperature falls from sampling.t_max to sampling.t_min "
+                  "over a canvas's steps; remove it and set those"))):
+            check_key(ok, f"sampling.{key}", why)
+        check_key(isinstance(s.steps, int) and not isinstance(s.steps, bool) and s.steps >= 1, "sampling.steps",
+                  f"is the most denoising steps per canvas for model.kind 'uniform': an integer >= 1, got {s.steps!r}")
+        check_key(isinstance(ev.steps, int) and not isinstance(ev.steps, bool) and ev.steps >= 1, "eval.steps",
+                  f"is the most denoising steps per canvas for model.kind 'uniform': an integer >= 1, got {ev.steps!r}")
+        for key in ("entropy_bound", "t_max", "t_min", "confidence_threshold"):
+            v = getattr(s, key)
+            check_key(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                                    and v > 0), f"sampling.{key}", f"must be a number > 0 (or null: the checkpoint's), "
+                                                                   f"got {v!r}")
+        v = s.stability_threshold
+        check_key(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+                  "sampling.stability_threshold", f"must be an integer >= 0 (or null: the checkpoint's), got {v!r}")
+        check_key(isinstance(s.draw_last_step, bool), "sampling.draw_last_step",
+                  f"must be true or false, got {s.draw_last_step!r}")
+        check_key(ev.temperature == 0, "eval.temperature",
+                  "model.kind 'uniform' evaluates with the sampler's own schedule (t_max -> t_min) and the argmax "
+                  "canvas; set it 0")
+        check_key(ev.preset == "none", "eval.preset",
+                  "the eval presets are masked-diffusion protocols; model.kind 'uniform' evaluates with eval.steps "
+                  "(set it none)")
+
+    def check_algorithm(self, cfg, preset) -> None:
+        algo = cfg.train.algorithm
+        check_key(not ({"entropy"} & set(preset.required_inputs)), "train.algorithm",
+                  f"{algo!r} reads per-token entropies, which the uniform kind's trajectory likelihood does not give; "
+                  "use grpo, dr_grpo, gspo, dapo, rloo, srpo")
+        check_key(preset.anchor_threshold is None, "train.algorithm",
+                  f"{algo!r} adds off-policy anchor rows, which no uniform sampler trajectory scores")
+        check_key(cfg.train.env is None, "train.env",
+                  "tools inside the rollout are not supported for model.kind 'uniform' (remove train.env)")
+
+    def eval_preset_problem(self, preset, gen_length: int) -> str | None:
+        return "the eval presets are masked-diffusion protocols (model.kind 'uniform' evaluates with eval.steps)"
+
+    # ----- budgets and sizes -----------------------------------------------------------------------------------
+    def generation_budget(self, gen_length: int, preset) -> int:
+        """``gen_length`` + EOS, as the AR kind (with DAPO's overlong cache past it); the sampler writes whole
+        canvases, ``ceil(budget / L)`` of them."""
+        if preset is None or preset.overlong_cache_fraction is None:
+            return gen_length + 1
+        return math.ceil((gen_length + 1) / (1 - preset.overlong_cache_fraction))
+
+    def budget_parts(self, preset) -> str:
+        return " and EOS" if preset.overlong_cache_fraction is None else ", EOS and DAPO's overlong cache"
+
+    def scoring_nfe(self, estimator, gen_length: int):
+        return None
+
+    def memory_shapes(self, cfg, prompt: int, per_update: int, nfe: int) -> dict:
+        # (the batched pass: every step of a canvas at once, one canvas of L positions reading the cache)
+        length, steps = cfg.sampling.gen_length + 1, cfg.sampling.steps
+        return {"canvases": per_update * steps, "positions": prompt + length, "head_positions": None,
+                "scored_positions": length, "float_copy_all": True, "cached": True, "rollout_block": length,
+                "rollout_forward_positions": length, "dense_mask": False, "prefill_positions": prompt}
+
+    # ----- training ----------------------------------------------------------------------------------------
+    def build_scorer(self, policy, ref, cfg, estimator, objective, processes: int):
+        from dlmrl.training.uniform_trajectory import UniformTrajectoryScorer
+
+        return UniformTrajectoryScorer(policy, ref, old_scores=objective.needs_old_scores,
+                                       micro_batch=cfg.estimator.micro_batch or None)
+
+    def measures_rollout_gap(self, scorer) -> bool:
+        return bool(getattr(scorer, "measures_rollout_gap", False))
+
+    def sample(self, policy, task, cfg, examples: list, generator, max_length: int, temperature_fn=None,
+               prompts: tuple[int, int] | None = None):
+        from dlmrl.training.uniform_trajectory import rollout_uniform
+
+        return rollout_uniform(policy, task, cfg, examples, generator, max_length, prompts=prompts)
+
+    def sample_tool_loop(self, policy, make_env, examples: list, generator, max_length: int, cfg, task,
+                         temperature_fn=None):
+        raise ConfigError("config key 'train.env': tools inside the rollout are not supported for model.kind "
+                          "'uniform'")
+
+    def evaluate(self, policy, task, settings) -> dict:
+        s = settings
+        return evaluate_uniform(policy, task, num_puzzles=s.num_puzzles, batch_size=s.batch_size, steps=s.steps,
+                                seed=s.seed, protocol=s.protocol)
+
+    def record_sampling(self, sampling: dict, cfg, policy) -> dict:
+        from dlmrl.training.uniform_trajectory import sampler_settings
+
+        return {**sampling, "block_length": None, "canvas_length": getattr(policy, "canvas_length", None),
+                "sampler": "entropy-bounded uniform (DiffusionGemma generate)",
+                **{k: v for k, v in sampler_settings(cfg.sampling).items() if k != "max_denoising_steps"}}
+
+    # ----- --dry-run -----------------------------------------------------------------------------------------
+    def plan_model(self, cfg, path) -> dict:
+        out = {"family": "diffusion_gemma", "loading": "transformers' DiffusionGemmaForBlockDiffusion (no remote code)"}
+        if path.is_dir() and (path / "config.json").is_file():
+            from dlmrl.models.loading import read_checkpoint_config
+
+            config = read_checkpoint_config(str(path))
+            out["model_type"] = config.get("model_type")
+            out["canvas_length"] = config.get("canvas_length")
+        return out
+
+    def plan_token_logprobs(self, cfg, family: str) -> str:
+        return "log-softmax of each step's full canvas logits (estimator.logits_chunk does not apply)"
+
+    def plan_estimator(self, cfg, spec) -> dict:
+        return {"name": "trajectory likelihood (uniform): the accepted draws' log-probs of every step",
+                "passes": "per canvas: the encoder pass, a no-grad pass per step for the self-conditioning inputs, "
+                          "then one batched pass with grad over all the canvas's steps (old and reference scores: "
+                          "the no-grad passes only)",
+                "nfe": f"at most 2 x {cfg.sampling.steps} canvas passes per canvas (the run logs nfe_scoring)",
+                "gradient": "through each step's logits at the recorded input canvas; the self-conditioning input "
+                            "(the previous step's logits) is recomputed under the current weights and detached"}
+
+    def plan_sampler(self, cfg, preset, written) -> dict:
+        s = cfg.sampling
+        budget = self.generation_budget(s.gen_length, preset)
+        keep = lambda v: "the checkpoint's generation_config" if v is None else v
+        return {"kind": "entropy-bounded uniform denoising (DiffusionGemma generate, arXiv 2505.24857)",
+                "max_new_tokens": budget, "canvases": "ceil(max_new_tokens / config.canvas_length), each ended at "
+                                                      "the canvas holding the row's first EOS",
+                "max_denoising_steps": s.steps, "entropy_bound": keep(s.entropy_bound), "t_max": keep(s.t_max),
+                "t_min": keep(s.t_min), "stability_threshold": keep(s.stability_threshold),
+                "confidence_threshold": keep(s.confidence_threshold),
+                "final_canvas": "the last step's draw (scored)" if s.draw_last_step else
+                                "the last step's argmax (no likelihood term)",
+                "nfe_per_completion": f"at most {s.steps} per canvas (fewer with early stopping; the run logs "
+                                      "nfe_sampling)",
+                "eval": {"max_denoising_steps": cfg.eval.steps, "final_canvas": "argmax",
+                         "batch_size": cfg.eval.batch_size,
+                         "examples": cfg.eval.num_puzzles or "the whole held-out split"}}
+
+    def plan_budget(self, preset) -> str:
+        return "sampling.gen_length + 1 (the completion and EOS)"
+
+
+def evaluate_uniform(policy, task, num_puzzles: int = 256, batch_size: int = 256, steps: int = 8, seed: int = 0,
+                     protocol: str = "strict", **settings) -> dict:
+    """Decode ``num_puzzles`` held-out examples with the uniform sampler as ``generate`` does (its draws seeded
+    with ``seed + start`` per chunk, the argmax final canvas) in at most ``steps`` denoising steps per canvas and a
+    budget of ``task.gen_length + 1`` tokens, and score them with the task's metrics (``nfe``: the most canvas
+    passes of a row). ``settings``: the sampler's other settings (:func:`dlmrl.training.uniform_trajectory.sampler_settings`)."""
+    from dlmrl.evaluation.heldout import _decode_held_out, _summary
+
+    def decode(batch, start):
+        out = policy.sample(batch.prompt_ids, batch.prompt_mask, task.gen_length + 1, seed=seed + start,
+                            max_denoising_steps=int(steps), **settings)
+        return task.decode(out.completions), int(out.decoder_forward_passes.max()) if len(out.completions) else 0
+
+    examples, texts, nfes = _decode_held_out(policy, task, num_puzzles, batch_size, decode)
+    return _summary(task, examples, texts, max(nfes, default=0), protocol, max_new_tokens=task.gen_length + 1)
+
+
+KINDS.register("uniform")(UniformNoiseKind())

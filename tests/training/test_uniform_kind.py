@@ -1,0 +1,172 @@
+"""``model.kind: uniform`` (DiffusionGemma, issue 35): training steps of the group presets on a tiny random
+DiffusionGemma saved locally, the trajectory likelihood against the sampler's record, the config check, --dry-run and
+the saved kind."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlmrl import cli
+from dlmrl.config import Config, ConfigError, apply_overrides, validate
+from dlmrl.models.uniform_policy import build_tiny_uniform_policy, save_tiny_uniform_checkpoint
+from dlmrl.training.uniform_trajectory import rollout_uniform, trajectory_logprobs
+
+SMALL = ["train.max_steps=2", "train.prompts_per_step=3", "train.num_generations=4", "eval.before=false",
+         "eval.after=false", "train.warmup_steps=0", "train.learning_rate=1e-3"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return save_tiny_uniform_checkpoint(tmp_path_factory.mktemp("uniform") / "tiny_dg")
+
+
+def _args(checkpoint: Path, *extra: str) -> list[str]:
+    return [f"model.name_or_path={checkpoint}", "model.kind=uniform", "task.answer_mode=full", *extra]
+
+
+def _config(checkpoint: Path, *extra: str) -> Config:
+    cfg = Config()
+    apply_overrides(cfg, _args(checkpoint, *extra))
+    return cfg
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "dr_grpo", "gspo", "dapo"])
+def test_two_training_steps_move_the_parameters_and_log_the_gap(checkpoint, tmp_path, algorithm):
+    from safetensors.torch import load_file
+
+    out = tmp_path / "run"
+    assert cli.main(["train", "--output-dir", str(out), "--no-progress", *_args(checkpoint, *SMALL,
+                                                                                 f"train.algorithm={algorithm}")]) == 0
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [1, 2]
+    assert any(r["grad_norm"] > 0 for r in lines)  # (a step whose groups all tie has no signal)
+    for r in lines:
+        assert r["nfe_sampling"] > 0 and r["nfe_scoring"] > 0
+        # (scores taken right after sampling, at the weights that sampled: only float batch effects; a step that
+        # scores no row, every group tied, logs None)
+        assert r["rollout_logp_gap_max"] is None or r["rollout_logp_gap_max"] < 1e-3
+    assert any(r["rollout_logp_gap_max"] is not None for r in lines)
+    before, after = load_file(checkpoint / "model.safetensors"), load_file(out / "final_model" / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert json.loads((out / "final_model" / "config.json").read_text())["dlmrl_kind"] == "uniform"
+
+
+def test_the_trajectory_likelihood_equals_the_samplers_record(checkpoint):
+    """Scoring right after sampling, with and without grad, gives the recorded log-probs per position.
+
+    Tolerance: each term is log_softmax(ℓ/τ)[x] in float32, computed by the sampler as ℓ/τ − logsumexp and here by
+    log_softmax, possibly in another batch composition; its error is a few ulps of the largest magnitude involved,
+    |ℓ/τ| ≤ 30/τ_min (the softcap) plus log V. A position sums at most one term per step (N steps per canvas, the
+    EOS position also the folded terms of its canvas: N·L), so the bound is 8·eps·(30/τ_min + log V)·N·L."""
+    from dlmrl.training.run_setup import build_task
+
+    for draw_last in (False, True):
+        cfg = _config(checkpoint, "train.num_generations=4", f"sampling.draw_last_step={str(draw_last).lower()}")
+        policy = build_tiny_uniform_policy()
+        task = build_task(cfg, policy)
+        ro = rollout_uniform(policy, task, cfg, task.train_batch(3, 0, 0), torch.Generator().manual_seed(0), 17)
+        assert ro.completion.shape == (12, 24) and ro.kind_record["inputs"].shape == (12, 3, 4, 8)
+        t_min = float(ro.kind_record["temperatures"].min())
+        N, L, V = 4, 8, policy.vocab_size
+        tol = 8 * torch.finfo(torch.float32).eps * (30 / t_min + torch.log(torch.tensor(float(V)))) * N * L
+        for grad in (False, True):
+            logp, passes = trajectory_logprobs(policy.model, ro.prompt_ids, ro.prompt_mask, ro.completion,
+                                               ro.completion_mask, ro.kind_record, grad=grad)
+            assert (logp.detach() - ro.token_logprobs).abs().max() <= tol
+            assert passes > 0
+        # (the whole trajectory: every row has scored terms; zero off the mask)
+        assert (ro.token_logprobs.sum(-1) < 0).all()
+        assert (ro.token_logprobs[~ro.completion_mask] == 0).all()
+
+
+def test_the_gradient_reaches_the_weights_but_not_through_self_conditioning(checkpoint):
+    from dlmrl.training.run_setup import build_task
+
+    cfg = _config(checkpoint, "train.num_generations=2")
+    policy = build_tiny_uniform_policy()
+    task = build_task(cfg, policy)
+    ro = rollout_uniform(policy, task, cfg, task.train_batch(2, 0, 0), torch.Generator().manual_seed(1), 17)
+    logp, _ = trajectory_logprobs(policy.model, ro.prompt_ids, ro.prompt_mask, ro.completion, ro.completion_mask,
+                                  ro.kind_record, grad=True)
+    logp.sum().backward()
+    grads = {n: p.grad for n, p in policy.model.named_parameters() if p.grad is not None}
+    assert any("self_conditioning" in n for n in grads) and any("encoder" in n or "layers" in n for n in grads)
+
+
+def test_rows_and_concatenation_keep_the_record(checkpoint):
+    from dlmrl.training.rollout import Rollout
+    from dlmrl.training.run_setup import build_task
+
+    cfg = _config(checkpoint, "train.num_generations=2")
+    policy = build_tiny_uniform_policy()
+    task = build_task(cfg, policy)
+    ro = rollout_uniform(policy, task, cfg, task.train_batch(2, 0, 0), torch.Generator().manual_seed(2), 17)
+    both = Rollout.cat([ro, ro.rows(torch.tensor([3, 1]))], pad_id=0)
+    assert both.kind_record["inputs"].shape[0] == 6
+    assert torch.equal(both.kind_record["drawn"][4], ro.kind_record["drawn"][3])
+    sub = both.rows(torch.tensor([4]))
+    a, _ = trajectory_logprobs(policy.model, sub.prompt_ids, sub.prompt_mask, sub.completion, sub.completion_mask,
+                               sub.kind_record)
+    b, _ = trajectory_logprobs(policy.model, ro.prompt_ids, ro.prompt_mask, ro.completion, ro.completion_mask,
+                               ro.kind_record)
+    assert torch.allclose(a[0], b[3], atol=1e-5)
+
+
+def test_dry_run_describes_the_sampler_and_the_likelihoods_passes(checkpoint, capsys):
+    assert cli.main(["train", "--dry-run", *_args(checkpoint, "train.algorithm=grpo", "sampling.entropy_bound=0.5")]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # (yaml wraps long values)
+    assert "entropy-bounded uniform denoising" in out and "entropy_bound: 0.5" in out
+    assert "trajectory likelihood (uniform)" in out and "self-conditioning" in out and "batched pass" in out
+
+
+@pytest.mark.parametrize("override, key", [
+    ("sampling.entropy_bound=-1", "sampling.entropy_bound"),
+    ("sampling.stability_threshold=-1", "sampling.stability_threshold"),
+    ("sampling.threshold=0.9", "sampling.threshold"),
+    ("sampling.cache=prefix", "sampling.cache"),
+    ("sampling.temperature=0.5", "sampling.temperature"),
+    ("task.answer_mode=infill", "task.answer_mode"),
+    ("train.algorithm=gdpo", "train.algorithm"),
+    ("train.algorithm=egsw", "train.algorithm"),
+    ("train.algorithm=dagrpo", "train.algorithm"),
+    ("model.use_peft=true", "model.use_peft"),
+    ("estimator.logits_chunk=4", "estimator.logits_chunk"),
+])
+def test_config_errors_name_the_key(checkpoint, override, key):
+    cfg = _config(checkpoint, "train.algorithm=grpo", override)
+    with pytest.raises(ConfigError, match=f"config key '{key}'"):
+        validate(cfg, data=False)
+
+
+@pytest.mark.parametrize("override", ["sampling.entropy_bound=0.5", "sampling.t_max=1.0", "sampling.t_min=0.3",
+                                      "sampling.stability_threshold=2", "sampling.confidence_threshold=0.01",
+                                      "sampling.draw_last_step=true"])
+@pytest.mark.parametrize("kind", ["diffusion", "ar"])
+def test_the_other_kinds_refuse_the_uniform_sampler_keys_when_set(kind, override):
+    cfg = Config()
+    extra = ["model.kind=ar", "model.name_or_path=tiny-sudoku-ar", "task.answer_mode=full",
+             "train.algorithm=grpo"] if kind == "ar" else []
+    apply_overrides(cfg, [*extra, override])
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=f"config key '{key}'.*uniform"):
+        validate(cfg, data=False)
+
+
+def test_a_saved_final_model_reloads_as_uniform(checkpoint, tmp_path):
+    out = tmp_path / "run"
+    assert cli.main(["train", "--output-dir", str(out), "--no-progress",
+                     *_args(checkpoint, *SMALL, "train.max_steps=1", "train.algorithm=grpo")]) == 0
+    cfg = Config()
+    apply_overrides(cfg, [f"model.name_or_path={out / 'final_model'}", "task.answer_mode=full",
+                          "train.algorithm=grpo"])
+    validate(cfg, data=False)
+    assert cfg.model.kind == "uniform"
+    where = tmp_path / "eval"
+    assert cli.main(["eval", "--model", str(out / "final_model"), "--output-dir", str(where),
+                     "eval.num_puzzles=4", "eval.batch_size=4"]) == 0
+    (record,) = json.loads((where / "eval.json").read_text())
+    assert record["record"]["model"]["kind"] == "uniform"
