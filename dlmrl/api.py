@@ -61,6 +61,10 @@ def _model_kind(model) -> str | None:
         from dlmrl.kinds import policy_kind
 
         return policy_kind(model).name  # (a BlockDiffusionPolicy is a block policy)
+    from dlmrl.models.uniform_policy import UniformNoisePolicy
+
+    if isinstance(model, UniformNoisePolicy):
+        return model.kind
     if isinstance(model, str):
         from dlmrl.models.loading import checkpoint_kind
 
@@ -68,7 +72,12 @@ def _model_kind(model) -> str | None:
     from dlmrl.kinds import KIND_KEY, kind_names
 
     recorded = getattr(getattr(model, "config", None), KIND_KEY, None)  # (a loaded model saved by dlmrl)
-    return recorded if recorded in kind_names() else None
+    if recorded in kind_names():
+        return recorded
+    from dlmrl.models.diffusion_gemma import is_diffusion_gemma
+
+    config = getattr(model, "config", None)  # (a DiffusionGemma runs as the uniform-noise kind only)
+    return "uniform" if config is not None and is_diffusion_gemma(config) and "uniform" in kind_names() else None
 
 
 def trainer_config(config: Config | dict | None = None, model: Any = None) -> Config:

@@ -18,7 +18,7 @@ from dlmrl.errors import ConfigError
 from dlmrl.registry import Registry
 
 __all__ = ["KINDS", "UNIFORM_SAMPLING_KEYS", "PolicyKind", "check_key", "kind_names", "kind_of", "policy_kind",
-           "refuse_uniform_sampling_keys", "warn_key"]
+           "refuse_diffusion_gemma", "refuse_uniform_sampling_keys", "warn_key"]
 
 #: the ``sampling`` keys of the uniform-noise sampler (``model.kind: uniform``, :mod:`dlmrl.kinds.uniform`): null
 #: (``draw_last_step``: false) unless set
@@ -55,6 +55,30 @@ def warn_key(msg: str, stacklevel: int = 4) -> None:
     warnings.warn(msg, UserWarning, stacklevel=stacklevel)
 
 
+def refuse_diffusion_gemma(cfg) -> None:
+    """Refuse a local (or shipped) checkpoint whose ``config.json`` is a DiffusionGemma one on a kind other than
+    ``uniform`` (it has no mask token and is no causal LM: it would fail at load, or be trained as something it is
+    not); unreadable configs and hub ids are left to the load.
+
+    Raises:
+        ConfigError: naming ``model.kind``.
+    """
+    import json
+    from pathlib import Path
+
+    from dlmrl.models.diffusion_gemma import is_diffusion_gemma
+    from dlmrl.models.loading import resolve_model_path
+
+    file = Path(resolve_model_path(cfg.model.name_or_path)) / "config.json"
+    try:
+        config = json.loads(file.read_text()) if file.is_file() else None
+    except (OSError, ValueError):
+        return
+    check_key(not (isinstance(config, dict) and is_diffusion_gemma(config)), "model.kind",
+              f"{cfg.model.name_or_path!r} is a DiffusionGemma checkpoint (uniform-noise diffusion, model_type "
+              f"diffusion_gemma); model.kind {cfg.model.kind!r} cannot run it: set model.kind uniform")
+
+
 class PolicyKind(ABC):
     """A kind of policy: how it loads, checks its config keys, samples a group, records a rollout, is scored,
     decodes held-out examples and describes itself in ``--dry-run``.
@@ -78,6 +102,7 @@ class PolicyKind(ABC):
         default_algorithm: the algorithm the Python API trains when the caller names none (``None``: the default
             recipe's).
         turn_stops_at: with tools inside the rollout, where a turn ends (the ``--dry-run`` text).
+        scores_by: what a kind without estimators scores with, for messages (default ``"exact token log-probs"``).
         checkpoint_kinds: the other kinds whose saved checkpoints (``config.json``'s ``dlmrl_kind``) this kind runs
             without the config check calling it a contradiction (default: none; its own name always).
     """
@@ -92,6 +117,7 @@ class PolicyKind(ABC):
     default_algorithm: str | None = None
     turn_stops_at: str = ""
     checkpoint_kinds: tuple[str, ...] = ()
+    scores_by: str = "exact token log-probs"
 
     def __repr__(self) -> str:
         return f"<policy kind {self.name!r}>"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from dlmrl.kinds.base import KINDS, PolicyKind, check_key
+from dlmrl.kinds.base import KINDS, PolicyKind, check_key, refuse_diffusion_gemma
 
 __all__ = ["CausalKind"]
 
@@ -51,6 +51,7 @@ class CausalKind(PolicyKind):
     # ----- the config check ----------------------------------------------------------------------------------
     def check_model(self, cfg) -> None:
         super().check_model(cfg)
+        refuse_diffusion_gemma(cfg)  # (a uniform-noise checkpoint: model.kind uniform)
         t = cfg.task
         sudoku_grid = t.name == "sudoku" and t.answer_mode != "text"  # (the tiny model's 16-cell canvas)
         check_key(not sudoku_grid or t.answer_mode == "full", "task.answer_mode",

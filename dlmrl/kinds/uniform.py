@@ -45,6 +45,7 @@ class UniformNoiseKind(PolicyKind):
     stops_at_eos_by_default = True
     default_algorithm = "grpo"
     turn_stops_at = ""
+    scores_by = "the sampled trajectory's likelihood"
 
     # ----- loading -----------------------------------------------------------------------------------------
     def load(self, model_cfg):

@@ -135,11 +135,13 @@ def test_dry_run_describes_the_sampler_and_the_likelihoods_passes(checkpoint, ca
     ("train.algorithm=dagrpo", "train.algorithm"),
     ("model.use_peft=true", "model.use_peft"),
     ("estimator.logits_chunk=4", "estimator.logits_chunk"),
+    ("estimator.name=sdmc", "estimator.name"),
 ])
 def test_config_errors_name_the_key(checkpoint, override, key):
     cfg = _config(checkpoint, "train.algorithm=grpo", override)
-    with pytest.raises(ConfigError, match=f"config key '{key}'"):
+    with pytest.raises(ConfigError, match=f"config key '{key}'") as err:
         validate(cfg, data=False)
+    assert "model.kind 'ar'" not in str(err.value)
 
 
 @pytest.mark.parametrize("override", ["sampling.entropy_bound=0.5", "sampling.t_max=1.0", "sampling.t_min=0.3",
@@ -170,3 +172,60 @@ def test_a_saved_final_model_reloads_as_uniform(checkpoint, tmp_path):
                      "eval.num_puzzles=4", "eval.batch_size=4"]) == 0
     (record,) = json.loads((where / "eval.json").read_text())
     assert record["record"]["model"]["kind"] == "uniform"
+
+
+@pytest.mark.parametrize("kind", ["diffusion", "block", "ar"])
+def test_a_diffusion_gemma_checkpoint_on_another_kind_is_refused_naming_the_kind(checkpoint, kind):
+    cfg = Config()
+    apply_overrides(cfg, [f"model.name_or_path={checkpoint}", f"model.kind={kind}", "task.answer_mode=full",
+                          "train.algorithm=grpo", *(["model.block_size=4"] if kind == "block" else [])])
+    with pytest.raises(ConfigError, match="config key 'model.kind'.*DiffusionGemma.*set model.kind uniform"):
+        validate(cfg, data=False)
+
+
+def test_the_python_api_takes_the_uniform_kind_from_a_loaded_diffusion_gemma(checkpoint):
+    """``Trainer(model=<DiffusionGemmaForBlockDiffusion>)``'s config takes the uniform kind from the model's config
+    (it records no dlmrl_kind) and the kind's default algorithm (grpo); a UniformNoisePolicy says its kind."""
+    from dlmrl.api import trainer_config
+    from dlmrl.models.diffusion_gemma import load_diffusion_gemma
+
+    model = load_diffusion_gemma(str(checkpoint), "float32")
+    cfg = trainer_config({"train.max_steps": 1}, model=model)
+    assert (cfg.model.kind, cfg.train.algorithm) == ("uniform", "grpo")
+    policy = build_tiny_uniform_policy()
+    assert trainer_config(None, model=policy).model.kind == "uniform"
+
+
+def test_scoring_in_row_chunks_gives_the_same_gradient(checkpoint):
+    """estimator.micro_batch: the two-pass surrogate over row chunks sums to the whole batch's gradient."""
+    from dlmrl.training.run_setup import build_task
+    from dlmrl.training.uniform_trajectory import UniformTrajectoryScorer
+
+    cfg = _config(checkpoint, "train.num_generations=3")
+    grads = []
+    for micro in (None, 2):
+        policy = build_tiny_uniform_policy()
+        task = build_task(cfg, policy)
+        ro = rollout_uniform(policy, task, cfg, task.train_batch(2, 0, 0), torch.Generator().manual_seed(3), 17)
+        scorer = UniformTrajectoryScorer(policy, None, micro_batch=micro)
+        scorer.prepare(ro, 1, torch.Generator())
+        weights = torch.linspace(-1, 1, ro.completion.numel()).reshape(ro.completion.shape)
+        scorer.backward(0, lambda logp, w=weights: ((logp * w).sum(), {}), lambda loss: loss.backward())
+        grads.append(torch.cat([p.grad.flatten() for p in policy.model.parameters() if p.grad is not None]))
+    # (the same float32 terms, summed in another order and from batches of another size: each gradient entry sums at
+    # most rows · C · N · L = 6 · 3 · 4 · 8 per-draw contributions, so its error is at most that many float32 roundings
+    # of the largest entry)
+    terms = 6 * 3 * 4 * 8
+    assert (grads[0] - grads[1]).abs().max() <= terms * torch.finfo(torch.float32).eps * grads[0].abs().max()
+
+
+def test_later_updates_read_the_rollout_policys_scores(checkpoint, tmp_path):
+    """μ = 2 and three mini-batches: old scores are taken before any step (the gap is measured on them) and a later
+    update's ratio moves away from 1."""
+    out = tmp_path / "run"
+    assert cli.main(["train", "--output-dir", str(out), "--no-progress",
+                     *_args(checkpoint, *SMALL, "train.algorithm=grpo", "train.num_iterations=2",
+                            "train.steps_per_generation=3", "train.max_steps=1")]) == 0
+    (r,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert r["rollout_logp_gap_max"] is None or r["rollout_logp_gap_max"] < 1e-3
+    assert r["ratio_max"] > 1 or r["ratio_min"] < 1 or r["grad_norm"] == 0
