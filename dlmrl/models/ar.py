@@ -458,7 +458,7 @@ def _stop_ids(tokenizer, model: nn.Module) -> tuple[int, ...]:
 
 
 def load_ar_policy(name_or_path: str = TINY_AR_DEFAULT, trust_remote_code: bool = False, dtype: str = "float32",
-                   device: str | torch.device = "cpu") -> AutoregressivePolicy:
+                   device: str | torch.device = "cpu", adapter_kinds: tuple[str, ...] = ("ar",)) -> AutoregressivePolicy:
     """Load a causal LM and its tokenizer as an :class:`AutoregressivePolicy`.
 
     Args:
@@ -468,10 +468,13 @@ def load_ar_policy(name_or_path: str = TINY_AR_DEFAULT, trust_remote_code: bool 
             adapter on it (a ``peft.PeftModel``, adapter frozen).
         trust_remote_code: passed to ``from_pretrained`` only as given (never forced on).
         dtype: ``float32``, ``bfloat16`` or ``float16``.
+        adapter_kinds: the policy kinds whose LoRA adapters this call loads (default ``ar``; a kind of your own
+            that runs causal LMs passes its name).
     The tokenizer is switched to left padding; a tokenizer without a pad token pads with EOS.
     Raises:
         ValueError: unknown dtype, a local folder without safetensors weights (only safetensors are
-            loaded), a tokenizer with neither pad nor EOS token, or an adapter trained on a diffusion policy.
+            loaded), a tokenizer with neither pad nor EOS token, or an adapter trained as a kind not in
+            ``adapter_kinds``.
         FileNotFoundError: a local-looking path that does not exist.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -480,8 +483,8 @@ def load_ar_policy(name_or_path: str = TINY_AR_DEFAULT, trust_remote_code: bool 
         raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     adapter = find_adapter(name_or_path)
     if adapter is not None:
-        check_adapter_kind(adapter, ("ar",))
-        policy = load_ar_policy(adapter.base_model_name_or_path, trust_remote_code, dtype, device)
+        check_adapter_kind(adapter, adapter_kinds)
+        policy = load_ar_policy(adapter.base_model_name_or_path, trust_remote_code, dtype, device, adapter_kinds)
         policy.model = attach_adapter(policy.model, adapter).to(device)
         return policy
     path = resolve_ar_model_path(name_or_path)

@@ -203,6 +203,7 @@ def load_policy(
     dtype: str = "float32",
     device: str | torch.device = "cpu",
     mask_token_id: int | None = None,
+    adapter_kinds: tuple[str, ...] = ("diffusion", "block"),
 ) -> MaskedDiffusionPolicy:
     """Load a masked-diffusion policy (model + tokenizer + family adapter).
 
@@ -219,13 +220,15 @@ def load_policy(
         dtype: ``float32``, ``bfloat16`` or ``float16``.
         device: where the model is moved.
         mask_token_id: overrides the mask id found by :func:`resolve_mask_token_id`.
+        adapter_kinds: the policy kinds whose LoRA adapters this call loads (a saved adapter records the kind it was
+            trained as; default the two masked-diffusion kinds; a kind of your own passes its name).
     Returns:
         :class:`MaskedDiffusionPolicy` whose ``__call__`` gives ``(B, T, V)`` float32 logits with
         position ``i`` predicting token ``i`` (Dream's shift undone).
     Raises:
         ValueError: unknown dtype, undetectable family, remote code without ``trust_remote_code``,
-            no mask token, a mask id outside the model's vocabulary, or an adapter folder trained on an AR
-            policy (load it with ``load_ar_policy``).
+            no mask token, a mask id outside the model's vocabulary, or an adapter folder trained as a kind not in
+            ``adapter_kinds`` (an AR one: load it with ``load_ar_policy``).
         KeyError: unknown family name (the message suggests close names).
         FileNotFoundError: a local-looking path that does not exist.
     """
@@ -235,10 +238,10 @@ def load_policy(
         raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     adapter = find_adapter(name_or_path)
     if adapter is not None:
-        check_adapter_kind(adapter, ("diffusion", "block"))
+        check_adapter_kind(adapter, adapter_kinds)
         base_family = family if family != "auto" else adapter.family or "auto"
         policy = load_policy(adapter.base_model_name_or_path, base_family, trust_remote_code, dtype, device,
-                             mask_token_id)
+                             mask_token_id, adapter_kinds)
         policy.model = attach_adapter(policy.model, adapter).to(device)
         return policy
     path = resolve_model_path(name_or_path)
@@ -286,6 +289,7 @@ def load_block_policy(
     dtype: str = "float32",
     device: str | torch.device = "cpu",
     mask_token_id: int | None = None,
+    adapter_kinds: tuple[str, ...] = ("diffusion", "block"),
 ):
     """Load a block-diffusion policy: :func:`load_policy`'s model and tokenizer run block-causally.
 
@@ -304,7 +308,7 @@ def load_block_policy(
     block_size = block_size if block_size is not None else checkpoint_block_size(name_or_path, family)
     if block_size is None:
         raise ValueError(f"{name_or_path}: no block size given and config.json records none (set model.block_size)")
-    policy = load_policy(name_or_path, family, trust_remote_code, dtype, device, mask_token_id)
+    policy = load_policy(name_or_path, family, trust_remote_code, dtype, device, mask_token_id, adapter_kinds)
     fam = FAMILIES.get(policy.family)
     if fam.block_forward is None:
         raise ValueError(f"{name_or_path}: family {policy.family!r} has no block-causal forward (its model code takes "

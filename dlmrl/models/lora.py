@@ -373,15 +373,19 @@ def attach_adapter(model: nn.Module, adapter: AdapterInfo, trainable: bool = Fal
         return PeftModel.from_pretrained(model, adapter.path, is_trainable=trainable)
 
 
-#: the loader of a saved adapter's policy kind, for the message when another loader is asked (default: load_policy)
-ADAPTER_LOADERS = {"ar": "load_ar_policy (model.kind=ar)"}
+#: the loader of a built-in kind's saved adapter, for the message when another loader is asked
+ADAPTER_LOADERS = {"ar": "load_ar_policy (model.kind=ar)", "diffusion": "load_policy (model.kind=diffusion)",
+                   "block": "load_policy (model.kind=diffusion)"}
 
 
 def check_adapter_kind(adapter: AdapterInfo, accepts: tuple[str, ...]) -> None:
-    """Raise ``ValueError`` when the adapter was trained on a policy kind the calling loader does not build
-    (``accepts``: its kinds' names; a block adapter is a diffusion one: ``load_policy`` takes both)."""
+    """Raise ``ValueError`` when the adapter was trained as a policy kind the calling loader does not build
+    (``accepts``: the names of the kinds it loads for; a block adapter is a diffusion one: ``load_policy`` takes
+    both). The message names the loader of a built-in kind, else ``model.kind`` and the module that registers it."""
     if adapter.kind is not None and adapter.kind not in accepts:
-        loader = ADAPTER_LOADERS.get(adapter.kind, "load_policy (model.kind=diffusion)")
+        loader = ADAPTER_LOADERS.get(adapter.kind) or (
+            f"model.kind {adapter.kind} (a kind registered outside dlmrl: import the module that registers it, "
+            "dlmrl --import MODULE)")
         raise ValueError(f"{adapter.path}: this adapter was trained on a {adapter.kind!r} policy over "
                          f"{adapter.base_model_name_or_path!r}; load it with {loader}")
 
