@@ -54,17 +54,10 @@ DEFAULT_OUTPUT_DIR = "runs/trainer_output"
 def _model_kind(model) -> str | None:
     """The policy kind ``model`` itself tells (a dlmrl policy; a shipped or saved model's name, whose ``config.json``
     records it), else ``None``."""
-    from dlmrl.models.ar import AutoregressivePolicy
-    from dlmrl.models.policy import MaskedDiffusionPolicy
+    from dlmrl.kinds import KINDS, is_policy, policy_kind
 
-    if isinstance(model, (AutoregressivePolicy, MaskedDiffusionPolicy)):
-        from dlmrl.kinds import policy_kind
-
+    if is_policy(model):
         return policy_kind(model).name  # (a BlockDiffusionPolicy is a block policy)
-    from dlmrl.models.uniform_policy import UniformNoisePolicy
-
-    if isinstance(model, UniformNoisePolicy):
-        return model.kind
     if isinstance(model, str):
         from dlmrl.models.loading import checkpoint_kind
 
@@ -74,10 +67,8 @@ def _model_kind(model) -> str | None:
     recorded = getattr(getattr(model, "config", None), KIND_KEY, None)  # (a loaded model saved by dlmrl)
     if recorded in kind_names():
         return recorded
-    from dlmrl.models.diffusion_gemma import is_diffusion_gemma
-
-    config = getattr(model, "config", None)  # (a DiffusionGemma runs as the uniform-noise kind only)
-    return "uniform" if config is not None and is_diffusion_gemma(config) and "uniform" in kind_names() else None
+    # (a model only one kind runs, e.g. a DiffusionGemma: the uniform-noise kind)
+    return next((name for name in kind_names() if KINDS.get(name).claims_model(model)), None)
 
 
 def trainer_config(config: Config | dict | None = None, model: Any = None) -> Config:
@@ -145,11 +136,10 @@ def _policy_of(model, tokenizer, cfg: Config):
     dlmrl records its kind and block size in its config)."""
     from torch import nn
 
-    from dlmrl.models.ar import AutoregressivePolicy
-    from dlmrl.models.policy import MaskedDiffusionPolicy
+    from dlmrl.kinds import is_policy
     from dlmrl.training.run_setup import load_configured_policy
 
-    if isinstance(model, (MaskedDiffusionPolicy, AutoregressivePolicy)):
+    if is_policy(model):
         if tokenizer is not None:
             model.tokenizer = tokenizer
         if model.tokenizer is None:

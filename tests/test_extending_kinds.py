@@ -108,3 +108,47 @@ def test_a_kind_reaches_the_config_check_through_its_capabilities(user_kind):
     apply_overrides(cfg, [f"model.kind={name}", "model.block_size=4"])
     with pytest.raises(ConfigError, match="config key 'model.block_size'"):
         validate(cfg)
+
+
+def test_a_kinds_lora_adapter_loads_back_as_that_kind(user_kind):
+    """A LoRA run under the README's kind saves an adapter whose note records that kind; the config check adopts
+    it and the kind's loader (the masked-diffusion loader it inherits) puts the adapter back on its base."""
+    from dlmrl.models.lora import is_peft_model
+    from dlmrl.training.run_setup import load_configured_policy
+
+    tmp, mod, name = user_kind
+    __import__(mod)
+    trainer = Trainer("tiny-sudoku", reward_funcs=[cells_right], train_dataset=sudoku_dataset(0, 4),
+                      config=small(tmp / "run", **{"model.kind": name, "model.use_peft": True, "train.max_steps": 1,
+                                                   "eval.before": False, "eval.after": False}))
+    trainer.train(progress=False)
+    final = tmp / "run" / "final_model"
+    assert json.loads((final / "dlmrl_base_model.json").read_text())["kind"] == name
+    cfg = Config()
+    apply_overrides(cfg, [f"model.name_or_path={final}"])
+    validate(cfg, for_training=False)
+    assert cfg.model.kind == name  # (the recorded kind, adopted)
+    assert is_peft_model(load_configured_policy(cfg).model)
+
+
+def test_the_api_trains_a_policy_object_of_a_kind_of_your_own(user_kind):
+    """A policy object whose class sets ``kind`` to a registered kind's name is a dlmrl policy to the Python API
+    (``dlmrl.kinds.is_policy``) and trains as that kind."""
+    from dlmrl.kinds import is_policy, policy_kind
+    from dlmrl.models.loading import load_policy
+    from dlmrl.models.policy import MaskedDiffusionPolicy
+
+    tmp, mod, name = user_kind
+    __import__(mod)
+
+    class OwnPolicy(MaskedDiffusionPolicy):
+        kind = name
+
+    base = load_policy("tiny-sudoku")
+    policy = OwnPolicy(**{f: getattr(base, f) for f in base.__dataclass_fields__ if f != "kind"})
+    assert is_policy(policy) and policy_kind(policy).name == name
+    assert policy_kind(base).name == "diffusion"  # (a plain masked-diffusion policy stays the built-in kind's)
+    trainer = Trainer(policy, reward_funcs=[cells_right], train_dataset=sudoku_dataset(0, 4),
+                      config=small(tmp / "run", **{"train.max_steps": 1, "eval.before": False, "eval.after": False}))
+    assert trainer.config.model.kind == name
+    trainer.train(progress=False)

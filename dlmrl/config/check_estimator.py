@@ -49,13 +49,36 @@ def check_logits_chunk(e: EstimatorConfig) -> None:
            f"logits), got {e.logits_chunk!r}")
 
 
-def refuse_estimator_keys(cfg: Config) -> None:
+def check_own_estimator(cfg: Config, kind) -> None:
+    """``estimator.name`` on a kind that resolves its own (:attr:`~dlmrl.kinds.base.PolicyKind.estimator_names`):
+    one of its names (null: the first, its default likelihood). The default takes no estimator settings (as
+    :func:`refuse_estimator_keys`, ``estimator.name`` itself allowed); another name's ``estimator.options`` are
+    checked against its class and the estimator is built (a value it rejects names the key).
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    from dlmrl.config.overrides import part_options
+
+    e, names = cfg.estimator, kind.estimator_names
+    _check(e.name is None or e.name in names, "estimator.name",
+           f"model.kind {kind.name!r} scores with {' | '.join(names)} (null: {names[0]}), got {e.name!r}")
+    name = e.name or names[0]
+    if name == names[0]:
+        refuse_estimator_keys(cfg, skip=("name",))
+        return
+    part_options(kind.estimator_class(name), e.options, "estimator.options")
+    kind.own_estimator(cfg)
+
+
+def refuse_estimator_keys(cfg: Config, skip: tuple[str, ...] = ()) -> None:
     """A kind that runs no likelihood estimator (an AR policy scores its completions by their exact token
     log-probs): no estimator runs, so an ``estimator.*``
     key other than :data:`SCORING_KEYS` (checked here: the AR scorer reads them) that the user set
     (:func:`~dlmrl.config.overrides.user_keys`: an override, their YAML file, the API's dict; at a default's value
     too), or that is set away from its default (or the default recipe's value), would be ignored silently; refused,
-    naming it. The default recipe's own estimator section and a run's saved config are not the user's."""
+    naming it. The default recipe's own estimator section and a run's saved config are not the user's. ``skip``:
+    fields the caller checks itself."""
     from dlmrl.config.overrides import user_keys
 
     e = cfg.estimator
@@ -65,7 +88,7 @@ def refuse_estimator_keys(cfg: Config) -> None:
            "estimator.micro_batch", f"must be an integer >= 0 (rows per forward call; 0 = all), got {e.micro_batch!r}")
     check_logits_chunk(e)
     for f in dataclasses.fields(e):
-        if f.name in SCORING_KEYS:  # (rows per forward call and positions per head call: AR scoring reads them)
+        if f.name in SCORING_KEYS or f.name in skip:  # (AR scoring reads these; skip: what the caller checked)
             continue
         value = getattr(e, f.name)
         key = f"estimator.{f.name}"

@@ -129,14 +129,19 @@ def adopt_checkpoint_kind(cfg: Config) -> None:
     """Give ``cfg`` the policy kind its checkpoint was saved as (``config.json``'s ``dlmrl_kind``, a LoRA folder's
     note: :func:`dlmrl.models.loading.checkpoint_kind`) when the config did not choose ``model.kind``, so ``dlmrl
     eval --model moved/final_model`` and ``Trainer("moved/final_model")`` run a block or causal model as one, not as
-    full diffusion. A chosen kind is left for :func:`checkpoint_kind_conflict` to check. Idempotent; nothing is
-    fetched for a hub id (it records nothing here).
+    full diffusion. A chosen kind is left for :func:`checkpoint_kind_conflict` to check, and so is a kind that runs
+    the recorded one (:meth:`~dlmrl.kinds.base.PolicyKind.accepts_checkpoint`: the Python API's kind of a policy
+    object of a kind of your own over a saved masked-diffusion model). Idempotent; nothing is fetched for a hub id
+    (it records nothing here).
 
     Raises:
         ConfigError: a recorded value that is not a kind (naming the file).
     """
+    from dlmrl.kinds import KINDS
+
     recorded, chosen = _recorded_kind(cfg)
-    if recorded is not None and not chosen:
+    runs_it = cfg.model.kind in KINDS and KINDS.get(cfg.model.kind).accepts_checkpoint(recorded or "")
+    if recorded is not None and not chosen and not runs_it:
         cfg.model.kind = recorded
 
 

@@ -15,6 +15,7 @@ from dlmrl.config.check_algorithm import (
 from dlmrl.config.check_data import check_data_files, check_reward_funcs
 from dlmrl.config.check_estimator import (
     check_logits_chunk,
+    check_own_estimator,
     check_rollout_is_cap,
     is_number,
     refuse_estimator_keys,
@@ -135,7 +136,9 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
     sudoku_grid = t.name == "sudoku" and t.answer_mode != "text"  # (the tiny model's 16-cell canvas)
     _check(m.dtype in ("float32", "bfloat16", "float16", "float64"), "model.dtype", f"unknown dtype {m.dtype!r}")
     _check_lora(m)
-    if not kind.scores_with_estimators:  # (no estimator runs: its keys would be ignored)
+    if kind.estimator_names:  # (a kind that resolves estimator.name itself)
+        check_own_estimator(cfg, kind)
+    elif not kind.scores_with_estimators:  # (no estimator runs: its keys would be ignored)
         refuse_estimator_keys(cfg)
     _check(t.name in TASKS, "task.name", f"unknown task {t.name!r}; known: {TASKS.names()}")
     check_task_keys(t)

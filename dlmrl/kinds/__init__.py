@@ -11,7 +11,16 @@ A kind from outside (a plugin module, ``--import``, the ``dlmrl.plugins`` entry 
 :class:`PolicyKind` and registers an instance: ``KINDS.register("my_kind")(MyKind())`` (README, "Extending dlmrl").
 """
 
-from dlmrl.kinds.base import KINDS, PolicyKind, check_key, kind_names, kind_of, policy_kind, warn_key
+from dlmrl.kinds.base import (
+    KINDS,
+    PolicyKind,
+    check_key,
+    is_policy,
+    kind_names,
+    kind_of,
+    policy_kind,
+    warn_key,
+)
 from dlmrl.kinds.block import BlockDiffusionKind
 from dlmrl.kinds.causal import CausalKind
 from dlmrl.kinds.masked import MaskedDiffusionKind
@@ -19,4 +28,4 @@ from dlmrl.kinds.uniform import UniformNoiseKind
 from dlmrl.models.checkpoint_keys import KIND_KEY
 
 __all__ = ["KINDS", "KIND_KEY", "BlockDiffusionKind", "CausalKind", "MaskedDiffusionKind", "PolicyKind",
-           "UniformNoiseKind", "check_key", "kind_names", "kind_of", "policy_kind", "warn_key"]
+           "UniformNoiseKind", "check_key", "is_policy", "kind_names", "kind_of", "policy_kind", "warn_key"]

@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from dlmrl.errors import ConfigError
 from dlmrl.registry import Registry
 
-__all__ = ["KINDS", "UNIFORM_SAMPLING_KEYS", "PolicyKind", "check_key", "kind_names", "kind_of", "policy_kind",
+__all__ = ["KINDS", "UNIFORM_SAMPLING_KEYS", "PolicyKind", "check_key", "is_policy", "kind_names", "kind_of", "policy_kind",
            "refuse_diffusion_gemma", "refuse_uniform_sampling_keys", "warn_key"]
 
 #: the ``sampling`` keys of the uniform-noise sampler (``model.kind: uniform``, :mod:`dlmrl.kinds.uniform`): null
@@ -154,6 +154,11 @@ class PolicyKind(ABC):
             ConfigError: a model this kind cannot run (naming the key).
         """
 
+    def claims_model(self, model) -> bool:
+        """Whether a loaded ``transformers`` model that records no kind runs as this kind only (default: no; the
+        Python API then takes ``model.kind`` from the config)."""
+        return False
+
     def adopt_model_settings(self, cfg, model) -> None:
         """Fill config keys a given model object decides (default: none)."""
 
@@ -167,16 +172,22 @@ class PolicyKind(ABC):
     # ----- the config check ----------------------------------------------------------------------------------
     def check_model(self, cfg) -> None:
         """The ``model`` keys this kind reads or refuses, and how the task's canvas fits it (default:
-        ``model.block_size`` unset).
+        ``model.block_size`` unset; an :attr:`autoregressive` kind writes Sudoku's whole grid, ``answer_mode`` full or
+        text).
 
         Raises:
             ConfigError: naming the key.
         """
-        m = cfg.model
+        m, t = cfg.model, cfg.task
         check_key(m.block_size is None, "model.block_size",
                   f"is the block size of a block-diffusion policy; model.kind is {m.kind!r} (set model.kind block, or "
                   "remove model.block_size; a full-diffusion sampler's semi-autoregressive block is "
                   "sampling.block_length)")
+        if self.autoregressive:  # (left to right: no canvas of givens to infill)
+            sudoku_grid = t.name == "sudoku" and t.answer_mode != "text"  # (the tiny model's 16-cell canvas)
+            check_key(not sudoku_grid or t.answer_mode == "full", "task.answer_mode",
+                      f"model.kind {self.name!r} generates the whole grid left to right: use answer_mode full (or "
+                      "text)")
 
     def denoising_blocks(self, cfg) -> tuple[int, str] | None:
         """``(blocks, where)``: the blocks the sampler splits ``sampling.gen_length`` into and how that count is
@@ -194,12 +205,25 @@ class PolicyKind(ABC):
     def check_sampling(self, cfg) -> None:
         """The ``sampling`` keys that depend on the kind: threshold decoding, ``sampling.cache``,
         ``sampling.stop_at_eos``, a checkpoint's own code (default: the uniform-noise sampler's keys are refused
-        when set, :func:`refuse_uniform_sampling_keys`).
+        when set, :func:`refuse_uniform_sampling_keys`; an :attr:`autoregressive` kind refuses the diffusion
+        samplers' threshold decoding and block cache, and ``stop_at_eos: false``: ``generate`` stops at EOS).
 
         Raises:
             ConfigError: naming the key.
         """
         refuse_uniform_sampling_keys(cfg)
+        if not self.autoregressive:
+            return
+        s = cfg.sampling
+        if s.adaptive:
+            check_key(False, "sampling.threshold" if s.threshold is not None else "sampling.threshold_factor",
+                      f"is a diffusion-sampler setting; model.kind {self.name!r} decodes left to right (set it null)")
+        check_key(s.cache == "none", "sampling.cache",
+                  f"is the diffusion sampler's block cache; model.kind {self.name!r} decodes with transformers' own "
+                  "key/value cache (set it none)")
+        check_key(s.stop_at_eos is not False, "sampling.stop_at_eos",
+                  f"model.kind {self.name!r} always ends a completion at EOS (transformers' generate stops there); set "
+                  "it null")
 
     def check_algorithm(self, cfg, preset) -> None:
         """The algorithm preset ``preset`` (already known to run on :attr:`algorithm_policy`) on this kind, beyond
@@ -356,6 +380,19 @@ def policy_kind(policy) -> PolicyKind:
         if KINDS.get(name).owns(policy):
             return KINDS.get(name)
     raise ValueError(f"no registered policy kind owns a {type(policy).__name__}")
+
+
+def is_policy(obj) -> bool:
+    """Whether ``obj`` is a dlmrl policy: an instance of the built-in policy classes, or an object whose ``kind``
+    attribute names a registered kind that :meth:`~PolicyKind.owns` it (a kind of your own with its own policy
+    class)."""
+    from dlmrl.models.ar import AutoregressivePolicy
+    from dlmrl.models.policy import MaskedDiffusionPolicy
+
+    if isinstance(obj, (AutoregressivePolicy, MaskedDiffusionPolicy)):
+        return True
+    named = getattr(obj, "kind", None)
+    return isinstance(named, str) and named in KINDS and KINDS.get(named).owns(obj)
 
 
 def kind_names() -> list[str]:

@@ -32,7 +32,8 @@ class BlockDiffusionKind(MaskedDiffusionKind):
         from dlmrl.models.loading import load_block_policy
 
         m = model_cfg
-        return load_block_policy(m.name_or_path, m.block_size, m.family, m.trust_remote_code, m.dtype)
+        return load_block_policy(m.name_or_path, m.block_size, m.family, m.trust_remote_code, m.dtype,
+                                 adapter_kinds=self.adapter_kinds())
 
     def owns(self, policy) -> bool:
         from dlmrl.models.block_policy import BlockDiffusionPolicy

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from dlmrl.kinds.base import KINDS, PolicyKind, check_key, refuse_diffusion_gemma
+from dlmrl.kinds.base import KINDS, PolicyKind, refuse_diffusion_gemma
 
 __all__ = ["CausalKind"]
 
@@ -36,7 +36,9 @@ class CausalKind(PolicyKind):
         from dlmrl.models.ar import load_ar_policy
 
         m = model_cfg
-        return load_ar_policy(m.name_or_path, m.trust_remote_code, m.dtype)
+        # (its adapters, and those of a kind of your own that reuses this one: itself and its checkpoint_kinds)
+        return load_ar_policy(m.name_or_path, m.trust_remote_code, m.dtype,
+                              adapter_kinds=tuple(dict.fromkeys(("ar", self.name, *self.checkpoint_kinds))))
 
     def owns(self, policy) -> bool:
         from dlmrl.models.ar import AutoregressivePolicy
@@ -50,24 +52,10 @@ class CausalKind(PolicyKind):
 
     # ----- the config check ----------------------------------------------------------------------------------
     def check_model(self, cfg) -> None:
+        # (the autoregressive checks, answer_mode and the sampling keys, are the base class's: a kind of your own
+        # with autoregressive = True gets them too)
         super().check_model(cfg)
         refuse_diffusion_gemma(cfg)  # (a uniform-noise checkpoint: model.kind uniform)
-        t = cfg.task
-        sudoku_grid = t.name == "sudoku" and t.answer_mode != "text"  # (the tiny model's 16-cell canvas)
-        check_key(not sudoku_grid or t.answer_mode == "full", "task.answer_mode",
-                  "model.kind 'ar' generates the whole grid left to right: use answer_mode full (or text)")
-
-    def check_sampling(self, cfg) -> None:
-        super().check_sampling(cfg)  # (the uniform-noise sampler's keys, refused when set)
-        s = cfg.sampling
-        if s.adaptive:
-            check_key(False, "sampling.threshold" if s.threshold is not None else "sampling.threshold_factor",
-                      "is a diffusion-sampler setting; model.kind 'ar' decodes left to right (set it null)")
-        check_key(s.cache == "none", "sampling.cache",
-                  "is the diffusion sampler's block cache; model.kind 'ar' decodes with transformers' own key/value "
-                  "cache (set it none)")
-        check_key(s.stop_at_eos is not False, "sampling.stop_at_eos",
-                  "model.kind 'ar' always ends a completion at EOS (transformers' generate stops there); set it null")
 
     # ----- budgets and sizes -----------------------------------------------------------------------------------
     def generation_budget(self, gen_length: int, preset) -> int:

@@ -34,15 +34,24 @@ class MaskedDiffusionKind(PolicyKind):
         from dlmrl.models.loading import load_policy
 
         m = model_cfg
-        return load_policy(m.name_or_path, m.family, m.trust_remote_code, m.dtype)
+        return load_policy(m.name_or_path, m.family, m.trust_remote_code, m.dtype,
+                           adapter_kinds=self.adapter_kinds())
+
+    def adapter_kinds(self) -> tuple[str, ...]:
+        """The kinds whose saved LoRA adapters this kind loads: both masked-diffusion kinds, itself and
+        :attr:`checkpoint_kinds` (a kind of your own that reuses this one loads back its own adapters)."""
+        return tuple(dict.fromkeys(("diffusion", "block", self.name, *self.checkpoint_kinds)))
 
     def owns(self, policy) -> bool:
-        # (any policy that is neither causal nor block-causal runs the masked-diffusion sampler)
+        # (any policy that is neither causal nor block-causal runs the masked-diffusion sampler, unless its `kind`
+        # attribute names another registered kind: e.g. a uniform-noise policy)
         from dlmrl.models.ar import AutoregressivePolicy
         from dlmrl.models.block_policy import BlockDiffusionPolicy
-        from dlmrl.models.uniform_policy import UniformNoisePolicy
 
-        return not isinstance(policy, (AutoregressivePolicy, BlockDiffusionPolicy, UniformNoisePolicy))
+        named = getattr(policy, "kind", None)
+        if isinstance(named, str) and named in KINDS and named not in self.adapter_kinds():
+            return False
+        return not isinstance(policy, (AutoregressivePolicy, BlockDiffusionPolicy))
 
     def wrap(self, model, tokenizer, cfg):
         from dlmrl.models.loading import diffusion_policy_from_model

@@ -58,6 +58,12 @@ class UniformNoiseKind(PolicyKind):
 
         return isinstance(policy, UniformNoisePolicy)
 
+    def claims_model(self, model) -> bool:
+        from dlmrl.models.diffusion_gemma import is_diffusion_gemma
+
+        config = getattr(model, "config", None)  # (a DiffusionGemma runs as the uniform-noise kind only)
+        return config is not None and is_diffusion_gemma(config)
+
     def wrap(self, model, tokenizer, cfg):
         from dlmrl.models.uniform_policy import uniform_policy_from_model
 

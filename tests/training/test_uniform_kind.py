@@ -255,3 +255,109 @@ def test_two_steps_on_a_text_task_with_held_out_evaluation(task, tmp_path):
     for key in ("eval_before", "eval_after"):
         assert summary[key]["primary_metric"] == metric and summary[key]["num_puzzles"] == 3
     assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+# ----- the uniform ELBO estimators as a second likelihood (estimator.name, this kind only) -----------------------
+
+@pytest.mark.parametrize("name", ["uniform_sdmc", "uniform_double_mc", "uniform_flat_ce"])
+def test_two_steps_with_an_elbo_estimator(checkpoint, tmp_path, name):
+    from safetensors.torch import load_file
+
+    out = tmp_path / "run"
+    assert cli.main(["train", "--output-dir", str(out), "--no-progress",
+                     *_args(checkpoint, *SMALL, "train.algorithm=grpo", f"estimator.name={name}",
+                            "estimator.num_nodes=2", "train.num_iterations=2")]) == 0
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["nfe_scoring"] for r in lines] == [2, 2]  # (N·K = 2 and num_nodes · samples_per_node = 2)
+    assert all("rollout_logp_gap_max" not in r for r in lines)  # (a bound, not the sampler's log-probs)
+    assert any(r["ratio_max"] != 1 or r["ratio_min"] != 1 for r in lines)  # (μ = 2: the second update moved)
+    before, after = load_file(checkpoint / "model.safetensors"), load_file(out / "final_model" / "model.safetensors")
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def _denoiser_inputs(seed: int = 4):
+    from dlmrl.training.run_setup import build_task
+
+    cfg = Config()
+    apply_overrides(cfg, ["task.answer_mode=full", "train.num_generations=2"])
+    policy = build_tiny_uniform_policy()
+    task = build_task(cfg, policy)
+    ro = rollout_uniform(policy, task, cfg, task.train_batch(2, 0, 0), torch.Generator().manual_seed(seed), 17)
+    return policy, ro
+
+
+def test_the_denoiser_reads_each_canvas_against_the_clean_earlier_canvases():
+    """Canvas c's logits: the same as one row's own cache of the prompt and clean canvases < c (the batch's cache
+    repeated K times and cut back); they change with z_t at canvas c only, and with the clean completion before c
+    only."""
+    from dlmrl.models.diffusion_gemma import (
+        canvas_attention_masks,
+        canvas_logits,
+        encode,
+        new_cache,
+        position_ids,
+    )
+    from dlmrl.training.uniform_elbo_scorer import canvas_denoiser
+
+    policy, ro = _denoiser_inputs()
+    model, L = policy.model, policy.canvas_length
+    mask = torch.ones_like(ro.completion_mask)  # (every canvas scored)
+    g = torch.Generator().manual_seed(0)
+    z = torch.randint(0, policy.vocab_size, (2, *ro.completion.shape), generator=g)
+    t = torch.tensor([0.3, 0.7], dtype=torch.float64)
+    with torch.no_grad():
+        logits = canvas_denoiser(model, ro.prompt_ids, ro.prompt_mask, ro.completion, mask, L)(z, t)
+        b, k, c = 1, 1, 2  # (one row, one draw, the third canvas, by hand)
+        P = ro.prompt_ids.shape[1]
+        cache, attn = new_cache(model), ro.prompt_mask[b:b + 1].bool()
+        cache = encode(model, ro.prompt_ids[b:b + 1], attn, cache, position_ids(0, P, "cpu")).cache
+        for j in range(c):
+            attn = torch.nn.functional.pad(attn, (0, L), value=True)
+            cache = encode(model, ro.completion[b:b + 1, j * L:(j + 1) * L], attn, cache,
+                           position_ids(P + j * L, L, "cpu")).cache
+        canvas = z[k, b:b + 1, c * L:(c + 1) * L]
+        masks = canvas_attention_masks(model, canvas, cache, torch.nn.functional.pad(attn, (0, L), value=True))
+        direct = canvas_logits(model, canvas, cache, masks, position_ids(P + c * L, L, "cpu"))
+        # (the same float32 computation in a batch of another size: a few ulps of the softcapped logits, |ℓ| <= 30)
+        assert (logits[k, b, c * L:] - direct[0]).abs().max() <= 64 * torch.finfo(torch.float32).eps * 30
+        z2 = z.clone()
+        z2[:, :, :L] = (z2[:, :, :L] + 1) % policy.vocab_size  # (canvas 0 of z_t changed)
+        comp2 = ro.completion.clone()
+        comp2[:, 2 * L:] = (comp2[:, 2 * L:] + 1) % policy.vocab_size  # (the clean last canvas changed)
+        other = canvas_denoiser(model, ro.prompt_ids, ro.prompt_mask, comp2, mask, L)(z2, t)
+    assert not torch.equal(other[:, :, :L], logits[:, :, :L])
+    assert torch.equal(other[:, :, L:], logits[:, :, L:])
+
+
+def test_the_elbo_scorer_gives_a_bound_per_token_and_shares_its_plan():
+    """Every UDLM term is <= 0 (a negative KL rate), so each position's estimate is; old and current scores of one
+    update read the same plan, so at the same weights they are equal."""
+    from dlmrl.estimators.uniform_elbo import UniformSDMC
+    from dlmrl.training.uniform_elbo_scorer import UniformELBOScorer
+
+    policy, ro = _denoiser_inputs(5)
+    scorer = UniformELBOScorer(policy, None, UniformSDMC(num_nodes=2))
+    old = scorer.prepare(ro, 2, torch.Generator().manual_seed(1))
+    got = {}
+    scorer.backward(1, lambda per_token: (got.setdefault("x", per_token).sum(), {}), lambda loss: loss.backward())
+    assert (old.old[1] <= 0).all() and (old.old[1][~ro.completion_mask] == 0).all()
+    assert torch.allclose(got["x"].detach(), old.old[1], atol=1e-6 * float(old.old[1].abs().max()) + 1e-12)
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["estimator.name=sdmc"], "estimator.name"),
+    (["estimator.name=uniform_sdmc", "estimator.options.bogus=1"], "estimator.options.bogus"),
+    (["estimator.name=uniform_double_mc", "estimator.options.time_exponent=0"], "estimator.options.time_exponent"),
+    (["estimator.name=trajectory", "estimator.num_nodes=5"], "estimator.num_nodes"),
+])
+def test_the_kinds_estimator_keys_are_checked_naming_the_key(checkpoint, overrides, key):
+    cfg = _config(checkpoint, "train.algorithm=grpo", *overrides)
+    with pytest.raises(ConfigError, match=f"config key '{key}"):
+        validate(cfg, data=False)
+
+
+def test_the_uniform_estimators_are_this_kinds_only():
+    cfg = Config()
+    apply_overrides(cfg, ["estimator.name=uniform_sdmc"])
+    with pytest.raises(ConfigError, match="config key 'estimator.name'"):
+        validate(cfg, data=False)
