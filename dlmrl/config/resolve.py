@@ -57,9 +57,16 @@ def estimator_choice(cfg: Config, preset: AlgorithmPreset | None) -> tuple[str, 
     (``AlgorithmPreset.estimator``; diffu_grpo: one_step, just_grpo: trajectory) with the recipe's
     ``estimator_options`` applied (flat keys over the section, e.g. just_grpo's ``order: left_to_right``; any other
     key is one of the class's own fields and goes under ``estimator.options``, which the user's options override);
-    else ``sdmc``. ``preset`` ``None`` (an invalid algorithm, reported by validation) counts as naming none.
+    else ``sdmc``. ``preset`` ``None`` (an invalid algorithm, reported by validation) counts as naming none. A kind
+    that resolves ``estimator.name`` itself (``estimator_names``, e.g. ``uniform``) gets the section without its name
+    and options here: its own estimator is the kind's (:meth:`~dlmrl.kinds.base.PolicyKind.own_estimator`).
     """
     e = cfg.estimator
+    from dlmrl.kinds import KINDS
+
+    if cfg.model.kind in KINDS and KINDS.get(cfg.model.kind).estimator_names:
+        # (the kind resolves estimator.name itself, PolicyKind.own_estimator: the masked default stands in, unused)
+        e = dataclasses.replace(e, name=None, options={})
     if e.name is not None:
         return e.name, e, "estimator.name"
     if preset is None or preset.estimator is None:

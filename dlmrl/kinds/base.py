@@ -103,6 +103,9 @@ class PolicyKind(ABC):
             recipe's).
         turn_stops_at: with tools inside the rollout, where a turn ends (the ``--dry-run`` text).
         scores_by: what a kind without estimators scores with, for messages (default ``"exact token log-probs"``).
+        estimator_names: the ``estimator.name`` values a kind resolves itself (:meth:`own_estimator`), its default
+            likelihood first (what null means); ``()`` (default): the masked-diffusion estimators' registry
+            (:attr:`scores_with_estimators`) or none.
         checkpoint_kinds: the other kinds whose saved checkpoints (``config.json``'s ``dlmrl_kind``) this kind runs
             without the config check calling it a contradiction (default: none; its own name always).
     """
@@ -118,6 +121,7 @@ class PolicyKind(ABC):
     turn_stops_at: str = ""
     checkpoint_kinds: tuple[str, ...] = ()
     scores_by: str = "exact token log-probs"
+    estimator_names: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         return f"<policy kind {self.name!r}>"
@@ -251,6 +255,20 @@ class PolicyKind(ABC):
         Raises:
             ConfigError: naming the key.
         """
+
+    def estimator_class(self, name: str):
+        """The class of ``estimator.name`` ``name`` (one of :attr:`estimator_names`, not the first), for the config
+        check of ``estimator.options`` (default: none)."""
+        return
+
+    def own_estimator(self, cfg):
+        """The estimator the ``estimator`` section builds for one of :attr:`estimator_names`, or ``None`` for the
+        kind's default likelihood (default: ``None``).
+
+        Raises:
+            ConfigError: a value the estimator's class rejects (naming the key).
+        """
+        return
 
     def check_tools_in_rollout(self, cfg, estimator_name: str) -> None:
         """Tools inside the rollout (``train.env`` with a single-turn preset) with this kind's likelihood (default:

@@ -9,8 +9,12 @@ denoising steps per canvas, and ``sampling.entropy_bound``, ``t_max``, ``t_min``
 ``confidence_threshold`` override the checkpoint's generation config when set. A completion ends at its first EOS.
 
 It is scored by the **trajectory likelihood** (:mod:`dlmrl.training.uniform_trajectory`, dlmrl interpretation):
-the log-probs of the draws each step accepted, replayed under the current weights; no ``estimator`` section
-(``estimator.micro_batch`` chunks the rows). The presets that run on exact token log-probs (``policies`` containing
+the log-probs of the draws each step accepted, replayed under the current weights (``estimator.name`` null or
+``trajectory``; ``estimator.micro_batch`` chunks the rows), or by a uniform-noise ELBO estimator
+(``estimator.name`` ``uniform_double_mc``, ``uniform_sdmc``, ``uniform_flat_ce``: UDLM's continuous-time bound,
+:mod:`dlmrl.training.uniform_elbo_scorer`; their settings from the ``estimator`` section as for the masked
+estimators, ``estimator.micro_batch`` = noise draws per denoiser call). These names are this kind's only.
+The presets that run on exact token log-probs (``policies`` containing
 ``ar``: GRPO, Dr. GRPO, GSPO, DAPO, RLOO, SRPO, ...) run on it, with the trajectory likelihood in place of the AR
 token log-probs; presets that read per-token entropies (EGSW, ESPO, GTPO, GRPO-S, HAPO), add off-policy anchors
 (DaGRPO), play multi-turn episodes or run tools inside the rollout are refused, naming ``train.algorithm`` /
@@ -46,6 +50,7 @@ class UniformNoiseKind(PolicyKind):
     default_algorithm = "grpo"
     turn_stops_at = ""
     scores_by = "the sampled trajectory's likelihood"
+    estimator_names = ("trajectory", "uniform_double_mc", "uniform_sdmc", "uniform_flat_ce")
 
     # ----- loading -----------------------------------------------------------------------------------------
     def load(self, model_cfg):
@@ -197,8 +202,34 @@ class UniformNoiseKind(PolicyKind):
     def build_scorer(self, policy, ref, cfg, estimator, objective, processes: int):
         from dlmrl.training.uniform_trajectory import UniformTrajectoryScorer
 
+        elbo = self.own_estimator(cfg)
+        if elbo is not None:
+            from dlmrl.training.uniform_elbo_scorer import UniformELBOScorer
+
+            return UniformELBOScorer(policy, ref, elbo, old_scores=objective.needs_old_scores,
+                                     micro_batch=cfg.estimator.micro_batch or None)
         return UniformTrajectoryScorer(policy, ref, old_scores=objective.needs_old_scores,
                                        micro_batch=cfg.estimator.micro_batch or None)
+
+    def estimator_class(self, name: str):
+        from dlmrl.estimators.uniform_elbo import UniformDoubleMC, UniformFlatCE, UniformSDMC
+
+        return {"uniform_double_mc": UniformDoubleMC, "uniform_sdmc": UniformSDMC,
+                "uniform_flat_ce": UniformFlatCE}.get(name)
+
+    def own_estimator(self, cfg):
+        """The ELBO estimator ``estimator.name`` names, built from the section's flat keys (``num_nodes``,
+        ``samples_per_node``, ``stratified``) and ``estimator.options`` (its own fields: ``time_exponent``, ``eps``,
+        ``support``, ...); ``None`` for the trajectory likelihood (null or ``trajectory``)."""
+        import dataclasses
+
+        e = cfg.estimator
+        cls = self.estimator_class(e.name or "trajectory")
+        if cls is None:
+            return None
+        flat = {f.name: getattr(e, f.name) for f in dataclasses.fields(e)
+                if f.name not in ("name", "options", "micro_batch", "logits_chunk")}
+        return cls.from_config(flat, None, dict(e.options))
 
     def measures_rollout_gap(self, scorer) -> bool:
         return bool(getattr(scorer, "measures_rollout_gap", False))
@@ -241,6 +272,16 @@ class UniformNoiseKind(PolicyKind):
         return "log-softmax of each step's full canvas logits (estimator.logits_chunk does not apply)"
 
     def plan_estimator(self, cfg, spec) -> dict:
+        elbo = self.own_estimator(cfg)
+        if elbo is not None:
+            d = elbo.describe()
+            return {"name": f"{d.name}: UDLM's continuous-time uniform-noise bound (arXiv 2412.10193)",
+                    "nfe": d.nfe, "nfe_formula": d.nfe_formula, **d.settings, **d.notes,
+                    "denoiser": "each canvas's noisy tokens against the clean prompt and earlier canvases (the "
+                                "encoder's cache), zero self-conditioning, no time input; one noise plan per "
+                                "update, shared by old, reference and current scores",
+                    "rollout_logp_gap": "not defined (a bound of UDLM's reverse process, not the sampler's "
+                                        "distribution): not logged"}
         return {"name": "trajectory likelihood (uniform): the accepted draws' log-probs of every step",
                 "passes": "per canvas: the encoder pass, a no-grad pass per step for the self-conditioning inputs, "
                           "then one batched pass with grad over all the canvas's steps (old and reference scores: "
