@@ -79,6 +79,11 @@ def refuse_diffusion_gemma(cfg) -> None:
               f"diffusion_gemma); model.kind {cfg.model.kind!r} cannot run it: set model.kind uniform")
 
 
+#: the keys :meth:`PolicyKind.memory_shapes` returns
+MEMORY_SHAPE_KEYS = ("canvases", "positions", "head_positions", "scored_positions", "float_copy_all", "cached",
+                     "rollout_block", "rollout_forward_positions", "dense_mask", "prefill_positions")
+
+
 class PolicyKind(ABC):
     """A kind of policy: how it loads, checks its config keys, samples a group, records a rollout, is scored,
     decodes held-out examples and describes itself in ``--dry-run``.
@@ -306,22 +311,41 @@ class PolicyKind(ABC):
 
     @abstractmethod
     def memory_shapes(self, cfg, prompt: int, per_update: int, nfe: int) -> dict:
-        """The shapes the memory plan needs (:func:`dlmrl.training.memory_config.settings_from_config`): keys
-        ``canvases``, ``positions``, ``head_positions``, ``scored_positions``, ``float_copy_all``, ``cached``,
-        ``rollout_block``, ``rollout_forward_positions``, ``dense_mask``, ``prefill_positions``, for ``prompt``
-        prompt tokens, ``per_update`` completions per optimizer step and process, and the scoring NFE ``nfe``."""
+        """The shapes the memory plan needs (:func:`dlmrl.training.memory_config.settings_from_config`), for ``prompt``
+        prompt tokens, ``per_update`` completions per optimizer step and process, and the scoring NFE ``nfe``; every
+        key below is required (:data:`MEMORY_SHAPE_KEYS`; a missing one is refused naming the kind):
+
+        - ``canvases``: sequences scored with gradient per optimizer step (AR: ``per_update``; an estimator kind:
+          ``per_update × nfe``); ``positions``: positions of one scored sequence (prompt included);
+        - ``head_positions``: positions whose logits the scorer keeps (``None``: all); ``scored_positions``: the
+          completion positions whose log-probs it takes; ``float_copy_all``: the forward converts its whole output
+          to float32;
+        - ``cached``: the rollout keeps a key/value cache of the prompt and completion; ``rollout_block``: positions
+          a rollout step scores; ``rollout_forward_positions``: positions a rollout forward runs;
+          ``prefill_positions``: positions of a rollout's prefill pass (0: none);
+        - ``dense_mask``: the forward builds a dense 4-D attention mask (block-causal).
+        """
 
     # ----- training ----------------------------------------------------------------------------------------
     @abstractmethod
     def build_scorer(self, policy, ref, cfg, estimator, objective, processes: int):
-        """The scorer of a run: old, reference and current scores of a rollout batch
-        (:mod:`dlmrl.training.scorers`)."""
+        """The scorer of a run: old, reference and current scores of a rollout batch. The update loop
+        (:mod:`dlmrl.training.update`) reads the interface of :class:`dlmrl.training.scorers.DiffusionScorer` and
+        :class:`~dlmrl.training.scorers.ARScorer`: ``prepare(ro, num_iterations, generator, ...)`` (old and
+        reference scores, no grad), ``backward(j, loss_fn, backward, rows)`` (the current scores of inner iteration
+        ``j`` with grad, per-token ``(B, L)`` log-probs into the objective), the attributes ``old_scores``, ``nfe``
+        and ``lockstep``. ``estimator``: the training estimator for a kind that :attr:`scores_with_estimators`, else
+        ``None``; ``processes``: the process count."""
 
     @abstractmethod
     def sample(self, policy, task, cfg, examples: list, generator, max_length: int, temperature_fn=None,
                prompts: tuple[int, int] | None = None):
-        """G completions per example (``prompts``: one process's share), a
-        :class:`~dlmrl.training.rollout.Rollout` with what this kind records."""
+        """G completions per example (``prompts = (lo, hi)``: one process's share, with the random numbers those
+        rows have in the whole batch), a :class:`~dlmrl.training.rollout.Rollout`: the trainer reads ``examples``,
+        ``prompt_ids`` / ``prompt_mask``, ``completion`` / ``completion_mask`` ``(B, L)``, ``group_ids``, ``nfe``,
+        ``passes`` and ``row_nfe``; its scorer reads what the kind records (``reveal_step`` and ``token_logprobs``
+        for the masked trajectory, ``kind_record`` for a kind's own). Rewards are added by the caller. ``max_length``:
+        the kind's :meth:`generation_budget`; ``temperature_fn``: HAPO's per-step temperature (AR)."""
 
     @abstractmethod
     def sample_tool_loop(self, policy, make_env, examples: list, generator, max_length: int, cfg, task,
@@ -330,8 +354,10 @@ class PolicyKind(ABC):
 
     @abstractmethod
     def evaluate(self, policy, task, settings) -> dict:
-        """Decode the held-out examples with ``settings`` (:class:`~dlmrl.evaluation.presets.EvalSettings`) and score
-        them (:mod:`dlmrl.evaluation.heldout`)."""
+        """Decode the held-out examples with ``settings`` (:class:`~dlmrl.evaluation.presets.EvalSettings`: steps,
+        block length, temperature, batch size, seed, protocol) and score them with the task's metrics; the result is
+        :func:`dlmrl.evaluation.heldout.evaluate`'s dict (the task's metrics, ``nfe``, ``examples``, ...), which
+        :func:`dlmrl.evaluation.configured.evaluate_with_config` records."""
 
     def record_sampling(self, sampling: dict, cfg, policy) -> dict:
         """The eval record's ``sampling`` fields for this kind (default: as decoded)."""

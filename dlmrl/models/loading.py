@@ -81,7 +81,8 @@ def checkpoint_kind(name_or_path: str, known=None) -> str | None:
     except (OSError, ValueError, AttributeError):  # (an unreadable config.json: the loader reports it)
         return None
     if value is not None and value not in known:
-        raise ConfigError(f"{file}: {KIND_KEY} {value!r} is not a policy kind (one of {', '.join(known)})")
+        raise ConfigError(f"{file}: {KIND_KEY} {value!r} is not a policy kind (one of {', '.join(known)}; a kind "
+                          "registered by a plugin: import its module, dlmrl --import MODULE)")
     return value
 
 

@@ -19,7 +19,7 @@ def first_rows(ids: list) -> list[int]:
     return list(first.values())
 
 
-def add_anchors(ro: Rollout, task, anchor_threshold: float, kind: str, eos_token_id: int | None, pad_id: int,
+def add_anchors(ro: Rollout, task, anchor_threshold: float, kind, eos_token_id: int | None, pad_id: int,
                 shape: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                 reveal_steps: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[Rollout, int]:
     """DaGRPO's off-policy anchors: each group with no task reward above ``anchor_threshold`` gets the

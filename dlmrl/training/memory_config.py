@@ -15,6 +15,7 @@ from contextvars import ContextVar
 from pathlib import Path
 
 from dlmrl.kinds import kind_of
+from dlmrl.kinds.base import MEMORY_SHAPE_KEYS
 from dlmrl.training.memory_plan import (
     ASSUMED_PROMPT_TOKENS,
     PHASE_TERMS,
@@ -150,6 +151,10 @@ def settings_from_config(cfg, nfe: int, processes: int, objective=None, sharding
     per_update = -(-per_process // tr.steps_per_generation)
     # (what one scoring canvas and one rollout forward hold for this kind: the policy kind's shapes)
     shapes = kind_of(m.kind).memory_shapes(cfg, prompt, per_update, nfe)
+    missing = [k for k in MEMORY_SHAPE_KEYS if k not in shapes]
+    if missing:
+        raise TypeError(f"policy kind {m.kind!r}: memory_shapes() returned no {', '.join(missing)} (the keys of "
+                        "dlmrl.kinds.base.MEMORY_SHAPE_KEYS)")
     canvases, positions = shapes["canvases"], shapes["positions"]
     per_forward = min(e.micro_batch, canvases) if e.micro_batch else canvases
     reference = (objective is not None and objective.beta > 0 and "logp_ref" in objective.required_inputs
