@@ -361,3 +361,24 @@ def test_the_uniform_estimators_are_this_kinds_only():
     apply_overrides(cfg, ["estimator.name=uniform_sdmc"])
     with pytest.raises(ConfigError, match="config key 'estimator.name'"):
         validate(cfg, data=False)
+
+
+def test_the_python_api_trains_a_diffusion_gemma_module_with_its_tokenizer(tmp_path):
+    """``Trainer(<DiffusionGemmaForBlockDiffusion>, tokenizer=...)`` wraps it as a uniform policy (the kind from the
+    model's config) and trains a step on your own data and reward."""
+    from dlmrl import Trainer
+
+    policy = build_tiny_uniform_policy()
+    data = {"prompt": ["12|34="] * 4, "answer": ["1234"] * 4}
+
+    def ones(prompts, completions, **columns):
+        return [float(c.count("1")) for c in completions]
+
+    trainer = Trainer(policy.model, tokenizer=policy.tokenizer, reward_funcs=[ones], train_dataset=data,
+                      config={"train.max_steps": 1, "train.prompts_per_step": 2, "train.num_generations": 2,
+                              "eval.before": False, "eval.after": False, "output_dir": str(tmp_path / "run"),
+                              "sampling.gen_length": 8})
+    assert (trainer.config.model.kind, trainer.config.train.algorithm) == ("uniform", "grpo")
+    trainer.train(progress=False)
+    (line,) = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(line)["nfe_scoring"] > 0
