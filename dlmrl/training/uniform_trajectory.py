@@ -33,6 +33,11 @@ computation); with grad, one batched pass runs all the canvas's steps at once (t
 ``S`` steps × ``B`` rows) with those inputs detached. The value equals the sampler's recorded log-probs at the same
 weights up to floating-point batch effects; the trainer logs the gap as ``rollout_logp_gap_mean`` /
 ``rollout_logp_gap_max``, as for the masked-diffusion trajectory.
+
+**Memory.** The batched pass holds, per scored row and canvas, ``S`` steps' self-conditioning inputs and logits,
+``S·L·V`` values each: at DiffusionGemma's ``L = 256``, ``V = 262,144`` and 48 steps that is about 3.2·10⁹ per row
+(6.4 GB in bfloat16, twice that in float32), so ``estimator.micro_batch`` 1 is the floor and a real-scale run would
+need the steps cut into chunks (not implemented: each chunk would re-run the encoder passes its gradient needs).
 """
 
 from __future__ import annotations
