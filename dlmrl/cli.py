@@ -113,16 +113,25 @@ def _estimators_parser(sub) -> None:
     desc = ("The variance lab: bias, variance, MSE (against the exact ELBO, or a high-budget reference for "
             "long canvases), gradient variance and shared-plan ELBO-difference variance of every estimator "
             "at each budget, on Sudoku completions the model samples. Writes estimators.json, lab.json and "
-            "PNG plots of MSE and gradient variance vs NFE.")
+            "PNG plots of MSE and gradient variance vs NFE. --kind uniform: the uniform-noise ELBO estimators "
+            "(DiffusionGemma) on a tiny vocabulary, bias / std / MSE against the exact ELBO by enumeration.")
     sp = sub.add_parser("estimators", help="Compare ELBO estimators (the variance lab).", description=desc)
     sp.add_argument("--output-dir", required=True, help="folder for estimators.json, lab.json and the plots")
-    sp.add_argument("--model", default="tiny-sudoku", help="model to study (default: the shipped tiny model)")
+    sp.add_argument("--kind", choices=("diffusion", "uniform"), default=None,
+                    help="which estimators: diffusion (the masked ones; the default) or uniform (the uniform-noise "
+                         "ELBO estimators of model.kind uniform; the default for --model tiny-uniform or a "
+                         "DiffusionGemma checkpoint)")
+    sp.add_argument("--model", default=None,
+                    help="model to study (default: the shipped tiny model; with --kind uniform, tiny-uniform: a tiny "
+                         "random DiffusionGemma over 8 token ids, or a DiffusionGemma checkpoint with a tiny "
+                         "vocabulary)")
     sp.add_argument("--family", default="auto", help="model family (default: auto-detect)")
     sp.add_argument("--trust-remote-code", action="store_true", help="allow the checkpoint's own modeling code")
-    sp.add_argument("--lengths", type=_int_list, default=(8, 16, 64, 256),
-                    help="maskable tokens per row L, comma-separated (default 8,16,64,256)")
+    sp.add_argument("--lengths", type=_int_list, default=None,
+                    help="maskable tokens per row L, comma-separated (default 8,16,64,256; --kind uniform: 2,3)")
     sp.add_argument("--rows", type=_int_list, default=None,
-                    help="rows per length: one number or one per length (default: 8 for L < 16, 2 from L = 16)")
+                    help="rows per length: one number or one per length (default: 8 for L < 16, 2 from L = 16; "
+                         "--kind uniform: 4)")
     sp.add_argument("--budgets", type=_int_list, default=d.budgets,
                     help="NFE budgets where exact tables exist (L <= 16), default 1,2,3,4,8")
     sp.add_argument("--long-budgets", type=_int_list, default=d.long_budgets,
@@ -141,11 +150,98 @@ def _estimators_parser(sub) -> None:
                          "tokens), 500/8 repetitions, 1 direction and a smaller reference, overriding those options")
 
 
+#: the masked lab's options, refused with --kind uniform when set to anything but their defaults
+_MASKED_LAB_ONLY = {"long_budgets": "--long-budgets", "model_repetitions": "--model-repetitions",
+                    "directions": "--directions", "perturbation": "--perturbation", "family": "--family",
+                    "trust_remote_code": "--trust-remote-code"}
+
+
+def _lab_kind(args) -> str:
+    """``--kind``, else ``uniform`` for ``--model tiny-uniform`` or a folder whose config.json is a DiffusionGemma's."""
+    if args.kind is not None:
+        return args.kind
+    if args.model == "tiny-uniform":
+        return "uniform"
+    config = Path(args.model or "tiny-sudoku") / "config.json"
+    if config.is_file():
+        from dlmrl.models.diffusion_gemma import is_diffusion_gemma
+
+        try:
+            if is_diffusion_gemma(json.loads(config.read_text())):
+                return "uniform"
+        except (OSError, ValueError):
+            pass  # (the loader reports an unreadable checkpoint)
+    return "diffusion"
+
+
+def _check_output_dir(out: Path) -> bool:
+    if out.exists() and not out.is_dir():
+        print(f"dlmrl estimators: --output-dir {out} exists and is not a folder", file=sys.stderr)
+        return False
+    if out.is_dir() and any(out.iterdir()):  # (as dlmrl train: never write over an earlier study)
+        print(f"dlmrl estimators: --output-dir {out} is not empty (it may hold an earlier study); choose a new "
+              "folder or remove it", file=sys.stderr)
+        return False
+    return True
+
+
+def _run_uniform_estimators(args) -> int:
+    """``dlmrl estimators --kind uniform``: :func:`dlmrl.training.uniform_estimator_lab.run_uniform_estimator_lab`."""
+    from dlmrl.estimators.analysis import LabConfig
+    from dlmrl.estimators.uniform_lab import UniformLabConfig
+    from dlmrl.training.uniform_estimator_lab import (
+        DEFAULT_UNIFORM_LENGTHS,
+        TINY_UNIFORM_MODEL,
+        load_lab_model,
+        run_uniform_estimator_lab,
+    )
+
+    d = LabConfig()
+    defaults = {"long_budgets": d.long_budgets, "model_repetitions": d.model_repetitions,
+                "directions": d.num_directions, "perturbation": d.perturbation, "family": "auto",
+                "trust_remote_code": False}
+    set_masked = [flag for key, flag in _MASKED_LAB_ONLY.items() if getattr(args, key) != defaults[key]]
+    if set_masked:
+        print(f"dlmrl estimators: {', '.join(set_masked)} applies to the masked lab only, not to --kind uniform",
+              file=sys.stderr)
+        return 2
+    lengths, rows = args.lengths or DEFAULT_UNIFORM_LENGTHS, args.rows or (4,)
+    cfg = UniformLabConfig(budgets=args.budgets, repetitions=args.repetitions, seed=args.seed)
+    if args.quick:
+        lengths, rows = (2,), args.rows or (2,)
+        cfg.budgets, cfg.repetitions = (2, 3), 500
+    if len(rows) not in (1, len(lengths)):
+        print(f"dlmrl estimators: --rows has {len(rows)} values for {len(lengths)} lengths", file=sys.stderr)
+        return 2
+    if cfg.repetitions < 2:
+        print("dlmrl estimators: --repetitions must be >= 2", file=sys.stderr)
+        return 2
+    out = Path(args.output_dir)
+    if not _check_output_dir(out):
+        return 2
+    name = args.model or TINY_UNIFORM_MODEL
+    try:
+        model = load_lab_model(name, seed=args.seed)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"dlmrl estimators: cannot load model {name!r}: {e}", file=sys.stderr)
+        return 2
+    try:
+        run_uniform_estimator_lab(out, model, lengths, rows[0] if len(rows) == 1 else rows, cfg)
+    except ValueError as e:
+        print(f"dlmrl estimators: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _run_estimators(args) -> int:
     from dlmrl.estimators.analysis import LabConfig
     from dlmrl.models.loading import load_policy
     from dlmrl.training.estimator_lab import default_rows, run_estimator_lab
 
+    if _lab_kind(args) == "uniform":
+        return _run_uniform_estimators(args)
+    args.model = args.model or "tiny-sudoku"
+    args.lengths = args.lengths or (8, 16, 64, 256)
     lengths, rows = args.lengths, args.rows or tuple(default_rows(n) for n in args.lengths)
     cfg = LabConfig(budgets=args.budgets, long_budgets=args.long_budgets, repetitions=args.repetitions,
                     model_repetitions=args.model_repetitions, num_directions=args.directions,
@@ -162,12 +258,7 @@ def _run_estimators(args) -> int:
               "--perturbation > 0", file=sys.stderr)
         return 2
     out = Path(args.output_dir)
-    if out.exists() and not out.is_dir():
-        print(f"dlmrl estimators: --output-dir {out} exists and is not a folder", file=sys.stderr)
-        return 2
-    if out.is_dir() and any(out.iterdir()):  # (as dlmrl train: never write over an earlier study)
-        print(f"dlmrl estimators: --output-dir {out} is not empty (it may hold an earlier study); choose a new "
-              "folder or remove it", file=sys.stderr)
+    if not _check_output_dir(out):
         return 2
     try:
         policy = load_policy(args.model, args.family, args.trust_remote_code)
@@ -527,8 +618,9 @@ def main(argv: list[str] | None = None) -> int:
                 run = pretrain_recommend
             else:
                 from dlmrl.pretraining.block import pretrain_block
+                from dlmrl.pretraining.uniform import pretrain_uniform
 
-                run = {"ar": pretrain_ar, "block": pretrain_block}.get(cfg.kind, pretrain)
+                run = {"ar": pretrain_ar, "block": pretrain_block, "uniform": pretrain_uniform}.get(cfg.kind, pretrain)
             print(json.dumps(run(cfg), indent=2))
         except ConfigError as e:
             print(f"dlmrl pretrain: {e}", file=sys.stderr)

@@ -428,8 +428,10 @@ class PretrainConfig:
     (masked-diffusion or next-token)."""
 
     kind: str = doc("diffusion", "Model kind: 'diffusion' (bidirectional, masked-diffusion SFT, infill), 'block' "
-                                 "(block-causal, block-ELBO SFT on d1's full format, dlmrl.pretraining.block) or "
-                                 "'ar' (causal, next-token SFT on d1's full format).")
+                                 "(block-causal, block-ELBO SFT on d1's full format, dlmrl.pretraining.block), "
+                                 "'ar' (causal, next-token SFT on d1's full format) or 'uniform' (a tiny "
+                                 "DiffusionGemma, NeMo AutoModel's uniform-noise SFT on d1's full format, "
+                                 "dlmrl.pretraining.uniform).")
     output_dir: str = doc("runs/pretrain_tiny", "Where the checkpoint (config, tokenizer, safetensors) is saved.")
     seed: int = doc(0, "Seed for initialisation, data and masks.")
     steps: int = doc(300, "Optimizer steps.")

@@ -317,7 +317,7 @@ def _check_memory(cfg: Config, preset, estimator, for_training: bool) -> None:
 
 #: the tiny models ``dlmrl pretrain`` builds: ``task`` -> the kinds (``kind``) it builds for it (the built-in kinds'
 #: shipped models, :mod:`dlmrl.pretraining`), and what a refusal of another kind says
-PRETRAININGS = {"sudoku": ("diffusion", "block", "ar"), "multihop": ("diffusion", "ar"), "recommend": ("ar",)}
+PRETRAININGS = {"sudoku": ("diffusion", "block", "ar", "uniform"), "multihop": ("diffusion", "ar"), "recommend": ("ar",)}
 PRETRAINING_REFUSALS = {"recommend": "the recommend pretraining builds a causal model (kind: ar)",
                         "multihop": "the block pretraining SFTs on sudoku (task: sudoku)"}
 

@@ -21,7 +21,10 @@ from dlmrl.models.policy import MaskedDiffusionPolicy
 TINY_DEFAULT = "tiny-sudoku"
 #: Name of the shipped tiny block-diffusion Sudoku model (``model.kind: block``; trained on block sizes 1-16).
 TINY_BLOCK_DEFAULT = "tiny-sudoku-block"
-_SHIPPED = {TINY_DEFAULT: "tiny_sudoku", TINY_BLOCK_DEFAULT: "tiny_sudoku_block"}
+#: Name of the shipped tiny DiffusionGemma Sudoku model (``model.kind: uniform``; uniform-noise SFT, canvases of 16).
+TINY_UNIFORM_DEFAULT = "tiny-sudoku-uniform"
+_SHIPPED = {TINY_DEFAULT: "tiny_sudoku", TINY_BLOCK_DEFAULT: "tiny_sudoku_block",
+            TINY_UNIFORM_DEFAULT: "tiny_sudoku_uniform"}
 #: shipped causal (``model.kind: ar``) checkpoints by name: the Sudoku default, the multi-hop tool-use base (SFT on
 #: scripted traces) and the recommender (SFT on the recommend task's users); ``dlmrl.models.ar`` loads them
 SHIPPED_AR = {"tiny-sudoku-ar": "tiny_sudoku_ar", "tiny-multihop-ar": "tiny_multihop_ar",
@@ -37,12 +40,14 @@ def shipped_path(name: str, shipped: dict[str, str] | None = None) -> str | None
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """``tiny-sudoku`` / ``tiny-sudoku-block`` → the shipped checkpoint folder; anything else is returned unchanged."""
+    """``tiny-sudoku`` / ``tiny-sudoku-block`` / ``tiny-sudoku-uniform`` → the shipped checkpoint folder; anything else
+    is returned unchanged."""
     return shipped_path(name_or_path, _SHIPPED) or name_or_path
 
 
 #: every shipped checkpoint's name and the policy kind its ``config.json`` records
-SHIPPED_KINDS = {TINY_DEFAULT: "diffusion", TINY_BLOCK_DEFAULT: "block", **dict.fromkeys(SHIPPED_AR, "ar")}
+SHIPPED_KINDS = {TINY_DEFAULT: "diffusion", TINY_BLOCK_DEFAULT: "block", TINY_UNIFORM_DEFAULT: "uniform",
+                 **dict.fromkeys(SHIPPED_AR, "ar")}
 
 
 def is_shipped(name: str) -> bool:
