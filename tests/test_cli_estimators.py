@@ -181,3 +181,37 @@ def test_estimators_refuses_a_folder_that_holds_files(tmp_path, capsys):
     assert main(["estimators", "--output-dir", str(out), *SMALL]) == 2
     assert "is not empty" in capsys.readouterr().err
     assert (out / "estimators.json").read_text() == "[]"  # untouched
+
+
+def test_estimators_kind_uniform_quick(tmp_path, capsys):
+    """``--kind uniform``: the uniform-noise ELBO estimators on the tiny random DiffusionGemma, exact targets."""
+    out = tmp_path / "uniform"
+    assert main(["estimators", "--kind", "uniform", "--quick", "--output-dir", str(out)]) == 0
+    records = json.loads((out / "estimators.json").read_text())
+    assert {r["length"] for r in records} == {2} and {r["nfe"] for r in records} == {2, 3}
+    assert {r["estimator"] for r in records} == {"uniform_double_mc", "uniform_sdmc", "uniform_flat_ce"}
+    assert all(r["target"] == "exact" and r["repetitions"] == 500 for r in records)
+    # the UDLM/Duo time draw t ~ U(0, 1] has infinite variance: null in JSON, flagged
+    p1 = [r for r in records if r["estimator"] == "uniform_double_mc" and r["time_exponent"] == 1]
+    assert p1 and all(r["infinite_variance"] and r["variance"] is None and r["mse"] is None for r in p1)
+    lab = json.loads((out / "lab.json").read_text())
+    assert lab["kind"] == "uniform" and lab["vocab_size"] == 8
+    assert len(lab["summary_table"].splitlines()) == 2 + 2 * 7  # NFE 2 and 3, seven estimators each
+    assert "| L | NFE | estimator | bias | std | MSE |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--kind", "uniform", "--directions", "3"], "--directions applies to the masked lab only"),
+        (["--model", "tiny-uniform", "--family", "llada"], "--family applies to the masked lab only"),
+        (["--kind", "uniform", "--lengths", "5", "--rows", "1"], "lengths: 5 is outside [1, canvas_length = 4]"),
+        (["--kind", "uniform", "--lengths", "2,3", "--rows", "1,2,3"], "--rows has 3 values for 2 lengths"),
+        (["--kind", "uniform", "--repetitions", "1"], "--repetitions must be >= 2"),
+        (["--kind", "uniform", "--model", "/nonexistent/model"], "cannot load model '/nonexistent/model'"),
+    ],
+)
+def test_estimators_kind_uniform_bad_inputs_return_2(tmp_path, capsys, args, message):
+    assert main(["estimators", "--output-dir", str(tmp_path / "lab"), *args]) == 2
+    err = capsys.readouterr().err
+    assert any(line.startswith("dlmrl estimators: ") and message in line for line in err.splitlines()), err
