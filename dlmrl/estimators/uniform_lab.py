@@ -42,6 +42,7 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 import torch
@@ -166,10 +167,23 @@ def integrand_moments(table: StateTable, t: torch.Tensor) -> tuple[torch.Tensor,
     return torch.cat(g), torch.cat(m2)
 
 
-def _interval_rule(a: float, b: float, graded: bool, panels: int, nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Nodes and weights on ``[a, b]``: graded composite Gauss–Legendre, or one Gauss–Legendre panel."""
-    s, w = graded_gauss_legendre(panels, nodes) if graded else gauss_legendre_unit(2 * nodes)
-    return a + (b - a) * s, (b - a) * w
+def _piece_rule(a: Fraction, b: Fraction, panels: int, nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Nodes and weights on ``[a, b]`` (fractions of the unit interval): Gauss–Legendre panels graded
+    geometrically towards an end at 0 or 1 (``[a, a + h 2^-P], ..., [a + h/2, b]`` with ``h = b − a``; both ends
+    for ``[0, 1]``), else one panel of ``2·nodes`` nodes (the integrand is analytic on a piece away from 0 and 1)."""
+    lo, hi = float(a), float(b)
+    if a == 0 and b == 1:
+        return graded_gauss_legendre(panels, nodes)
+    if a != 0 and b != 1:
+        s, w = gauss_legendre_unit(2 * nodes)
+        return lo + (hi - lo) * s, (hi - lo) * w
+    x, omega = gauss_legendre_unit(nodes)
+    edges = [0.0] + [2.0 ** (-k) for k in range(panels, -1, -1)]  # 0, 2^-P, ..., 1/2, 1 (graded towards 0)
+    u = torch.cat([e0 + (e1 - e0) * x for e0, e1 in itertools.pairwise(edges)])
+    wu = torch.cat([(e1 - e0) * omega for e0, e1 in itertools.pairwise(edges)])
+    if a != 0:  # graded towards b = 1: mirrored, keeping the small widths' digits in 1 − s
+        return hi - (hi - lo) * torch.flip(u, [0]), (hi - lo) * torch.flip(wu, [0])
+    return lo + (hi - lo) * u, (hi - lo) * wu
 
 
 @dataclass(frozen=True)
@@ -182,28 +196,32 @@ class Moments:
 
 
 def double_mc_moments(table: StateTable, est: UniformDoubleMC, panels: int = 24, nodes: int = 6,
-                      cache: dict | None = None) -> Moments:
+                      cache: dict | None = None, breaks: Sequence[Fraction] = ()) -> Moments:
     """:class:`~dlmrl.estimators.uniform_elbo.UniformDoubleMC`'s exact mean and variance (module docstring).
 
-    The integrals over ``s`` are split at the strata ``k/K``; the first and last intervals (a ``log²(1/s)``
-    singularity at ``s = 0``; near ``s = 1`` a singularity of ``g`` just beyond 1 for a large vocabulary) get the
-    graded rule (``panels``, ``nodes``), the others ``2·nodes`` Gauss–Legendre nodes (the integrand is analytic
-    there). ``cache``: a dict kept across calls on the same table, so that intervals shared by several
-    estimators (every i.i.d. budget integrates over ``[0, 1]``) are integrated once.
+    The integrals over ``s`` are split into pieces at the strata ``k/K`` and at ``breaks`` (the lab passes every
+    budget's strata, so that a piece is integrated once for all estimators, kept in ``cache``, a dict shared by
+    calls on the same table); a piece touching ``s = 0`` (the ``log²(1/s)`` singularity) or ``s = 1`` (for a
+    large vocabulary, ``g`` has a singularity just beyond ``t = 1``) gets Gauss–Legendre panels graded towards
+    that end (``panels``, ``nodes`` per panel), the others ``2·nodes`` nodes.
     """
     cache = {} if cache is None else cache
     k, p = est.num_samples, est.time_exponent
-    edges = [j / k for j in range(k + 1)] if est.stratified else [0.0, 1.0]
-    first = []  # per interval: (∫ w g, ∫ w² m₂) (B,)
-    for j, (a, b) in enumerate(itertools.pairwise(edges)):
-        graded = j == 0 or j == len(edges) - 2
-        key = (a, b, p, graded, panels, nodes)
+    edges = [Fraction(j, k) for j in range(k + 1)] if est.stratified else [Fraction(0), Fraction(1)]
+    points = sorted({*edges, *(Fraction(b) for b in breaks if 0 < b < 1)})
+    pieces = {}
+    for a, b in itertools.pairwise(points):
+        key = (a, b, p, panels, nodes)
         if key not in cache:
-            s, ws = _interval_rule(a, b, graded, panels, nodes)
+            s, ws = _piece_rule(a, b, panels, nodes)
             g, m2 = integrand_moments(table, s**p)
             w = p * s ** (p - 1)
             cache[key] = (((ws * w)[:, None] * g).sum(0).numpy(), ((ws * w * w)[:, None] * m2).sum(0).numpy())
-        first.append(cache[key])
+        pieces[(a, b)] = cache[key]
+    first = []  # per stratum: (∫ w g, ∫ w² m₂) (B,), the sum of its pieces
+    for a, b in itertools.pairwise(edges):
+        inside = [v for (lo, hi), v in pieces.items() if a <= lo and hi <= b]
+        first.append((sum(v[0] for v in inside), sum(v[1] for v in inside)))
     mean = -sum(f[0] for f in first)
     if p == 1:
         return Moments(mean, np.full_like(mean, math.inf))
@@ -249,13 +267,14 @@ def flat_ce_moments(table: StateTable, est: UniformFlatCE) -> Moments:
     return Moments(mean.numpy(), np.maximum(var.numpy(), 0.0))
 
 
-def exact_moments(table: StateTable, est, cache: dict | None = None) -> Moments:
-    """Dispatch to :func:`double_mc_moments` (with ``cache``), :func:`sdmc_moments` or :func:`flat_ce_moments`.
+def exact_moments(table: StateTable, est, cache: dict | None = None, breaks: Sequence[Fraction] = ()) -> Moments:
+    """Dispatch to :func:`double_mc_moments` (with ``cache`` and ``breaks``), :func:`sdmc_moments` or
+    :func:`flat_ce_moments`.
 
     Raises:
         TypeError: another estimator."""
     if isinstance(est, UniformDoubleMC):
-        return double_mc_moments(table, est, cache=cache)
+        return double_mc_moments(table, est, cache=cache, breaks=breaks)
     if isinstance(est, UniformSDMC):
         return sdmc_moments(table, est)
     if isinstance(est, UniformFlatCE):
@@ -377,9 +396,10 @@ def run_uniform_lab(batches: Sequence[UniformLabBatch], cfg: UniformLabConfig | 
             f"{target.mean():.4f} (quadrature error <= {float(exact.error_estimate.max()):.2g})")
         gen = torch.Generator().manual_seed(cfg.seed * 1000 + bi)
         cache: dict = {}
+        breaks = sorted({Fraction(j, k) for k in cfg.budgets for j in range(1, k)})  # every budget's strata
         for nfe in cfg.budgets:
             for est in estimators_for(nfe):
-                m = exact_moments(table, est, cache)
+                m = exact_moments(table, est, cache, breaks)
                 vals = sampled_values(est, lookup, batch, cfg.repetitions, gen)  # (R, B)
                 bias = m.mean - target
                 var_r = vals.var(0, ddof=1)
