@@ -26,8 +26,11 @@ def check_rollout_is_cap(cfg: Config, estimator) -> None:
     _check(is_number(cap) and cap >= 1, "train.rollout_is_cap",
            f"must be >= 1 (a cap below 1 would scale down tokens the rollout drew exactly as the policy would) or "
            f"null, got {cap!r}")
-    _check(kind_of(cfg.model.kind).scores_with_estimators, "train.rollout_is_cap",
-           f"corrects diffusion rollouts; model.kind {cfg.model.kind!r} rollouts record no log-probs (set it null)")
+    kind = kind_of(cfg.model.kind)
+    if not kind.scores_with_estimators:  # (the kind says whether its rollouts' log-probs are its scorer's)
+        problem = kind.rollout_is_cap_problem(cfg)
+        _check(problem is None, "train.rollout_is_cap", problem or "")
+        return
     from dlmrl.estimators import Trajectory
 
     settings = estimator.describe().settings

@@ -163,6 +163,23 @@ class PolicyKind(ABC):
             ConfigError: a model this kind cannot run (naming the key).
         """
 
+    def lora_targets(self, spec: str):
+        """peft's ``target_modules`` for ``model.lora_target_modules`` ``spec`` (default:
+        :func:`dlmrl.models.lora.parse_target_modules`: ``all-linear`` = every ``nn.Linear`` but the output head,
+        else the comma list's names matched as name suffixes).
+
+        Raises:
+            ValueError: a bad spec (the caller names the key).
+        """
+        from dlmrl.models.lora import parse_target_modules
+
+        return parse_target_modules(spec)
+
+    def adapter_attached(self, model) -> None:
+        """Called with the policy's model (a ``peft.PeftModel``) right after a LoRA adapter is put on it, fresh or
+        loaded from a folder (default: nothing; e.g. a model that runs one set of weights as two module trees
+        shares each adapter between them)."""
+
     def claims_model(self, model) -> bool:
         """Whether a loaded ``transformers`` model that records no kind runs as this kind only (default: no; the
         Python API then takes ``model.kind`` from the config)."""
@@ -252,6 +269,13 @@ class PolicyKind(ABC):
 
         est = getattr(scorer, "estimator", None)
         return isinstance(est, Trajectory) and est.merge == 1 and est.order == "sampled"
+
+    def rollout_is_cap_problem(self, cfg) -> str | None:
+        """Why ``train.rollout_is_cap`` does not apply to a kind without estimators (:attr:`scores_with_estimators`
+        false), or ``None`` where its rollouts record the sampler's log-probs and its scorer is their exact
+        likelihood (default: its rollouts record none). An estimator kind's check is the estimator's
+        (:func:`dlmrl.config.check_estimator.check_rollout_is_cap`)."""
+        return f"corrects diffusion rollouts; model.kind {cfg.model.kind!r} rollouts record no log-probs (set it null)"
 
     def check_estimator(self, cfg, name: str, estimator, section) -> None:
         """The training estimator ``estimator`` (registered as ``name``, built from the ``estimator`` ``section``)

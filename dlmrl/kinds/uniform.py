@@ -56,7 +56,24 @@ class UniformNoiseKind(PolicyKind):
     def load(self, model_cfg):
         from dlmrl.models.uniform_policy import load_uniform_policy
 
-        return load_uniform_policy(self.model_path(model_cfg.name_or_path), model_cfg.dtype)
+        # (its adapters, and those of a kind of your own that reuses this one: itself and its checkpoint_kinds)
+        return load_uniform_policy(self.model_path(model_cfg.name_or_path), model_cfg.dtype,
+                                   adapter_kinds=tuple(dict.fromkeys(("uniform", self.name, *self.checkpoint_kinds))))
+
+    def lora_targets(self, spec: str):
+        """A regular expression over the text layers of the encoder and the decoder: ``all-linear`` = the attention
+        projections and the dense MLP (NeMo AutoModel's DiffusionGemma LoRA recipe; router, experts, vision tower,
+        self-conditioning MLP and head frozen: :data:`dlmrl.models.diffusion_gemma.DEFAULT_LORA_TARGETS`), a comma
+        list = those names as suffixes inside the text layers."""
+        from dlmrl.models.diffusion_gemma import lora_target_pattern
+        from dlmrl.models.lora import parse_target_modules
+
+        return lora_target_pattern(parse_target_modules(spec))
+
+    def adapter_attached(self, model) -> None:
+        from dlmrl.models.diffusion_gemma import share_encoder_adapters
+
+        share_encoder_adapters(model)  # (one adapter per text layer, run by the encoder and the decoder)
 
     def owns(self, policy) -> bool:
         from dlmrl.models.uniform_policy import UniformNoisePolicy
@@ -79,8 +96,8 @@ class UniformNoiseKind(PolicyKind):
 
     # ----- the config check ----------------------------------------------------------------------------------
     def check_model(self, cfg) -> None:
-        """``model.block_size`` unset, ``model.family`` auto, no remote code (transformers ships the class), no LoRA,
-        gradient checkpointing or sharding yet; a local checkpoint whose ``config.json`` is not a DiffusionGemma one;
+        """``model.block_size`` unset, ``model.family`` auto, no remote code (transformers ships the class), no
+        sharding yet (LoRA and gradient checkpointing run: :meth:`lora_targets`); a local checkpoint whose ``config.json`` is not a DiffusionGemma one;
         Sudoku in ``answer_mode`` full or text (the whole grid written, as the AR kind); ``estimator.logits_chunk``
         0 (the trajectory takes the full canvas logits)."""
         super().check_model(cfg)
@@ -91,9 +108,6 @@ class UniformNoiseKind(PolicyKind):
         check_key(not m.trust_remote_code, "model.trust_remote_code",
                   "model.kind 'uniform' loads DiffusionGemma with transformers' own class; no checkpoint code runs "
                   "(set it false)")
-        check_key(not m.use_peft, "model.use_peft", "LoRA is not supported for model.kind 'uniform' yet (set it false)")
-        check_key(not m.gradient_checkpointing, "model.gradient_checkpointing",
-                  "is not supported for model.kind 'uniform' yet (set it false)")
         check_key(cfg.train.sharding == "none", "train.sharding",
                   "model.kind 'uniform' runs unsharded for now (set it none)")
         check_key(cfg.estimator.logits_chunk == 0, "estimator.logits_chunk",
@@ -114,6 +128,17 @@ class UniformNoiseKind(PolicyKind):
             check_key(is_diffusion_gemma(config), "model.kind",
                       f"'uniform' runs DiffusionGemma checkpoints (config.json model_type diffusion_gemma); "
                       f"{m.name_or_path!r} has model_type {config.get('model_type')!r}")
+
+    def rollout_is_cap_problem(self, cfg) -> str | None:
+        """``None`` for the trajectory likelihood (the rollout records the log-prob of each accepted draw under the
+        distribution it was drawn from, and the trajectory scorer is that same likelihood under the current
+        weights: truncated importance sampling applies); the ELBO estimators' per-token scores are bounds, not those
+        log-probs."""
+        if self.own_estimator(cfg) is None:
+            return None
+        return (f"needs the uniform kind's trajectory likelihood (estimator.name null or trajectory), got "
+                f"{cfg.estimator.name!r}: the ELBO estimators' per-token scores are not log-probs of the distribution "
+                "the rollout drew from (set it null)")
 
     def check_sampling(self, cfg) -> None:
         """The masked samplers' keys refused (threshold decoding, ``cache``, guidance, ``block_length``,
@@ -191,12 +216,49 @@ class UniformNoiseKind(PolicyKind):
     def scoring_nfe(self, estimator, gen_length: int):
         return None
 
+    def canvas_length(self, cfg) -> int:
+        """``L`` for the memory plan: a local checkpoint's ``config.json`` ``canvas_length`` (an adapter folder's
+        base's), else ``model.architecture``'s, else 256 (``DiffusionGemmaConfig``'s default, the 26B-A4B's)."""
+        import json
+
+        from dlmrl.models.lora import read_adapter
+
+        path = Path(self.model_path(cfg.model.name_or_path))
+        try:
+            adapter = read_adapter(str(path))
+            if adapter is not None:
+                path = Path(self.model_path(adapter.base_model_name_or_path))
+            if (path / "config.json").is_file():
+                value = json.loads((path / "config.json").read_text()).get("canvas_length")
+                if isinstance(value, int) and value >= 1:
+                    return value
+        except (OSError, ValueError):
+            pass
+        value = (cfg.model.architecture or {}).get("canvas_length")
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 256
+
     def memory_shapes(self, cfg, prompt: int, per_update: int, nfe: int) -> dict:
-        # (the batched pass: every step of a canvas at once, one canvas of L positions reading the cache)
-        length, steps = cfg.sampling.gen_length + 1, cfg.sampling.steps
-        return {"canvases": per_update * steps, "positions": prompt + length, "head_positions": None,
-                "scored_positions": length, "float_copy_all": True, "cached": True, "rollout_block": length,
-                "rollout_forward_positions": length, "dense_mask": False, "prefill_positions": prompt}
+        """The trajectory likelihood's grad pass, counted per completion (``estimator.micro_batch`` = rows per
+        forward, as the scorer chunks): each of its ``C = ceil((gen_length + 1) / L)`` canvases runs its ``S =
+        sampling.steps`` steps in one batched decoder pass of ``S`` rows of ``L`` positions, and the graphs of all
+        ``C`` canvases are kept until the row chunk's backward; the encoder runs ``P + C·L`` positions with grad.
+        So one plan "canvas" is one completion: ``C·S·L + P + C·L`` positions, of which ``C·S·L`` form logits
+        (``C·S·L × V`` per completion, the dominant term at a 262k vocabulary). Not a term of the plan: the detached
+        self-conditioning inputs the batched pass reads (another ``S·L × V`` values per canvas in the weights'
+        dtype) and the no-grad sequential pass's one step of logits. The ELBO estimators: ``nfe`` noisy copies of
+        each completion through the decoder (``C·L`` positions) after the encoder (``P + C·L``). A rollout step runs
+        ``L`` positions against the key/value cache of the prompt and the finished canvases."""
+        L = self.canvas_length(cfg)
+        canvases = math.ceil((cfg.sampling.gen_length + 1) / L)
+        common = {"float_copy_all": True, "cached": True, "rollout_block": L, "rollout_forward_positions": L,
+                  "dense_mask": False, "prefill_positions": prompt}
+        if self.own_estimator(cfg) is not None:
+            return {**common, "canvases": per_update * max(int(nfe or 1), 1),
+                    "positions": prompt + 2 * canvases * L, "head_positions": canvases * L,
+                    "scored_positions": canvases * L}
+        scored = canvases * int(cfg.sampling.steps) * L
+        return {**common, "canvases": per_update, "positions": scored + prompt + canvases * L,
+                "head_positions": scored, "scored_positions": scored}
 
     # ----- training ----------------------------------------------------------------------------------------
     def build_scorer(self, policy, ref, cfg, estimator, objective, processes: int):
@@ -286,7 +348,9 @@ class UniformNoiseKind(PolicyKind):
                 "passes": "per canvas: the encoder pass, a no-grad pass per step for the self-conditioning inputs, "
                           "then one batched pass with grad over all the canvas's steps (old and reference scores: "
                           "the no-grad passes only)",
-                "nfe": f"at most 2 x {cfg.sampling.steps} canvas passes per canvas (the run logs nfe_scoring)",
+                "nfe": 2 * cfg.sampling.steps,
+                "nfe_formula": "at most 2 x sampling.steps canvas passes per canvas (a no-grad pass per step, then "
+                               "the batched pass over the steps; the run logs nfe_scoring)",
                 "gradient": "through each step's logits at the recorded input canvas; the self-conditioning input "
                             "(the previous step's logits) is recomputed under the current weights and detached"}
 

@@ -102,6 +102,75 @@ def unwrap_diffusion_gemma(model: nn.Module) -> nn.Module:
     return seen
 
 
+# --------------------------------------------------------------------------------------------- LoRA
+
+#: What ``model.lora_target_modules: all-linear`` adapts on DiffusionGemma: the attention projections and the dense
+#: MLP of every text layer, as NeMo AutoModel's DiffusionGemma LoRA recipe does
+#: (NVIDIA-NeMo/Automodel, ``examples/dllm_sft/diffusion_gemma_lora.yaml``: ``*self_attn.{q,k,v,o}_proj``,
+#: ``*.mlp.{gate,up,down}_proj``; router, experts and the tied head frozen). The MoE experts are 3-D parameters, not
+#: ``nn.Linear`` layers (peft does not adapt them), the router's ``proj`` is left out so that routing stays the
+#: base's, and the vision tower and the self-conditioning MLP are never adapted.
+DEFAULT_LORA_TARGETS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+#: the text layers: the encoder's (``model.encoder.language_model.layers``) and the decoder's, whose weights are
+#: the same tensors (``DiffusionGemmaModel._tied_weights_keys``)
+_TEXT_LAYERS = r"model\.(?:encoder\.language_model|decoder)\.layers\.\d+\."
+_ENCODER_LAYERS = "model.encoder.language_model.layers."
+_DECODER_LAYERS = "model.decoder.layers."
+
+
+def lora_target_pattern(spec: str | list[str]) -> str:
+    """peft's ``target_modules`` for DiffusionGemma (a regular expression, which peft full-matches against module
+    names): ``"all-linear"`` = :data:`DEFAULT_LORA_TARGETS`; a list of names = those names matched as name suffixes
+    (``q_proj`` matches ``self_attn.q_proj``), always inside the text layers of the encoder and the decoder, never in
+    the vision tower, the self-conditioning MLP or the head.
+
+    Raises:
+        ValueError: an empty name.
+    """
+    import re
+
+    names = DEFAULT_LORA_TARGETS if spec == "all-linear" else list(spec)
+    if not names or any(not str(n).strip() for n in names):
+        raise ValueError(f"target modules must be 'all-linear' or a comma list of module names, got {spec!r}")
+    return _TEXT_LAYERS + r"(?:[^.]+\.)*?(?:" + "|".join(re.escape(str(n).strip()) for n in names) + ")"
+
+
+def share_encoder_adapters(model: nn.Module) -> int:
+    """Make the decoder's LoRA layers the encoder's own (the same module objects), in place; returns how many.
+
+    DiffusionGemma runs one set of text weights twice: causally in the encoder (prompt and finished canvases into
+    the KV cache) and bidirectionally in the decoder (the canvas). transformers keeps two module trees whose weights
+    are tied (``DiffusionGemmaModel._tied_weights_keys``), so peft injects two independent adapters per targeted
+    layer; without this the two passes would train two adapters, and the cache would not come from the weights the
+    canvas sees. After it, each adapter is one set of ``lora_A`` / ``lora_B`` parameters, used (and trained) by both
+    passes. peft saves a shared parameter once, under its first name (the encoder's), so a saved adapter holds the
+    encoder's names only: :func:`dlmrl.models.uniform_policy.load_uniform_policy` calls this after loading it (a
+    plain ``PeftModel.from_pretrained`` leaves the decoder's adapters at their initialisation until this runs).
+
+    Raises:
+        ValueError: a decoder LoRA layer without an encoder counterpart on the same (tied) weight.
+    """
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    inner = unwrap_diffusion_gemma(model)
+    modules = dict(inner.named_modules(remove_duplicate=False))
+    shared = 0
+    for name, module in list(modules.items()):
+        if not (name.startswith(_DECODER_LAYERS) and isinstance(module, BaseTunerLayer)):
+            continue
+        twin = modules.get(_ENCODER_LAYERS + name[len(_DECODER_LAYERS):])
+        if twin is module:
+            continue
+        if not isinstance(twin, BaseTunerLayer) or twin.get_base_layer().weight is not module.get_base_layer().weight:
+            raise ValueError(f"{name}: the decoder's adapted layer has no encoder layer on the same tied weight "
+                             "(adapt the encoder and decoder text layers together)")
+        parent_name, _, child = name.rpartition(".")
+        setattr(modules[parent_name], child, twin)
+        shared += 1
+    return shared
+
+
 # --------------------------------------------------------------------------------------------- the tiny model
 
 
@@ -199,6 +268,20 @@ def new_cache(model: nn.Module):
     from transformers import DynamicCache
 
     return DynamicCache(config=unwrap_diffusion_gemma(model).config.get_text_config(decoder=True))
+
+
+def repeated_cache(cache, repeats: int):
+    """A new cache holding ``cache``'s keys/values repeated ``repeats`` times along the batch (row ``b·repeats + k``
+    is row ``b``'s), ``cache`` itself untouched. The decoder only reads the cache, and under gradient checkpointing
+    its layers are recomputed in the backward pass from the same cache object: repeating ``cache`` in place and
+    cutting it back after the forward would hand the recompute the cut-back tensors; a separate copy keeps what the
+    forward read. Costs the repeated tensors, as the in-place repeat does."""
+    import copy
+
+    out = copy.copy(cache)
+    out.layers = [copy.copy(layer) for layer in cache.layers]  # (each layer's repeat rebinds its own tensors)
+    out.batch_repeat_interleave(int(repeats))
+    return out
 
 
 def position_ids(start: int, length: int, device: torch.device | str) -> torch.Tensor:

@@ -105,7 +105,7 @@ def parse_target_modules(spec: str) -> str | list[str]:
 
 
 def apply_lora(model: nn.Module, r: int, alpha: float, dropout: float = 0.0, target_modules: str = "all-linear",
-               base_model_name_or_path: str | None = None) -> nn.Module:
+               base_model_name_or_path: str | None = None, targets: str | list[str] | None = None) -> nn.Module:
     """Wrap ``model`` in a ``peft.PeftModel`` with a fresh LoRA adapter named ``default``.
 
     Each targeted ``nn.Linear`` ``W (out, in)`` becomes ``W x + (alpha / r) · B A dropout(x)`` with ``A (r, in)``
@@ -119,6 +119,9 @@ def apply_lora(model: nn.Module, r: int, alpha: float, dropout: float = 0.0, tar
         target_modules: see :func:`parse_target_modules`.
         base_model_name_or_path: recorded in ``adapter_config.json`` when the adapter is saved (defaults to the
             model's own ``name_or_path``).
+        targets: peft's ``target_modules`` already resolved (a list of name suffixes or a regular expression peft
+            full-matches), used instead of parsing ``target_modules``: a policy kind's
+            :meth:`~dlmrl.kinds.base.PolicyKind.lora_targets`.
     Returns:
         the ``PeftModel`` (no task type: its ``forward`` passes every argument to the base model unchanged).
     Raises:
@@ -130,7 +133,8 @@ def apply_lora(model: nn.Module, r: int, alpha: float, dropout: float = 0.0, tar
     if r < 1:
         raise ValueError(f"LoRA rank r must be >= 1, got {r}")
     config = LoraConfig(r=int(r), lora_alpha=alpha, lora_dropout=float(dropout),
-                        target_modules=parse_target_modules(target_modules), bias="none")
+                        target_modules=parse_target_modules(target_modules) if targets is None else targets,
+                        bias="none")
     with warnings.catch_warnings():  # (peft asks transformers' deprecated is_gradient_checkpointing)
         warnings.simplefilter("ignore", FutureWarning)
         peft_model = get_peft_model(model, config)
@@ -180,7 +184,7 @@ def base_reference(name_or_path: str) -> str:
     return str(path.resolve()) if path.exists() else name_or_path
 
 
-def prepare_for_training(policy, model_cfg) -> Any:
+def prepare_for_training(policy, model_cfg, kind=None) -> Any:
     """Apply the ``model`` section's training switches to a loaded policy (in place; returns it).
 
     - ``use_peft``: a fresh LoRA adapter (:func:`apply_lora` with ``lora_r``, ``lora_alpha``, ``lora_dropout``,
@@ -195,6 +199,10 @@ def prepare_for_training(policy, model_cfg) -> Any:
     Args:
         policy: a ``MaskedDiffusionPolicy`` or ``AutoregressivePolicy`` (its ``model`` is replaced when wrapped).
         model_cfg: ``dlmrl.config.ModelConfig``.
+        kind: the policy's :class:`~dlmrl.kinds.base.PolicyKind`: what ``lora_target_modules`` means for its model
+            (:meth:`~dlmrl.kinds.base.PolicyKind.lora_targets`) and what it does once an adapter is on
+            (:meth:`~dlmrl.kinds.base.PolicyKind.adapter_attached`); ``None``: :func:`parse_target_modules`'s rule
+            (the built-in masked and AR kinds' own). The trainer passes ``model.kind``'s.
     Raises:
         ConfigError: naming ``model.lora_target_modules`` (no module matches) or ``model.gradient_checkpointing``
             (unsupported model).
@@ -206,11 +214,14 @@ def prepare_for_training(policy, model_cfg) -> Any:
             loaded.set_adapter(loaded.active_adapter)  # (marks the loaded adapter trainable)
             loaded.peft_config[loaded.active_adapter].inference_mode = False
         else:
-            try:
+            try:  # (what all-linear and a name list mean for this kind's model)
+                targets = kind.lora_targets(m.lora_target_modules) if kind is not None else None
                 policy.model = apply_lora(policy.model, m.lora_r, m.lora_alpha, m.lora_dropout, m.lora_target_modules,
-                                          base_reference(m.name_or_path))
+                                          base_reference(m.name_or_path), targets=targets)
             except ValueError as e:
                 raise ConfigError(f"config key 'model.lora_target_modules': {e}") from e
+            if kind is not None:
+                kind.adapter_attached(policy.model)
     elif loaded is not None:
         policy.model = loaded.merge_and_unload()
         policy.model.requires_grad_(True)
@@ -375,7 +386,8 @@ def attach_adapter(model: nn.Module, adapter: AdapterInfo, trainable: bool = Fal
 
 #: the loader of a built-in kind's saved adapter, for the message when another loader is asked
 ADAPTER_LOADERS = {"ar": "load_ar_policy (model.kind=ar)", "diffusion": "load_policy (model.kind=diffusion)",
-                   "block": "load_policy (model.kind=diffusion)"}
+                   "block": "load_policy (model.kind=diffusion)",
+                   "uniform": "load_uniform_policy (model.kind=uniform)"}
 
 
 def check_adapter_kind(adapter: AdapterInfo, accepts: tuple[str, ...]) -> None:

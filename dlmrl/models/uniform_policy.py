@@ -14,6 +14,7 @@ with ``save_pretrained``).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,22 +109,42 @@ def uniform_policy_from_model(model: nn.Module, tokenizer, label: str | None = N
                               pad_token_id=int(pad))
 
 
-def load_uniform_policy(name_or_path: str, dtype: str = "float32",
-                        device: str | torch.device = "cpu") -> UniformNoisePolicy:
+def load_uniform_policy(name_or_path: str, dtype: str = "float32", device: str | torch.device = "cpu",
+                        adapter_kinds: tuple[str, ...] = ("uniform",)) -> UniformNoisePolicy:
     """Load a DiffusionGemma checkpoint and its tokenizer natively (transformers' class, ``trust_remote_code``
     off: :func:`dlmrl.models.diffusion_gemma.load_diffusion_gemma`).
 
     Args:
-        name_or_path: a local folder or a hub id whose ``config.json`` has ``model_type: diffusion_gemma``.
+        name_or_path: a local folder or a hub id whose ``config.json`` has ``model_type: diffusion_gemma``. A folder
+            holding a LoRA adapter (``adapter_config.json``, as a LoRA run's ``final_model/``) loads its base (named by
+            ``dlmrl_base_model.json`` or ``adapter_config.json``) with these arguments and puts the adapter on it (a
+            ``peft.PeftModel``, adapter frozen, each adapter shared by the encoder and the decoder:
+            :func:`dlmrl.models.diffusion_gemma.share_encoder_adapters`).
         dtype: ``float32``, ``bfloat16``, ``float16`` or ``float64``.
+        adapter_kinds: the policy kinds whose LoRA adapters this call loads (default ``uniform``; a kind of your own
+            that runs DiffusionGemma passes its name).
     Raises:
-        ValueError: an unknown dtype, a checkpoint of another model type, a tokenizer without pad and EOS.
+        ValueError: an unknown dtype, a checkpoint of another model type, a tokenizer without pad and EOS, or an
+            adapter trained as a kind not in ``adapter_kinds``.
         OSError: no checkpoint there.
     """
     from transformers import AutoTokenizer
 
+    from dlmrl.models.diffusion_gemma import share_encoder_adapters
+    from dlmrl.models.lora import attach_adapter, check_adapter_kind, find_adapter
+
     if dtype not in ("float32", "bfloat16", "float16", "float64"):
         raise ValueError(f"model.dtype must be float32, bfloat16, float16 or float64, got {dtype!r}")
+    adapter = find_adapter(name_or_path)
+    if adapter is not None:
+        check_adapter_kind(adapter, adapter_kinds)
+        policy = load_uniform_policy(adapter.base_model_name_or_path, dtype, device, adapter_kinds)
+        with warnings.catch_warnings():  # (peft saved each shared adapter once, under the encoder's names: the
+            # decoder's are "missing" until share_encoder_adapters makes them the encoder's)
+            warnings.filterwarnings("ignore", message="Found missing adapter keys.*decoder", category=UserWarning)
+            policy.model = attach_adapter(policy.model, adapter).to(device)
+        share_encoder_adapters(policy.model)
+        return policy
     model = load_diffusion_gemma(name_or_path, dtype).to(device)
     tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     return uniform_policy_from_model(model, tokenizer, label=name_or_path)

@@ -150,7 +150,7 @@ def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None)
     given = policy is not None
     if given:
         check_policy(cfg, policy)
-    policy = prepare_for_training(policy if given else load_configured_policy(cfg), cfg.model)  # LoRA, checkpointing
+    policy = prepare_for_training(policy if given else load_configured_policy(cfg), cfg.model, kind)  # LoRA, checkpoint
     if preset.objective.parts.clip_rule.needs_vocab_size and preset.objective.vocab_size is None:
         preset = preset.with_overrides(vocab_size=len(policy.tokenizer))
     objective = preset.objective

@@ -28,6 +28,7 @@ from dlmrl.models.diffusion_gemma import (
     encode,
     new_cache,
     position_ids,
+    repeated_cache,
     unwrap_diffusion_gemma,
 )
 from dlmrl.training.rollout import Rollout
@@ -75,12 +76,10 @@ def canvas_denoiser(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, 
                 continue
             canvas = z_t[:, :, c * L:(c + 1) * L].transpose(0, 1).reshape(B * K, L)  # (rows b·K + k)
             dec_mask = torch.nn.functional.pad(attn, (0, L), value=True).repeat_interleave(K, dim=0)
-            cache.batch_repeat_interleave(K)
-            try:
-                masks = canvas_attention_masks(inner, canvas, cache, dec_mask)
-                logits = canvas_logits(inner, canvas, cache, masks, position_ids(P + c * L, L, dev))
-            finally:
-                cache.batch_select_indices(torch.arange(B, device=dev) * K)
+            draws_cache = repeated_cache(cache, K)  # (a copy: gradient checkpointing's recompute reads it again)
+            masks = canvas_attention_masks(inner, canvas, draws_cache, dec_mask)
+            logits = canvas_logits(inner, canvas, draws_cache, masks, position_ids(P + c * L, L, dev))
+            del draws_cache
             out.append(logits.float().reshape(B, K, L, V).transpose(0, 1))
         logits = torch.cat(out, dim=2) if out else torch.zeros((K, B, 0, V), device=z_t.device)
         if logits.shape[2] < T:
@@ -113,10 +112,13 @@ class UniformELBOScorer:
         self.nfe = estimator.nfe
 
     def _score(self, policy, ro: Rollout, plan) -> torch.Tensor:
+        from dlmrl.training.uniform_trajectory import adapter_off
+
         denoise = canvas_denoiser(policy.model, ro.prompt_ids, ro.prompt_mask, ro.completion, ro.completion_mask,
                                   policy.canvas_length)
-        est = self.estimator.score(denoise, plan, ro.completion, ro.completion_mask, policy.vocab_size,
-                                   self.micro_batch)
+        with adapter_off(policy):  # (a LoRA run's reference: the base)
+            est = self.estimator.score(denoise, plan, ro.completion, ro.completion_mask, policy.vocab_size,
+                                       self.micro_batch)
         return est.per_token.float()
 
     def prepare(self, ro: Rollout, num_iterations: int, generator: torch.Generator, entropy: bool = False,

@@ -52,6 +52,7 @@ from dlmrl.models.diffusion_gemma import (
     encode,
     new_cache,
     position_ids,
+    repeated_cache,
     self_conditioning_input,
     unwrap_diffusion_gemma,
 )
@@ -271,15 +272,23 @@ def _batched_steps(inner, cache, inputs: torch.Tensor, drawn: torch.Tensor, temp
         first = torch.zeros((B, 1, L, V), dtype=sc_inputs[1].dtype, device=inputs.device)
         sc = torch.cat([first, torch.stack(sc_inputs[1:], dim=1)], dim=1).reshape(B * S, L, V).detach()
         sc_mask = (torch.arange(S, device=inputs.device) > 0).repeat(B)  # (step 0: zero self-conditioning)
-    cache.batch_repeat_interleave(S)
-    try:
-        masks = canvas_attention_masks(inner, flat, cache, dec_mask.repeat_interleave(S, dim=0))
-        raw = canvas_logits(inner, flat, cache, masks, dec_pos, sc, sc_mask if sc is not None else None)
-    finally:
-        cache.batch_select_indices(torch.arange(B, device=inputs.device) * S)
+    steps_cache = repeated_cache(cache, S)  # (a copy: gradient checkpointing's recompute reads it again)
+    masks = canvas_attention_masks(inner, flat, steps_cache, dec_mask.repeat_interleave(S, dim=0))
+    raw = canvas_logits(inner, flat, steps_cache, masks, dec_pos, sc, sc_mask if sc is not None else None)
+    del steps_cache
     processed = raw / temps.reshape(B * S)[:, None, None]
     logp = torch.log_softmax(processed, dim=-1).gather(-1, drawn.reshape(B * S, L, 1)).squeeze(-1)
     return logp.reshape(B, S, L)
+
+
+def adapter_off(policy):
+    """The context a policy is scored in: a LoRA run's KL reference
+    (:class:`~dlmrl.models.lora.AdapterDisabledPolicy`, whose ``model`` is the policy's own) runs with the adapter
+    disabled, i.e. the frozen base; any other policy as it is."""
+    import contextlib
+
+    disabled = getattr(type(policy), "adapter_disabled", None)
+    return policy.adapter_disabled() if disabled is not None else contextlib.nullcontext()
 
 
 class UniformTrajectoryScorer:
@@ -308,8 +317,9 @@ class UniformTrajectoryScorer:
         self.nfe = 0
 
     def _score(self, policy, ro: Rollout, grad: bool) -> torch.Tensor:
-        logp, passes = trajectory_logprobs(policy.model, ro.prompt_ids, ro.prompt_mask, ro.completion,
-                                           ro.completion_mask, ro.kind_record, grad=grad)
+        with adapter_off(policy):
+            logp, passes = trajectory_logprobs(policy.model, ro.prompt_ids, ro.prompt_mask, ro.completion,
+                                               ro.completion_mask, ro.kind_record, grad=grad)
         if grad:
             self.nfe = passes
         return logp

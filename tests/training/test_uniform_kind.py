@@ -133,7 +133,6 @@ def test_dry_run_describes_the_sampler_and_the_likelihoods_passes(checkpoint, ca
     ("train.algorithm=gdpo", "train.algorithm"),
     ("train.algorithm=egsw", "train.algorithm"),
     ("train.algorithm=dagrpo", "train.algorithm"),
-    ("model.use_peft=true", "model.use_peft"),
     ("estimator.logits_chunk=4", "estimator.logits_chunk"),
     ("estimator.name=sdmc", "estimator.name"),
 ])

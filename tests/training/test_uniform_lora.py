@@ -1,0 +1,294 @@
+"""``model.kind: uniform`` (DiffusionGemma, issue 35) at training scale: LoRA on the text layers (one adapter shared
+by the encoder and the decoder), the adapter-disabled KL reference, save and reload, gradient checkpointing,
+bfloat16, and ``train.rollout_is_cap`` on the trajectory likelihood."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlmrl import cli
+from dlmrl.config import Config, ConfigError, apply_overrides, validate
+from dlmrl.kinds import kind_of
+from dlmrl.models.diffusion_gemma import DEFAULT_LORA_TARGETS, share_encoder_adapters, unwrap_diffusion_gemma
+from dlmrl.models.lora import AdapterDisabledPolicy, lora_parameter_count, save_final_model
+from dlmrl.models.lora import prepare_for_training as _prepare
+from dlmrl.models.uniform_policy import (
+    build_tiny_uniform_policy,
+    load_uniform_policy,
+    save_tiny_uniform_checkpoint,
+)
+from dlmrl.training.uniform_trajectory import UniformTrajectoryScorer, rollout_uniform, trajectory_logprobs
+from tests.tolerances import EPS32, rounding_tol
+
+SMALL = ["train.max_steps=2", "train.prompts_per_step=3", "train.num_generations=4", "eval.before=false",
+         "eval.after=false", "train.warmup_steps=0", "train.learning_rate=1e-2"]
+#: the tiny model's text layers (2) and the suffixes all-linear adapts there (layer 1 is a global-attention layer
+#: whose keys are its values: no v_proj)
+TEXT_LAYERS = re.compile(r"model\.(encoder\.language_model|decoder)\.layers\.(\d+)\.(.+)")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    return save_tiny_uniform_checkpoint(tmp_path_factory.mktemp("uniform_lora") / "tiny_dg")
+
+
+def _config(checkpoint: Path, *extra: str) -> Config:
+    cfg = Config()
+    apply_overrides(cfg, [f"model.name_or_path={checkpoint}", "model.kind=uniform", "task.answer_mode=full",
+                          "train.algorithm=grpo", *extra])
+    return cfg
+
+
+def _prepare_uniform(policy, model_cfg):
+    return _prepare(policy, model_cfg, kind_of("uniform"))
+
+
+def _adapted(model) -> dict[str, torch.nn.Module]:
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    inner = unwrap_diffusion_gemma(model)
+    return {n: m for n, m in inner.named_modules(remove_duplicate=False) if isinstance(m, BaseTunerLayer)}
+
+
+def _rollout(policy, cfg, seed: int = 3):
+    from dlmrl.training.run_setup import build_task
+
+    task = build_task(cfg, policy)
+    return rollout_uniform(policy, task, cfg, task.train_batch(2, 0, 0), torch.Generator().manual_seed(seed), 17)
+
+
+def _score(policy, ro, grad: bool = False) -> torch.Tensor:
+    return trajectory_logprobs(policy.model, ro.prompt_ids, ro.prompt_mask, ro.completion, ro.completion_mask,
+                               ro.kind_record, grad=grad)[0]
+
+
+def _train_adapter(policy, seed: int = 0) -> None:
+    """Stand-in for training: the adapters' A and B matrices (B zero at creation, A drawn from the global generator)
+    set to seeded random values."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_" in name:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+
+
+def test_lora_adapts_attention_and_dense_mlp_of_the_text_layers_once_for_encoder_and_decoder():
+    """all-linear on DiffusionGemma = NeMo AutoModel's recipe's targets (router, experts, vision tower,
+    self-conditioning MLP and head frozen), one adapter per layer shared by the encoder's and the decoder's trees."""
+    policy = build_tiny_uniform_policy()
+    cfg = _config(Path("unused"), "model.use_peft=true", "model.lora_dropout=0.0").model
+    _prepare_uniform(policy, cfg)
+    adapted = _adapted(policy.model)
+    assert adapted and all(TEXT_LAYERS.fullmatch(n) for n in adapted)  # (no vision tower, self-conditioning, head)
+    suffixes = {TEXT_LAYERS.fullmatch(n).group(3) for n in adapted}
+    assert suffixes == set(DEFAULT_LORA_TARGETS)
+    inner = unwrap_diffusion_gemma(policy.model)
+    for name, module in adapted.items():  # (the decoder's layer is the encoder's own module)
+        _tree, layer, suffix = TEXT_LAYERS.fullmatch(name).groups()
+        twin = inner.get_submodule(f"model.encoder.language_model.layers.{layer}.{suffix}")
+        assert module is twin
+    trainable = [n for n, p in policy.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    assert not any(re.search(r"router|experts|vision|self_conditioning|embed|lm_head", n) for n in trainable)
+    decoder = [m for n, m in adapted.items() if n.startswith("model.decoder.")]  # (the shared modules, once each)
+    r = cfg.lora_r  # (counted once: r·(in + out) per decoder layer adapted)
+    assert lora_parameter_count(policy.model) == sum(r * (m.in_features + m.out_features) for m in decoder)
+
+
+def test_lora_target_names_stay_inside_the_text_layers():
+    policy = build_tiny_uniform_policy()
+    _prepare_uniform(policy, _config(Path("unused"), "model.use_peft=true",
+                                         "model.lora_target_modules=q_proj,v_proj").model)
+    assert {TEXT_LAYERS.fullmatch(n).group(3) for n in _adapted(policy.model)} == {"self_attn.q_proj",
+                                                                                     "self_attn.v_proj"}
+    with pytest.raises(ConfigError, match="config key 'model.lora_target_modules'"):
+        _prepare_uniform(build_tiny_uniform_policy(), _config(Path("unused"), "model.use_peft=true",
+                                                                  "model.lora_target_modules=nothing_here").model)
+
+
+def test_the_adapter_moves_the_encoders_cache_and_the_reference_is_the_base(checkpoint):
+    """A trained adapter changes the scores (through both passes); the KL reference (AdapterDisabledPolicy) scores
+    exactly as the base model does, through the scorer."""
+    cfg = _config(checkpoint, "model.use_peft=true", "model.lora_dropout=0.0", "train.num_generations=3")
+    base = load_uniform_policy(str(checkpoint))
+    ro = _rollout(base, cfg)
+    expected = _score(base, ro)
+    policy = _prepare_uniform(load_uniform_policy(str(checkpoint)), cfg.model)
+    _train_adapter(policy)
+    scorer = UniformTrajectoryScorer(policy, AdapterDisabledPolicy(policy), old_scores=True)
+    old = scorer.prepare(ro, 2, torch.Generator())
+    assert torch.equal(old.ref[0], expected)  # (the same modules, the adapters switched off: the same arithmetic)
+    assert not torch.allclose(old.old[1], expected)
+    # the encoder's adapter is the decoder's: switching off only the decoder-side view is impossible, and the
+    # adapted cache differs from the base's (the prompt's keys/values go through the adapted k/v projections)
+    inner = unwrap_diffusion_gemma(policy.model)
+    assert inner.model.encoder.language_model.layers[0].self_attn.k_proj is inner.model.decoder.layers[0].self_attn.k_proj
+
+
+def test_two_lora_steps_move_only_the_adapter_and_save_an_adapter_folder_of_kind_uniform(checkpoint, tmp_path):
+    """2 GRPO steps with use_peft, a KL term (the adapter-disabled reference) and gradient checkpointing: the
+    adapter moves, every base weight (router and experts included) is bit-identical, final_model/ is an adapter
+    recording kind uniform."""
+    from dlmrl import Trainer
+    from dlmrl.models.diffusion_gemma import load_diffusion_gemma
+
+    model = load_diffusion_gemma(str(checkpoint), "float32")
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    policy = build_tiny_uniform_policy()  # (its tokenizer: the checkpoint's)
+    data = {"prompt": ["12|34=", "43|21=", "1|2="], "answer": ["1234", "4321", "12"]}
+
+    def ones(prompts, completions, **columns):
+        return [float(c.count("1") + 2 * c.count("2")) for c in completions]
+
+    out = tmp_path / "run"
+    trainer = Trainer(model, tokenizer=policy.tokenizer, reward_funcs=[ones], train_dataset=data,
+                      config={"train.max_steps": 2, "train.prompts_per_step": 3, "train.num_generations": 4,
+                              "eval.before": False, "eval.after": False, "output_dir": str(out),
+                              "sampling.gen_length": 8, "model.use_peft": True, "model.gradient_checkpointing": True,
+                              "train.beta": 0.05, "train.learning_rate": 1e-2, "train.warmup_steps": 0,
+                              "model.name_or_path": str(checkpoint)})
+    trainer.train(progress=False)
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any(r["grad_norm"] > 0 for r in lines) and all("kl" in r for r in lines if r["rows_scored"])
+    after = model.state_dict()  # (peft injected its layers into this module: base weights under base_layer)
+    moved = [k for k in after if "lora_B" in k and after[k].abs().max() > 0]
+    assert moved
+    for key, value in after.items():
+        if "lora_" in key:
+            continue
+        assert torch.equal(value, base[key.replace(".base_layer.", ".")]), key
+    note = json.loads((out / "final_model" / "dlmrl_base_model.json").read_text())
+    assert note["kind"] == "uniform" and (out / "final_model" / "adapter_config.json").is_file()
+
+
+def test_a_saved_adapter_reloads_to_the_same_scores(checkpoint, tmp_path):
+    """save_final_model → load_uniform_policy (the adapter folder: its base from the note, each adapter shared
+    again) gives the same trajectory log-probs; so does plain peft followed by share_encoder_adapters (peft saved
+    each shared adapter once, under the encoder's name); a loader for other kinds refuses it, naming
+    load_uniform_policy."""
+    from peft import PeftModel
+
+    from dlmrl.models.diffusion_gemma import load_diffusion_gemma
+    from dlmrl.models.loading import load_policy
+
+    cfg = _config(checkpoint, "model.use_peft=true", "model.lora_dropout=0.0", "train.num_generations=3")
+    policy = _prepare_uniform(load_uniform_policy(str(checkpoint)), cfg.model)
+    _train_adapter(policy, seed=1)
+    ro = _rollout(policy, cfg)
+    expected = _score(policy, ro)
+    save_final_model(policy.model, policy.tokenizer, tmp_path / "final", cfg.model)
+    reloaded = load_uniform_policy(str(tmp_path / "final"))
+    assert len(_adapted(reloaded.model)) == len(_adapted(policy.model))
+    inner = unwrap_diffusion_gemma(reloaded.model)
+    assert inner.model.encoder.language_model.layers[1].mlp.up_proj is inner.model.decoder.layers[1].mlp.up_proj
+    # (the same modules and weights in the same order: the same float32 arithmetic)
+    assert torch.equal(_score(reloaded, ro), expected)
+    with pytest.warns(UserWarning, match="missing adapter keys"):  # (the decoder's: saved once, as the encoder's)
+        plain_model = PeftModel.from_pretrained(load_diffusion_gemma(str(checkpoint), "float32"), str(tmp_path / "final"))
+    plain = reloaded.__class__(model=plain_model, tokenizer=reloaded.tokenizer, eos_token_id=reloaded.eos_token_id,
+                               pad_token_id=reloaded.pad_token_id)
+    assert share_encoder_adapters(plain.model) == len(_adapted(policy.model)) // 2
+    assert torch.equal(_score(plain, ro), expected)
+    with pytest.raises(ValueError, match="load_uniform_policy"):
+        load_policy(str(tmp_path / "final"))
+    # the kind's own loader reads it from the config as well
+    again = kind_of("uniform").load(_config(tmp_path / "final").model)
+    assert torch.equal(_score(again, ro), expected)
+
+
+def test_gradient_checkpointing_recomputes_the_decoder_layers_with_the_same_gradient(checkpoint):
+    """model.gradient_checkpointing: the decoder's layers run again in the backward pass (their forward count
+    doubles) and the trajectory's gradient is that of the plain run."""
+    grads, calls = [], []
+    for checkpointing in (False, True):
+        cfg = _config(checkpoint, "model.use_peft=true", "model.lora_dropout=0.0", "train.num_generations=3",
+                      f"model.gradient_checkpointing={str(checkpointing).lower()}")
+        policy = _prepare_uniform(load_uniform_policy(str(checkpoint)), cfg.model)
+        _train_adapter(policy, seed=2)
+        ro = _rollout(policy, cfg)
+        policy.model.train()  # (transformers checkpoints in train mode only; dropout is 0)
+        count = [0]
+        layer = unwrap_diffusion_gemma(policy.model).model.decoder.layers[0]
+        assert layer.gradient_checkpointing is checkpointing
+        # (transformers checkpoints the layer's forward, not its __call__: count its attention's calls, which the
+        # recompute repeats)
+        handle = layer.self_attn.register_forward_pre_hook(lambda *a, c=count: c.__setitem__(0, c[0] + 1))
+        weights = torch.linspace(-1, 1, ro.completion.numel()).reshape(ro.completion.shape)
+        before = count[0]
+        (_score(policy, ro, grad=True) * weights).sum().backward()
+        handle.remove()
+        calls.append(count[0] - before)
+        grads.append(torch.cat([p.grad.flatten() for p in policy.model.parameters() if p.grad is not None]))
+    # the no-grad sequential passes run the layer once each either way; the batched pass's layer call runs again in
+    # the backward pass with checkpointing: one more call per canvas that has a batched pass
+    assert calls[1] > calls[0]
+    # (the recompute runs the same float32 operations on the same inputs; allow each gradient entry's sum over
+    # rows · C · N · L = 6 · 3 · 4 · 8 per-draw contributions to round differently)
+    terms = 6 * 3 * 4 * 8
+    assert (grads[0] - grads[1]).abs().max() <= terms * EPS32 * grads[0].abs().max()
+
+
+def test_bfloat16_full_fine_tuning_keeps_float32_master_weights(checkpoint, tmp_path):
+    """model.dtype bfloat16 without LoRA (fp32_master_weights, the default): 2 steps with gradient checkpointing run;
+    final_model/ holds float32 weights that moved."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "run"
+    assert cli.main(["train", "--output-dir", str(out), "--no-progress",
+                     f"model.name_or_path={checkpoint}", "model.kind=uniform", "task.answer_mode=full",
+                     "train.algorithm=grpo", "model.dtype=bfloat16", "model.gradient_checkpointing=true",
+                     *SMALL]) == 0
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [1, 2] and any(r["grad_norm"] > 0 for r in lines)
+    # (sampler and scorer both compute in bfloat16, in batches of other shapes: a per-position sum of ≤ N = 4 steps'
+    # log-probs, each within a few bfloat16 roundings of |log p| ≤ log V + 2·max|logit|/t_min; the scorer's value
+    # is summed per row and canvas: bound it by bfloat16's eps (2^-8) times 64 such terms of size 16)
+    for r in lines:
+        assert r["rollout_logp_gap_max"] is None or r["rollout_logp_gap_max"] <= 64 * 2 ** -8 * 16
+    before, after = load_file(checkpoint / "model.safetensors"), load_file(out / "final_model" / "model.safetensors")
+    assert all(v.dtype == torch.float32 for v in after.values())
+    assert any(not torch.equal(before[k], after[k]) for k in before if k in after)
+
+
+def test_rollout_is_cap_applies_to_the_trajectory_likelihood_only(checkpoint):
+    validate(_config(checkpoint, "train.rollout_is_cap=2"), data=False)
+    validate(_config(checkpoint, "train.rollout_is_cap=2", "estimator.name=trajectory"), data=False)
+    with pytest.raises(ConfigError, match="config key 'train.rollout_is_cap'.*uniform_sdmc"):
+        validate(_config(checkpoint, "train.rollout_is_cap=2", "estimator.name=uniform_sdmc"), data=False)
+    with pytest.raises(ConfigError, match="config key 'train.rollout_is_cap'"):
+        validate(_config(checkpoint, "train.rollout_is_cap=0.5"), data=False)
+
+
+def test_a_capped_weight_reweights_the_tokens_the_rollout_drew_off_policy(checkpoint, tmp_path, monkeypatch):
+    """Rollout log-probs lowered by 1 nat at every scored position: Δ = +1, each weight min(e^Δ, 1.5) = 1.5; the gap
+    logged is 1 (float32: the MoE's grouped matmul takes no float64)."""
+    from dlmrl.training import uniform_trajectory
+
+    original = uniform_trajectory.rollout_uniform
+
+    def off_policy(*args, **kwargs):
+        ro = original(*args, **kwargs)
+        ro.token_logprobs = torch.where(ro.completion_mask, ro.token_logprobs - 1.0, ro.token_logprobs)
+        return ro
+
+    monkeypatch.setattr(uniform_trajectory, "rollout_uniform", off_policy)  # (the kind samples with it)
+    out = tmp_path / "run"
+    assert cli.main(["train", "--output-dir", str(out), "--no-progress", f"model.name_or_path={checkpoint}",
+                     "model.kind=uniform", "task.answer_mode=full", "train.algorithm=grpo",
+                     "train.rollout_is_cap=1.5", *SMALL]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r["rows_scored"]]
+    assert rows
+    # Δ = 1 + the plain run's gap, which is float batch effects only: within the 1e-3 that
+    # test_uniform_kind.test_two_training_steps_move_the_parameters_and_log_the_gap bounds it by; e^Δ ≥ e^0.999 > 1.5,
+    # so every weight is the cap itself and their mean is 1.5 up to the mean's float32 rounding
+    gap_tol = 1e-3
+    for row in rows:
+        assert row["rollout_logp_gap_mean"] == pytest.approx(1.0, abs=gap_tol)
+        assert row["rollout_logp_gap_max"] == pytest.approx(1.0, abs=gap_tol)
+        assert row["rollout_is_weight_mean"] == pytest.approx(1.5, abs=rounding_tol(scale=1.5, n=1))
