@@ -55,8 +55,12 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 #: master copy sharded), ``zero2`` (gradients too), ``fsdp`` (ZeRO-3 / FSDP FULL_SHARD: weights too)
 SHARDING = ("none", "ddp", "zero1", "zero2", "fsdp")
 
-#: module-name layouts :class:`Architecture` knows: transformers' Llama/Qwen/SDAR names, LLaDA's own, LLaDA2's MoE
-LAYOUTS = ("llama", "llada", "llada2")
+#: module-name layouts :class:`Architecture` knows: transformers' Llama/Qwen/SDAR names, LLaDA's own, LLaDA2's MoE,
+#: DiffusionGemma's (Gemma 4's MoE text layers: a dense MLP and routed experts side by side in every layer)
+LAYOUTS = ("llama", "llada", "llada2", "diffusion_gemma")
+#: the module-name prefix of DiffusionGemma's routed experts, which are 3-D parameters (``experts.gate_up_proj``,
+#: ``experts.down_proj``), not ``nn.Linear`` layers: never adapted by LoRA
+EXPERTS = "experts."
 
 #: prompt tokens assumed for a text task's memory plan: ``--dry-run`` reads no data and loads no tokenizer, and
 #: a prompt's length is the data's (d1's GSM8K/MATH prompts with LLaDA's chat template run about 100-250 tokens)
@@ -85,7 +89,9 @@ class Architecture:
         attention_bias: q/k/v (and output) projections carry biases (LLaDA's ``include_bias`` sets every linear's).
         mlp_bias: MLP projections carry biases.
         qk_norm: RMSNorm on each head's queries and keys (Qwen3/SDAR, LLaDA2).
-        layout: module names (:data:`LAYOUTS`), for matching ``model.lora_target_modules``.
+        layout: module names (:data:`LAYOUTS`), for matching ``model.lora_target_modules``. ``diffusion_gemma``:
+            every layer holds the dense MLP (``intermediate_size``) *and* ``num_experts`` routed experts (of which
+            ``experts_per_token`` run per token), plus the decoder's self-conditioning MLP (``3 H I``) once.
         source: where the numbers came from (for the plan's reader).
     """
 
@@ -149,9 +155,13 @@ class Architecture:
                     ("o_proj", nh * hd, h, 1)]
         gate, up, down = ("ff_proj", "up_proj", "ff_out") if self.layout == "llada" else ("gate_proj", "up_proj",
                                                                                             "down_proj")
-        if not moe:
+        if not moe or self.layout == "diffusion_gemma":
             i = self.intermediate_size
-            return attn + [(gate, h, i, 1), (up, h, i, 1), (down, i, h, 1)]
+            dense = attn + [(gate, h, i, 1), (up, h, i, 1), (down, i, h, 1)]
+            if not moe:
+                return dense
+            mi, e = self.moe_intermediate_size, self.num_experts  # (gate_up_proj holds gate and up: two entries)
+            return dense + [(EXPERTS + gate, h, mi, e), (EXPERTS + up, h, mi, e), (EXPERTS + down, mi, h, e)]
         mi, e, s = self.moe_intermediate_size, self.num_experts, self.shared_experts
         mlp = [(gate, h, mi, e), (up, h, mi, e), (down, mi, h, e)]
         if s:
@@ -175,6 +185,8 @@ class Architecture:
         n += 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
         if moe:
             n += self.num_experts * self.hidden_size
+        if self.layout == "diffusion_gemma":  # (Gemma 4's five more norms, the router's scale and per-expert scale)
+            n += 6 * self.hidden_size + self.num_experts
         return n
 
     def parameter_count(self) -> int:
@@ -183,7 +195,9 @@ class Architecture:
         ``LlamaForCausalLM`` built from the same config; ``tests/training/test_memory_plan.py``.)"""
         h = self.hidden_size
         embed = self.rows * h
-        return (embed + sum(self.layer_parameters(i) for i in range(self.num_layers)) + h
+        # (DiffusionGemma's self-conditioning MLP: gate, up, down at the dense width)
+        extra = 3 * h * self.intermediate_size if self.layout == "diffusion_gemma" else 0
+        return (embed + sum(self.layer_parameters(i) for i in range(self.num_layers)) + h + extra
                 + (0 if self.tie_embeddings else embed))
 
     def largest_layer_parameters(self) -> int:
@@ -198,6 +212,8 @@ class Architecture:
         n = 0
         for i in range(self.num_layers):
             for name, fan_in, fan_out, count in self.linear_modules(self.is_moe_layer(i)):
+                if name.startswith(EXPERTS):  # (3-D expert parameters: peft adapts no such layer)
+                    continue
                 if names is None or name in names:
                     n += count * r * (fan_in + fan_out)
         if names is not None and self.head_name in names:
@@ -206,7 +222,7 @@ class Architecture:
 
     def lora_targets(self, target_modules: str) -> set[str]:
         """The per-layer module names ``target_modules`` adapts (all of them for ``all-linear``)."""
-        every = {name for moe in (False, True) for name, *_ in self.linear_modules(moe)}
+        every = {name for moe in (False, True) for name, *_ in self.linear_modules(moe) if not name.startswith(EXPERTS)}
         if target_modules.strip() == "all-linear":
             return every
         return every & {n.strip() for n in target_modules.split(",")}
@@ -254,6 +270,8 @@ def architecture_from_config(config: Mapping, source: str = "") -> Architecture:
     """
     model_type = str(config.get("model_type") or "").lower()
     archs = [str(a) for a in (config.get("architectures") or [])]
+    if model_type == "diffusion_gemma" or "DiffusionGemmaForBlockDiffusion" in archs:
+        return _diffusion_gemma_architecture(config, source)
     if model_type == "llada" or "LLaDAModelLM" in archs:
         d = _required(config, ("d_model",), "LLaDA config")
         heads = _required(config, ("n_heads",), "LLaDA config")
@@ -285,6 +303,34 @@ def architecture_from_config(config: Mapping, source: str = "") -> Architecture:
     qk_norm = model_type in ("qwen3", "sdar", "qwen3_moe", "sdar_moe") or "SDARForCausalLM" in archs
     return Architecture(**common, attention_bias=bool(config.get("attention_bias", False)),
                         mlp_bias=bool(config.get("mlp_bias", False)), qk_norm=qk_norm)
+
+
+def _diffusion_gemma_architecture(config: Mapping, source: str) -> Architecture:
+    """DiffusionGemma (``model_type`` ``diffusion_gemma``): the text model's keys sit under ``text_config``
+    (``DiffusionGemmaTextConfig``): ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
+    ``num_key_value_heads``, ``head_dim``, ``intermediate_size`` (the dense MLP), ``num_experts``, ``top_k_experts``,
+    ``moe_intermediate_size``, ``vocab_size``; the head is tied (``tie_word_embeddings``, default true). Every layer
+    uses the sliding layers' attention shapes: the few global layers (``global_head_dim``,
+    ``num_global_key_value_heads``; 5 of 30 in the 26B-A4B) are larger, which this under-counts (about 0.3% of
+    the 26B-A4B's parameters); the vision tower is not counted (text training never runs it, but its weights are
+    loaded)."""
+    text = config.get("text_config")
+    if not isinstance(text, Mapping):
+        raise ValueError("DiffusionGemma config: text_config (the text model's keys) is missing")  # noqa: TRY004 (a config error: ValueError as every key here)
+    what = "DiffusionGemma text_config"
+    h = _required(text, ("hidden_size",), what)
+    heads = _required(text, ("num_attention_heads",), what)
+    experts = _int(text, "num_experts") or 0
+    return Architecture(hidden_size=h, num_layers=_required(text, ("num_hidden_layers",), what), num_heads=heads,
+                        num_kv_heads=_int(text, "num_key_value_heads") or heads,
+                        head_dim=_int(text, "head_dim") or h // heads,
+                        intermediate_size=_required(text, ("intermediate_size",), what),
+                        vocab_size=_required(text, ("vocab_size",), what),
+                        tie_embeddings=bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", True))),
+                        num_experts=experts, experts_per_token=(_int(text, "top_k_experts") or 0) if experts else 0,
+                        moe_intermediate_size=(_int(text, "moe_intermediate_size") or 0) if experts else 0,
+                        attention_bias=bool(text.get("attention_bias", False)), qk_norm=True,
+                        layout="diffusion_gemma", source=source)
 
 
 # ------------------------------------------------------------------------------------------------- settings
@@ -518,6 +564,8 @@ def layer_activation_bytes_per_token(arch: Architecture, s: MemorySettings, moe:
     if moe:
         e, k, mi, sh = arch.num_experts, arch.experts_per_token, arch.moe_intermediate_size, arch.shared_experts
         total += 8 * e + k * (h + (3 + full) * mi) * d + (3 + full) * sh * mi * d
+        if arch.layout == "diffusion_gemma":  # (the dense MLP beside the experts)
+            total += (3 + full) * d * arch.intermediate_size
     else:
         total += (3 + full) * d * arch.intermediate_size  # (gate out, SiLU out, up out; the product for down)
     if full:
@@ -528,8 +576,9 @@ def layer_activation_bytes_per_token(arch: Architecture, s: MemorySettings, moe:
     out_name = {"llada2": "dense", "llada": "attn_out"}.get(arch.layout, "o_proj")
     gate, up, down = ("ff_proj", "up_proj", "ff_out") if arch.layout == "llada" else ("gate_proj", "up_proj",
                                                                                         "down_proj")
-    width = arch.moe_intermediate_size if moe else arch.intermediate_size
-    visits = arch.experts_per_token + (1 if arch.shared_experts else 0) if moe else 1
+    dense = not moe or arch.layout == "diffusion_gemma"  # (DiffusionGemma's adapted MLP is its dense one)
+    width = arch.intermediate_size if dense else arch.moe_intermediate_size
+    visits = 1 if dense else arch.experts_per_token + (1 if arch.shared_experts else 0)
     groups = ((qkv, h, False, 1), ((out_name,), nh * hd, True, 1), ((gate, up), h, False, visits),
               ((down,), width, False, visits))
     for members, size, kept, times in groups:
