@@ -111,9 +111,9 @@ def test_lora_target_names_stay_inside_the_text_layers():
                                                                   "model.lora_target_modules=nothing_here").model)
 
 
-def test_the_adapter_moves_the_encoders_cache_and_the_reference_is_the_base(checkpoint):
-    """A trained adapter changes the scores (through both passes); the KL reference (AdapterDisabledPolicy) scores
-    exactly as the base model does, through the scorer."""
+def test_the_trajectory_scorers_reference_is_the_base(checkpoint):
+    """A trained adapter changes the scores; the KL reference (AdapterDisabledPolicy) scores exactly as the base
+    model does, through the scorer."""
     cfg = _config(checkpoint, "model.use_peft=true", "model.lora_dropout=0.0", "train.num_generations=3")
     base = load_uniform_policy(str(checkpoint))
     ro = _rollout(base, cfg)
@@ -124,10 +124,24 @@ def test_the_adapter_moves_the_encoders_cache_and_the_reference_is_the_base(chec
     old = scorer.prepare(ro, 2, torch.Generator())
     assert torch.equal(old.ref[0], expected)  # (the same modules, the adapters switched off: the same arithmetic)
     assert not torch.allclose(old.old[1], expected)
-    # the encoder's adapter is the decoder's: switching off only the decoder-side view is impossible, and the
-    # adapted cache differs from the base's (the prompt's keys/values go through the adapted k/v projections)
-    inner = unwrap_diffusion_gemma(policy.model)
-    assert inner.model.encoder.language_model.layers[0].self_attn.k_proj is inner.model.decoder.layers[0].self_attn.k_proj
+
+
+def test_the_elbo_scorers_reference_is_the_base_too(checkpoint):
+    """The uniform ELBO scorer's KL reference under LoRA scores the base model's bound (same noise plan)."""
+    from dlmrl.training.uniform_elbo_scorer import UniformELBOScorer
+
+    cfg = _config(checkpoint, "model.use_peft=true", "model.lora_dropout=0.0", "train.num_generations=3",
+                  "estimator.name=uniform_sdmc")
+    estimator = kind_of("uniform").own_estimator(cfg)
+    base = load_uniform_policy(str(checkpoint))
+    ro = _rollout(base, cfg)
+    expected = UniformELBOScorer(base, base, estimator).prepare(ro, 1, torch.Generator().manual_seed(5)).ref[0]
+    policy = _prepare_uniform(load_uniform_policy(str(checkpoint)), cfg.model)
+    _train_adapter(policy)
+    old = UniformELBOScorer(policy, AdapterDisabledPolicy(policy), estimator).prepare(
+        ro, 2, torch.Generator().manual_seed(5))
+    assert torch.equal(old.ref[0], expected)  # (the same plan: the generator's first draw)
+    assert not torch.allclose(old.old[1], old.ref[1])
 
 
 def test_two_lora_steps_move_only_the_adapter_and_save_an_adapter_folder_of_kind_uniform(checkpoint, tmp_path):
@@ -164,6 +178,10 @@ def test_two_lora_steps_move_only_the_adapter_and_save_an_adapter_folder_of_kind
         assert torch.equal(value, base[key.replace(".base_layer.", ".")]), key
     note = json.loads((out / "final_model" / "dlmrl_base_model.json").read_text())
     assert note["kind"] == "uniform" and (out / "final_model" / "adapter_config.json").is_file()
+    from dlmrl.kinds import kind_names
+    from dlmrl.models.loading import checkpoint_kind
+
+    assert checkpoint_kind(str(out / "final_model"), kind_names()) == "uniform"  # (dlmrl eval --model's kind)
 
 
 def test_a_saved_adapter_reloads_to_the_same_scores(checkpoint, tmp_path):
