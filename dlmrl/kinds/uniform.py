@@ -19,6 +19,13 @@ The presets that run on exact token log-probs (``policies`` containing
 token log-probs; presets that read per-token entropies (EGSW, ESPO, GTPO, GRPO-S, HAPO), add off-policy anchors
 (DaGRPO), play multi-turn episodes or run tools inside the rollout are refused, naming ``train.algorithm`` /
 ``train.env``.
+
+``model.use_peft``: LoRA on the text layers' attention projections and dense MLP for ``all-linear`` (NeMo AutoModel's
+DiffusionGemma LoRA recipe, ``examples/dllm_sft/diffusion_gemma_lora.yaml``: router, experts and head frozen;
+:meth:`UniformNoiseKind.lora_targets`), each adapter shared by the encoder and the decoder
+(:func:`dlmrl.models.diffusion_gemma.share_encoder_adapters`); ``model.gradient_checkpointing`` (transformers' own,
+the decoder layers), ``model.dtype: bfloat16`` (float32 master weights when training every parameter) and
+``train.rollout_is_cap`` (with the trajectory likelihood) apply. Sharding does not yet.
 """
 
 from __future__ import annotations

@@ -223,7 +223,7 @@ def prepare_for_training(policy, model_cfg, kind=None) -> Any:
             if kind is not None:
                 kind.adapter_attached(policy.model)
     elif loaded is not None:
-        policy.model = loaded.merge_and_unload()
+        policy.model = _unload_shared(loaded.merge_and_unload())
         policy.model.requires_grad_(True)
     if getattr(m, "gradient_checkpointing", False):
         try:
@@ -246,6 +246,20 @@ def _family_checkpointing(policy) -> Callable[[nn.Module], None] | None:
 
     family = getattr(policy, "family", None)
     return FAMILIES.get(family).activation_checkpointing if family in FAMILIES else None
+
+
+def _unload_shared(model: nn.Module) -> nn.Module:
+    """``model`` with every adapter layer peft's ``merge_and_unload`` left in place swapped for its (merged) base
+    layer: peft unloads each module once, under its first name, so an adapter module registered under two names
+    (DiffusionGemma's encoder and decoder share one: :func:`dlmrl.models.diffusion_gemma.share_encoder_adapters`)
+    stays wrapped under the second. A model without shared adapters has none left: unchanged."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for name, module in list(model.named_modules(remove_duplicate=False)):
+        if name and isinstance(module, BaseTunerLayer):
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, module.get_base_layer())
+    return model
 
 
 # -- the reference view -----------------------------------------------------------------------------------

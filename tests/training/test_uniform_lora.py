@@ -219,6 +219,31 @@ def test_a_saved_adapter_reloads_to_the_same_scores(checkpoint, tmp_path):
     assert torch.equal(_score(again, ro), expected)
 
 
+def test_an_adapter_folder_trained_in_full_is_merged_everywhere(checkpoint, tmp_path):
+    """An adapter folder run with use_peft false: the adapter is merged into the (tied) base weights and no adapter
+    layer is left in either tree (peft unloads a shared module under one name only); the scores are the adapted
+    model's up to the merge's rounding."""
+    from dlmrl.models.lora import prepare_for_training
+
+    cfg = _config(checkpoint, "model.use_peft=true", "model.lora_dropout=0.0", "train.num_generations=3")
+    policy = _prepare_uniform(load_uniform_policy(str(checkpoint)), cfg.model)
+    _train_adapter(policy, seed=1)
+    ro = _rollout(policy, cfg)
+    expected = _score(policy, ro)
+    save_final_model(policy.model, policy.tokenizer, tmp_path / "final", cfg.model)
+    merged = prepare_for_training(load_uniform_policy(str(tmp_path / "final")), _config(tmp_path / "final").model,
+                                  kind_of("uniform"))
+    assert not _adapted(merged.model) and not any("lora_" in n for n, _ in merged.model.named_parameters())
+    # (W + BA rounded once in float32 against W x + B (A x): each log-prob is reached through ≤ 1,000 float32
+    # accumulations (2 layers of hidden 64, MLP 128, experts 2 x 32, ≤ 50 keys; self-conditioning 64 + 128; the
+    # 22-token log-sum-exp), each off by ≤ one ulp of its size, and a row's position sums ≤ 4 steps' terms; the
+    # adapter moves the scores by far more than that)
+    scale = float(expected.abs().max())
+    tol = 4 * rounding_tol(scale=scale, n=1000)
+    assert (_score(merged, ro) - expected).abs().max() <= tol
+    assert (_score(load_uniform_policy(str(checkpoint)), ro) - expected).abs().max() > 100 * tol
+
+
 def test_gradient_checkpointing_recomputes_the_decoder_layers_with_the_same_gradient(checkpoint):
     """model.gradient_checkpointing: the decoder's layers run again in the backward pass (their forward count
     doubles) and the trajectory's gradient is that of the plain run."""
