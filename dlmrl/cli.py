@@ -162,7 +162,9 @@ def _lab_kind(args) -> str:
         return args.kind
     if args.model == "tiny-uniform":
         return "uniform"
-    config = Path(args.model or "tiny-sudoku") / "config.json"
+    from dlmrl.models.loading import resolve_model_path
+
+    config = Path(resolve_model_path(args.model or "tiny-sudoku")) / "config.json"
     if config.is_file():
         from dlmrl.models.diffusion_gemma import is_diffusion_gemma
 

@@ -215,3 +215,27 @@ def test_estimators_kind_uniform_bad_inputs_return_2(tmp_path, capsys, args, mes
     assert main(["estimators", "--output-dir", str(tmp_path / "lab"), *args]) == 2
     err = capsys.readouterr().err
     assert any(line.startswith("dlmrl estimators: ") and message in line for line in err.splitlines()), err
+
+
+def test_estimators_picks_the_uniform_lab_for_a_diffusion_gemma(tmp_path):
+    from argparse import Namespace
+
+    from dlmrl.cli import _lab_kind
+    from dlmrl.models.uniform_policy import save_tiny_uniform_checkpoint
+
+    folder = save_tiny_uniform_checkpoint(tmp_path / "dg")
+    assert _lab_kind(Namespace(kind=None, model=str(folder))) == "uniform"
+    assert _lab_kind(Namespace(kind=None, model="tiny-sudoku-uniform")) == "uniform"
+    assert _lab_kind(Namespace(kind=None, model="tiny-uniform")) == "uniform"
+    assert _lab_kind(Namespace(kind=None, model=None)) == "diffusion"
+    assert _lab_kind(Namespace(kind=None, model="tiny-sudoku")) == "diffusion"
+    assert _lab_kind(Namespace(kind="diffusion", model=str(folder))) == "diffusion"
+
+
+def test_estimators_uniform_refuses_more_noise_states_than_it_enumerates(tmp_path, capsys):
+    # the shipped Sudoku DiffusionGemma has 22 token ids: 22^3 = 10648 states per row at L = 3
+    args = ["estimators", "--model", "tiny-sudoku-uniform", "--lengths", "3", "--rows", "1", "--budgets", "2",
+            "--output-dir", str(tmp_path / "lab")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "dlmrl estimators: exact enumeration needs N^n = 22^3 = 10648 noise states" in err, err

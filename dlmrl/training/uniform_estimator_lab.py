@@ -49,7 +49,9 @@ def tiny_lab_model(seed: int = 0):
 
 
 def load_lab_model(name: str, seed: int = 0):
-    """``tiny-uniform`` (:func:`tiny_lab_model`) or a DiffusionGemma checkpoint folder (float32).
+    """``tiny-uniform`` (:func:`tiny_lab_model`), ``tiny-sudoku-uniform`` (the shipped Sudoku DiffusionGemma:
+    vocabulary 22, canvas 16, so ``L ≤ 2`` at the default 4096 states) or a DiffusionGemma checkpoint folder
+    (float32).
 
     Raises:
         ValueError: a checkpoint that is not a DiffusionGemma. OSError: no checkpoint there.
@@ -57,8 +59,9 @@ def load_lab_model(name: str, seed: int = 0):
     if name == TINY_UNIFORM_MODEL:
         return tiny_lab_model(seed)
     from dlmrl.models.diffusion_gemma import load_diffusion_gemma
+    from dlmrl.models.loading import resolve_model_path
 
-    return load_diffusion_gemma(name, torch.float32).eval()
+    return load_diffusion_gemma(resolve_model_path(name), torch.float32).eval()
 
 
 def uniform_lab_batches(model, lengths: Sequence[int] = DEFAULT_UNIFORM_LENGTHS, rows: int | Sequence[int] = 4,
