@@ -335,6 +335,14 @@ class UniformNoiseKind(PolicyKind):
             config = read_checkpoint_config(str(path))
             out["model_type"] = config.get("model_type")
             out["canvas_length"] = config.get("canvas_length")
+        if cfg.model.use_peft:
+            from dlmrl.models.diffusion_gemma import DEFAULT_LORA_TARGETS
+
+            spec = cfg.model.lora_target_modules
+            names = ", ".join(DEFAULT_LORA_TARGETS) if spec.strip() == "all-linear" else spec
+            out["lora_modules"] = (f"{names} of the text layers (all-linear: NeMo AutoModel's "
+                           "DiffusionGemma LoRA recipe; router, experts, vision tower, self-conditioning MLP and head "
+                           "frozen), one adapter shared by the encoder and the decoder")
         return out
 
     def plan_token_logprobs(self, cfg, family: str) -> str:

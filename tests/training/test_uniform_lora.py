@@ -100,6 +100,13 @@ def test_lora_adapts_attention_and_dense_mlp_of_the_text_layers_once_for_encoder
     assert lora_parameter_count(policy.model) == sum(r * (m.in_features + m.out_features) for m in decoder)
 
 
+def test_dry_run_names_the_lora_targets(checkpoint, capsys):
+    assert cli.main(["train", "--dry-run", f"model.name_or_path={checkpoint}", "model.kind=uniform",
+                     "task.answer_mode=full", "train.algorithm=grpo", "model.use_peft=true"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "self_attn.q_proj" in out and "mlp.down_proj" in out and "shared by the encoder and the decoder" in out
+
+
 def test_lora_target_names_stay_inside_the_text_layers():
     policy = build_tiny_uniform_policy()
     _prepare_uniform(policy, _config(Path("unused"), "model.use_peft=true",
