@@ -340,9 +340,9 @@ class UniformNoiseKind(PolicyKind):
 
             spec = cfg.model.lora_target_modules
             names = ", ".join(DEFAULT_LORA_TARGETS) if spec.strip() == "all-linear" else spec
-            out["lora_modules"] = (f"{names} of the text layers (all-linear: NeMo AutoModel's "
-                           "DiffusionGemma LoRA recipe; router, experts, vision tower, self-conditioning MLP and head "
-                           "frozen), one adapter shared by the encoder and the decoder")
+            out["lora_modules"] = (f"{names} of the text layers (all-linear: NeMo AutoModel's DiffusionGemma LoRA "
+                                   "recipe; router, experts, vision tower, self-conditioning MLP and head frozen), one "
+                                   "adapter shared by the encoder and the decoder")
         return out
 
     def plan_token_logprobs(self, cfg, family: str) -> str:
