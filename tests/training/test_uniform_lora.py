@@ -191,6 +191,32 @@ def test_two_lora_steps_move_only_the_adapter_and_save_an_adapter_folder_of_kind
     assert checkpoint_kind(str(out / "final_model"), kind_names()) == "uniform"  # (dlmrl eval --model's kind)
 
 
+def test_a_lora_run_resumes_exactly(checkpoint, tmp_path, monkeypatch):
+    """A LoRA run stopped after its first step's checkpoint and resumed ends bit for bit where the uninterrupted run
+    does: the checkpoint holds the shared adapter once (the trainable tensors, under the encoder's names) and puts it
+    back into the one module both trees use."""
+    from safetensors.torch import load_file
+
+    from tests.helpers import crash_then_resume
+
+    def run(out, resume=False):
+        return cli.main(["train", "--output-dir", str(out), "--no-progress", *(["--resume"] if resume else []),
+                         f"model.name_or_path={checkpoint}", "model.kind=uniform", "task.answer_mode=full",
+                         "train.algorithm=grpo", "model.use_peft=true", "model.lora_dropout=0.0", "train.save_steps=1",
+                         "train.num_iterations=2", *SMALL])
+
+    full, crashed = tmp_path / "full", tmp_path / "crashed"
+    assert run(full) == 0
+    crash_then_resume(monkeypatch, lambda resume: run(crashed, resume), crash_step=1)
+    saved = load_file(str(crashed / "checkpoints" / "step-1" / "model.safetensors"))
+    assert saved and all("lora_" in k and ".decoder." not in k for k in saved)
+    a = load_file(str(full / "final_model" / "adapter_model.safetensors"))
+    b = load_file(str(crashed / "final_model" / "adapter_model.safetensors"))
+    assert a.keys() == b.keys() and any(v.abs().max() > 0 for k, v in a.items() if "lora_B" in k)
+    for k in a:  # (the resumed step reruns the same code on the same reloaded state)
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=0)
+
+
 def test_a_saved_adapter_reloads_to_the_same_scores(checkpoint, tmp_path):
     """save_final_model → load_uniform_policy (the adapter folder: its base from the note, each adapter shared
     again) gives the same trajectory log-probs; so does plain peft followed by share_encoder_adapters (peft saved
