@@ -66,7 +66,8 @@ class ModelConfig:
     lora_alpha: int = doc(32, "LoRA alpha: the adapter's update B A is scaled by alpha / r.")
     lora_dropout: float = doc(0.05, "Dropout on the LoRA branch's input (train mode only).")
     lora_target_modules: str = doc("all-linear", "Layers that get an adapter: all-linear (every linear layer but "
-                                                 "the output head) | a comma list of module names matched as name "
+                                                 "the output head; model.kind uniform: the attention and dense MLP "
+                                                 "of the text layers) | a comma list of module names matched as name "
                                                  "suffixes, e.g. q_proj,k_proj,v_proj.")
     gradient_checkpointing: bool = doc(False, "Recompute each layer's activations in the backward pass (less "
                                               "memory, more time; same gradients).")
@@ -284,7 +285,8 @@ class TrainConfig:
               "each token's policy loss is multiplied by min(exp(logp_old - logp_rollout), C), detached, with "
               "logp_rollout the log-prob the sampler recorded for the token and logp_old the exact old-policy score "
               "of the same trajectory; null = off. C >= 1. Needs the trajectory estimator with merge 1 and order "
-              "sampled (the only estimator that scores the sampler's own distribution) on a diffusion model.")
+              "sampled (the only estimator that scores the sampler's own distribution) on a diffusion model, or "
+              "model.kind uniform with its trajectory likelihood.")
     max_steps: int = doc(260, "Rollout steps (each: sample, reward, score, num_iterations * steps_per_generation "
                               "optimizer steps; the LR schedule spans them all).")
     prompts_per_step: int = doc(64, "Prompts per rollout step; the batch is prompts_per_step * num_generations completions.")
