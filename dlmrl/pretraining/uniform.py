@@ -149,7 +149,7 @@ def chosen_canvas_logits(model, cache, prompt_mask: torch.Tensor, canvases: int,
     """The decoder over each row's noisy canvas, at canvas index ``chosen[b]``, reading the full clean cache of
     :func:`encode_clean` with the block-causal mask: the clean prompt and the clean canvases before ``chosen[b]``
     visible, the rest hidden; positions ``P + chosen[b]·L + (0..L-1)``. Equal to the sampler's pass on a cache of
-    the prompt and the ``chosen[b]`` canvases before it (``tests/pretraining/test_uniform_pretraining.py``).
+    the prompt and the ``chosen[b]`` canvases before it (``tests/pretraining/test_pretrain_uniform.py``).
 
     Args:
         cache: :func:`encode_clean`'s cache (``P + canvases·L`` positions).
