@@ -262,7 +262,7 @@ def prepare_update(run, ro: Rollout, generator: torch.Generator) -> UpdateBatch:
     # train.rollout_is_cap
     mismatch = None
     if old is not None and run.gap_measured and mine.token_logprobs is not None:
-        valid = mine.completion_mask.bool()
+        valid = mine.completion_mask.bool().clone()  # (a copy: the &= below must not change the rollout's mask)
         if mine.reveal_step is not None:  # (a kind without a reveal order scores every completion token)
             valid &= mine.reveal_step >= 0
         if mine.anchor is not None:
