@@ -8,6 +8,7 @@ every noise state (:mod:`dlmrl.estimators.uniform_lab`), sampled ones as a check
 ``benchmarks/results/uniform_elbo_variance.json`` (settings, timings, the summary table, every record).
 
     python benchmarks/uniform_elbo_variance.py          # about 2-3 minutes on 2 shared CPU cores
+    python benchmarks/uniform_elbo_variance.py --model tiny-sudoku-uniform   # the shipped model, L = 2, ~3 minutes
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ import torch
 
 from dlmrl.estimators.uniform_lab import UniformLabConfig, uniform_label
 from dlmrl.training.uniform_estimator_lab import (
+    load_lab_model,
     read_uniform_records,
     run_uniform_estimator_lab,
-    tiny_lab_model,
 )
 
 
@@ -45,17 +46,24 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", default="benchmarks/results/uniform_elbo_variance.json")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default="tiny-uniform", choices=("tiny-uniform", "tiny-sudoku-uniform"),
+                   help="tiny-uniform (default; L = 2, 3) or the shipped tiny-sudoku-uniform (vocabulary 22: L = 2, "
+                        "4 rows, 1000 draws; writes uniform_elbo_variance_shipped.json)")
     args = p.parse_args()
-    lengths, rows = (2, 3), (8, 4)
-    cfg = UniformLabConfig(budgets=(1, 2, 3, 4, 8), repetitions=2000, seed=args.seed)
+    shipped = args.model == "tiny-sudoku-uniform"
+    lengths, rows = ((2,), (4,)) if shipped else ((2, 3), (8, 4))
+    cfg = UniformLabConfig(budgets=(1, 2, 3, 4, 8), repetitions=1000 if shipped else 2000, seed=args.seed)
+    if shipped and args.output == p.get_default("output"):
+        args.output = "benchmarks/results/uniform_elbo_variance_shipped.json"
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
-        lab = run_uniform_estimator_lab(tmp, tiny_lab_model(args.seed), lengths, list(rows), cfg)
+        lab = run_uniform_estimator_lab(tmp, load_lab_model(args.model, args.seed), lengths, list(rows), cfg)
         records = read_uniform_records(tmp)
     result = {
-        "command": "python benchmarks/uniform_elbo_variance.py",
-        "model": "tiny random DiffusionGemma (dlmrl.training.uniform_estimator_lab.tiny_lab_model: vocabulary 8, "
-                 "canvas 4, seed 0)",
+        "command": "python benchmarks/uniform_elbo_variance.py" + (" --model tiny-sudoku-uniform" if shipped else ""),
+        "model": ("tiny-sudoku-uniform (shipped; random text prompts, not puzzles)" if shipped else
+                  "tiny random DiffusionGemma (dlmrl.training.uniform_estimator_lab.tiny_lab_model: vocabulary 8, "
+                  "canvas 4, seed 0)"),
         "lengths": list(lengths), "rows": list(rows), "seconds": round(time.time() - t0, 1),
         "torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.platform(),
         "lab": lab, "records": records,

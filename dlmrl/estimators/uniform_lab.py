@@ -12,8 +12,9 @@ mean and variance are finite sums over states and one-dimensional integrals over
   variance is ``(∫ w² m₂ − (∫ w g)²)/K`` i.i.d. and ``Σ_k [(1/K) ∫_{I_k} w² m₂ − (∫_{I_k} w g)²]`` stratified
   (``I_k = ((k−1)/K, k/K]``). For ``p = 1`` it is **infinite** (``m₂(t) ∼ log²(1/t)/t`` as ``t → 0``: the class
   docstring), reported as ``inf``; for ``p ≥ 2`` the integrand ``w² m₂`` has at most a ``log²(1/s)`` singularity
-  at ``s = 0``, integrated by composite Gauss–Legendre graded towards both ends of the first and last intervals
-  (:func:`~dlmrl.estimators.uniform_exact.graded_gauss_legendre`);
+  at ``s = 0``, integrated by composite Gauss–Legendre on pieces split at the strata, graded geometrically towards
+  ``s = 0`` and ``s = 1`` on the pieces that touch them (:func:`double_mc_moments`; the rule of
+  :func:`~dlmrl.estimators.uniform_exact.graded_gauss_legendre`);
 - :class:`~dlmrl.estimators.uniform_elbo.UniformSDMC` (fixed nodes ``t_n``, weights ``w_n``, ``K`` canvases per
   node): mean ``−Σ_n w_n g(t_n)``, variance ``Σ_n (w_n²/K) (m₂(t_n) − g(t_n)²)``: no time integral at all;
 - :class:`~dlmrl.estimators.uniform_elbo.UniformFlatCE` (``t ~ U(ε, 1)``, ``Y = Σ_{i ∈ support} log x_θ,i(x_i)``):
