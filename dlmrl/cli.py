@@ -147,7 +147,8 @@ def _estimators_parser(sub) -> None:
     sp.add_argument("--seed", type=int, default=d.seed, help="seed for puzzles, samples and masks")
     sp.add_argument("--quick", action="store_true",
                     help="a fast, noisy look (under a minute): sets L = 8,12,32, budgets 2,3,4 (3,4 beyond 16 "
-                         "tokens), 500/8 repetitions, 1 direction and a smaller reference, overriding those options")
+                         "tokens), 500/8 repetitions, 1 direction and a smaller reference, overriding those options; "
+                         "with --kind uniform: L = 2, 2 rows, budgets 2,3, 500 draws (about 10 s)")
 
 
 #: the masked lab's options, refused with --kind uniform when set to anything but their defaults
