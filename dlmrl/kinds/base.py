@@ -17,29 +17,8 @@ from abc import ABC, abstractmethod
 from dlmrl.errors import ConfigError
 from dlmrl.registry import Registry
 
-__all__ = ["KINDS", "UNIFORM_SAMPLING_KEYS", "PolicyKind", "check_key", "is_policy", "kind_names", "kind_of", "policy_kind",
-           "refuse_diffusion_gemma", "refuse_uniform_sampling_keys", "warn_key"]
-
-#: the ``sampling`` keys of the uniform-noise sampler (``model.kind: uniform``, :mod:`dlmrl.kinds.uniform`): null
-#: (``draw_last_step``: false) unless set
-UNIFORM_SAMPLING_KEYS = ("entropy_bound", "t_max", "t_min", "stability_threshold", "confidence_threshold",
-                         "draw_last_step")
-
-
-def refuse_uniform_sampling_keys(cfg) -> None:
-    """Refuse a ``sampling`` key of the uniform-noise sampler (:data:`UNIFORM_SAMPLING_KEYS`) that is set on a
-    kind that does not read it (null, and ``draw_last_step`` false, pass).
-
-    Raises:
-        ConfigError: naming the key.
-    """
-    s = cfg.sampling
-    for key in UNIFORM_SAMPLING_KEYS:
-        value = getattr(s, key, None)
-        check_key(value is None or value is False, f"sampling.{key}",
-                  f"is a setting of the uniform-noise sampler (model.kind uniform, DiffusionGemma); model.kind "
-                  f"{cfg.model.kind!r} does not read it (remove it)")
-
+__all__ = ["KINDS", "PolicyKind", "check_key", "is_policy", "kind_names", "kind_of", "policy_kind",
+           "refuse_claimed_checkpoint", "refuse_other_kinds_keys", "warn_key"]
 
 def check_key(cond: bool, key: str, msg: str) -> None:
     """Raise ``ConfigError("config key '<key>': <msg>")`` unless ``cond`` (the config check's one refusal form; the
@@ -55,10 +34,29 @@ def warn_key(msg: str, stacklevel: int = 4) -> None:
     warnings.warn(msg, UserWarning, stacklevel=stacklevel)
 
 
-def refuse_diffusion_gemma(cfg) -> None:
-    """Refuse a local (or shipped) checkpoint whose ``config.json`` is a DiffusionGemma one on a kind other than
-    ``uniform`` (it has no mask token and is no causal LM: it would fail at load, or be trained as something it is
-    not); unreadable configs and hub ids are left to the load.
+def refuse_other_kinds_keys(cfg) -> None:
+    """Refuse a ``sampling`` key that another registered kind reads only (its :attr:`PolicyKind.sampling_keys`) when it
+    is set (null, and false, pass) on a config whose ``model.kind`` does not read it.
+
+    Raises:
+        ConfigError: naming the key and the kind that reads it.
+    """
+    s, mine = cfg.sampling, cfg.model.kind
+    for name in KINDS.names():
+        other = KINDS.get(name)
+        if name == mine or (mine in KINDS and KINDS.get(mine).sampling_keys is other.sampling_keys):
+            continue
+        for key in other.sampling_keys:
+            value = getattr(s, key, None)
+            check_key(value is None or value is False, f"sampling.{key}",
+                      f"is a setting of model.kind {name}'s sampler ({other.checkpoint_description or name}); "
+                      f"model.kind {mine!r} does not read it (remove it)")
+
+
+def refuse_claimed_checkpoint(cfg) -> None:
+    """Refuse a local (or shipped) checkpoint whose ``config.json`` another registered kind claims
+    (:meth:`PolicyKind.claims_config`: e.g. a DiffusionGemma, which has no mask token and is no causal LM: it would
+    fail at load, or be trained as something it is not); unreadable configs and hub ids are left to the load.
 
     Raises:
         ConfigError: naming ``model.kind``.
@@ -66,7 +64,6 @@ def refuse_diffusion_gemma(cfg) -> None:
     import json
     from pathlib import Path
 
-    from dlmrl.models.diffusion_gemma import is_diffusion_gemma
     from dlmrl.models.loading import resolve_model_path
 
     file = Path(resolve_model_path(cfg.model.name_or_path)) / "config.json"
@@ -74,9 +71,13 @@ def refuse_diffusion_gemma(cfg) -> None:
         config = json.loads(file.read_text()) if file.is_file() else None
     except (OSError, ValueError):
         return
-    check_key(not (isinstance(config, dict) and is_diffusion_gemma(config)), "model.kind",
-              f"{cfg.model.name_or_path!r} is a DiffusionGemma checkpoint (uniform-noise diffusion, model_type "
-              f"diffusion_gemma); model.kind {cfg.model.kind!r} cannot run it: set model.kind uniform")
+    if not isinstance(config, dict):
+        return
+    for name in KINDS.names():
+        other = KINDS.get(name)
+        check_key(name == cfg.model.kind or not other.claims_config(config), "model.kind",
+                  f"{cfg.model.name_or_path!r} is a {other.checkpoint_description}; model.kind {cfg.model.kind!r} "
+                  f"cannot run it: set model.kind {name}")
 
 
 #: the keys :meth:`PolicyKind.memory_shapes` returns
@@ -111,6 +112,9 @@ class PolicyKind(ABC):
         estimator_names: the ``estimator.name`` values a kind resolves itself (:meth:`own_estimator`), its default
             likelihood first (what null means); ``()`` (default): the masked-diffusion estimators' registry
             (:attr:`scores_with_estimators`) or none.
+        sampling_keys: the ``sampling.*`` keys only this kind reads; every other kind refuses them when set
+            (:func:`refuse_other_kinds_keys`).
+        checkpoint_description: what a checkpoint this kind claims is (:meth:`claims_config`), for messages.
         checkpoint_kinds: the other kinds whose saved checkpoints (``config.json``'s ``dlmrl_kind``) this kind runs
             without the config check calling it a contradiction (default: none; its own name always).
     """
@@ -125,6 +129,8 @@ class PolicyKind(ABC):
     default_algorithm: str | None = None
     turn_stops_at: str = ""
     checkpoint_kinds: tuple[str, ...] = ()
+    sampling_keys: tuple[str, ...] = ()
+    checkpoint_description: str = ""
     scores_by: str = "exact token log-probs"
     estimator_names: tuple[str, ...] = ()
 
@@ -180,6 +186,11 @@ class PolicyKind(ABC):
         loaded from a folder (default: nothing; e.g. a model that runs one set of weights as two module trees
         shares each adapter between them)."""
 
+    def claims_config(self, config: dict) -> bool:
+        """Whether a checkpoint's ``config.json`` (a dict) is one only this kind runs; every other kind then refuses
+        it naming ``model.kind`` (:func:`refuse_claimed_checkpoint`; default: no)."""
+        return False
+
     def claims_model(self, model) -> bool:
         """Whether a loaded ``transformers`` model that records no kind runs as this kind only (default: no; the
         Python API then takes ``model.kind`` from the config)."""
@@ -231,13 +242,13 @@ class PolicyKind(ABC):
     def check_sampling(self, cfg) -> None:
         """The ``sampling`` keys that depend on the kind: threshold decoding, ``sampling.cache``,
         ``sampling.stop_at_eos``, a checkpoint's own code (default: the uniform-noise sampler's keys are refused
-        when set, :func:`refuse_uniform_sampling_keys`; an :attr:`autoregressive` kind refuses the diffusion
+        when set, :func:`refuse_other_kinds_keys`; an :attr:`autoregressive` kind refuses the diffusion
         samplers' threshold decoding and block cache, and ``stop_at_eos: false``: ``generate`` stops at EOS).
 
         Raises:
             ConfigError: naming the key.
         """
-        refuse_uniform_sampling_keys(cfg)
+        refuse_other_kinds_keys(cfg)
         if not self.autoregressive:
             return
         s = cfg.sampling

@@ -13,7 +13,7 @@ import dataclasses
 from pathlib import Path
 
 from dlmrl.errors import ConfigError
-from dlmrl.kinds.base import KINDS, check_key, refuse_diffusion_gemma, warn_key
+from dlmrl.kinds.base import KINDS, check_key, refuse_claimed_checkpoint, warn_key
 from dlmrl.kinds.masked import MaskedDiffusionKind, early_stop_plan
 
 __all__ = ["BlockDiffusionKind"]
@@ -68,7 +68,7 @@ class BlockDiffusionKind(MaskedDiffusionKind):
         """The family (as the full-diffusion kind) and ``model.block_size``: an integer >= 1, at most the completion
         (resolved from the checkpoint's config.json when null), no guidance, and ``sampling.block_length`` left
         alone or equal to it."""
-        refuse_diffusion_gemma(cfg)  # (a uniform-noise checkpoint: model.kind uniform)
+        refuse_claimed_checkpoint(cfg)  # (a checkpoint another kind claims, e.g. a DiffusionGemma)
         m, s = cfg.model, cfg.sampling
         if m.family != "auto":
             from dlmrl.kinds.families import check_family_matches

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from dlmrl.kinds.base import KINDS, PolicyKind, refuse_diffusion_gemma
+from dlmrl.kinds.base import KINDS, PolicyKind, refuse_claimed_checkpoint
 
 __all__ = ["CausalKind"]
 
@@ -55,7 +55,7 @@ class CausalKind(PolicyKind):
         # (the autoregressive checks, answer_mode and the sampling keys, are the base class's: a kind of your own
         # with autoregressive = True gets them too)
         super().check_model(cfg)
-        refuse_diffusion_gemma(cfg)  # (a uniform-noise checkpoint: model.kind uniform)
+        refuse_claimed_checkpoint(cfg)  # (a checkpoint another kind claims, e.g. a DiffusionGemma)
 
     # ----- budgets and sizes -----------------------------------------------------------------------------------
     def generation_budget(self, gen_length: int, preset) -> int:

@@ -10,7 +10,7 @@ the diffusion families (:data:`dlmrl.models.families.FAMILIES`), detected from i
 
 from __future__ import annotations
 
-from dlmrl.kinds.base import KINDS, PolicyKind, check_key, refuse_diffusion_gemma
+from dlmrl.kinds.base import KINDS, PolicyKind, check_key, refuse_claimed_checkpoint
 from dlmrl.kinds.families import (
     check_cache_family,
     check_family_matches,
@@ -65,7 +65,7 @@ class MaskedDiffusionKind(PolicyKind):
     # ----- the config check ----------------------------------------------------------------------------------
     def check_model(self, cfg) -> None:
         m = cfg.model
-        refuse_diffusion_gemma(cfg)  # (a uniform-noise checkpoint: model.kind uniform)
+        refuse_claimed_checkpoint(cfg)  # (a checkpoint another kind claims, e.g. a DiffusionGemma)
         if m.family != "auto":
             check_family_matches(m.name_or_path, m.family)
         super().check_model(cfg)

@@ -57,6 +57,9 @@ class UniformNoiseKind(PolicyKind):
     default_algorithm = "grpo"
     turn_stops_at = ""
     scores_by = "the sampled trajectory's likelihood"
+    sampling_keys = ("entropy_bound", "t_max", "t_min", "stability_threshold", "confidence_threshold",
+                     "draw_last_step")
+    checkpoint_description = "DiffusionGemma checkpoint (uniform-noise diffusion, model_type diffusion_gemma)"
     estimator_names = ("trajectory", "uniform_double_mc", "uniform_sdmc", "uniform_flat_ce")
 
     # ----- loading -----------------------------------------------------------------------------------------
@@ -86,6 +89,11 @@ class UniformNoiseKind(PolicyKind):
         from dlmrl.models.uniform_policy import UniformNoisePolicy
 
         return isinstance(policy, UniformNoisePolicy)
+
+    def claims_config(self, config: dict) -> bool:
+        from dlmrl.models.diffusion_gemma import is_diffusion_gemma
+
+        return is_diffusion_gemma(config)
 
     def claims_model(self, model) -> bool:
         from dlmrl.models.diffusion_gemma import is_diffusion_gemma
