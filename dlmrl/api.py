@@ -41,7 +41,7 @@ from dlmrl.config import (
     validate,
 )
 from dlmrl.data.dataset_task import DatasetTask
-from dlmrl.kinds import KINDS, kind_of
+from dlmrl.kinds import KIND_KEY, KINDS, find_kind, is_policy, kind_names, kind_of, policy_kind
 from dlmrl.rewards.functions import RewardFunctions
 from dlmrl.training.callbacks import Callbacks
 
@@ -54,16 +54,12 @@ DEFAULT_OUTPUT_DIR = "runs/trainer_output"
 def _model_kind(model) -> str | None:
     """The policy kind ``model`` itself tells (a dlmrl policy; a shipped or saved model's name, whose ``config.json``
     records it), else ``None``."""
-    from dlmrl.kinds import KINDS, is_policy, policy_kind
-
     if is_policy(model):
         return policy_kind(model).name  # (a BlockDiffusionPolicy is a block policy)
     if isinstance(model, str):
         from dlmrl.models.loading import checkpoint_kind
 
         return checkpoint_kind(model)  # (the kind a saved or shipped model records; None: not recorded)
-    from dlmrl.kinds import KIND_KEY, kind_names
-
     recorded = getattr(getattr(model, "config", None), KIND_KEY, None)  # (a loaded model saved by dlmrl)
     if recorded in kind_names():
         return recorded
@@ -104,7 +100,8 @@ def trainer_config(config: Config | dict | None = None, model: Any = None) -> Co
             cfg.eval.num_puzzles = 0
         if "model.kind" not in explicit and kind is not None:
             cfg.model.kind = kind
-        default_algorithm = kind_of(cfg.model.kind).default_algorithm if cfg.model.kind in KINDS else None
+        chosen_kind = find_kind(cfg.model.kind)
+        default_algorithm = chosen_kind.default_algorithm if chosen_kind is not None else None
         if "train.algorithm" not in explicit and default_algorithm is not None:
             cfg.train.algorithm = default_algorithm
         use_the_algorithms_estimator(cfg, [f"{k}=" for k in explicit])
@@ -115,8 +112,9 @@ def trainer_config(config: Config | dict | None = None, model: Any = None) -> Co
         raise ConfigError(f"config key 'task.name': the Python API trains on train_dataset (task 'dataset'), got "
                           f"{cfg.task.name!r}")
     cfg.task.name = "dataset"
-    if kind is not None and cfg.model.kind != kind and not (cfg.model.kind in KINDS
-                                                            and kind_of(cfg.model.kind).accepts_checkpoint(kind)):
+    configured = find_kind(cfg.model.kind)
+    if kind is not None and cfg.model.kind != kind and not (configured is not None
+                                                            and configured.accepts_checkpoint(kind)):
         raise ConfigError(f"config key 'model.kind': the model is a {kind} policy but model.kind is "
                           f"{cfg.model.kind!r}")
     if isinstance(model, str):
@@ -125,8 +123,8 @@ def trainer_config(config: Config | dict | None = None, model: Any = None) -> Co
         inner = getattr(model, "model", model)  # (a dlmrl policy holds the transformers model)
         name = getattr(getattr(inner, "config", None), "_name_or_path", None)
         cfg.model.name_or_path = name or f"<{type(inner).__name__} object>"
-        if cfg.model.kind in KINDS:  # (an unknown kind is refused by the config check, naming model.kind)
-            kind_of(cfg.model.kind).adopt_model_settings(cfg, model)  # (e.g. a loaded block model's own size)
+        if configured is not None:  # (an unknown kind is refused by the config check, naming model.kind)
+            configured.adopt_model_settings(cfg, model)  # (e.g. a loaded block model's own size)
     return cfg
 
 
@@ -136,7 +134,6 @@ def _policy_of(model, tokenizer, cfg: Config):
     dlmrl records its kind and block size in its config)."""
     from torch import nn
 
-    from dlmrl.kinds import is_policy
     from dlmrl.training.run_setup import load_configured_policy
 
     if is_policy(model):

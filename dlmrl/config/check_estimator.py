@@ -9,8 +9,8 @@ import math
 from dlmrl.config.resolve import _default_recipe, flat_settings
 from dlmrl.config.schema import Config, EstimatorConfig
 from dlmrl.errors import ConfigError
-from dlmrl.kinds import KINDS, kind_of
 from dlmrl.kinds import check_key as _check
+from dlmrl.kinds import find_kind, kind_of
 
 
 def is_number(value) -> bool:
@@ -97,7 +97,7 @@ def refuse_estimator_keys(cfg: Config, skip: tuple[str, ...] = ()) -> None:
         key = f"estimator.{f.name}"
         if any(k == key or k.startswith(key + ".") for k in chosen) or all(value != getattr(d, f.name)
                                                                            for d in defaults):
-            kind = kind_of(cfg.model.kind) if cfg.model.kind in KINDS else None
+            kind = find_kind(cfg.model.kind)
             scores_by = getattr(kind, "scores_by", "exact token log-probs")
             raise ConfigError(f"config key 'estimator.{f.name}': model.kind {cfg.model.kind!r} scores {scores_by} (no "
                               f"likelihood estimator runs, so estimator settings do not apply); remove "

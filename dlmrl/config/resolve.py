@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from dlmrl.config.overrides import _resolve_key, load_yaml, user_keys
 from dlmrl.config.schema import Config, EstimatorConfig, SamplingConfig, TrainConfig, default_config_path
 from dlmrl.errors import ConfigError, OptionError
+from dlmrl.kinds import find_kind, kind_names, kind_of
 
 if TYPE_CHECKING:
     from dlmrl.estimators import PlanEstimator
@@ -62,9 +63,8 @@ def estimator_choice(cfg: Config, preset: AlgorithmPreset | None) -> tuple[str, 
     and options here: its own estimator is the kind's (:meth:`~dlmrl.kinds.base.PolicyKind.own_estimator`).
     """
     e = cfg.estimator
-    from dlmrl.kinds import KINDS
-
-    if cfg.model.kind in KINDS and KINDS.get(cfg.model.kind).estimator_names:
+    kind = find_kind(cfg.model.kind)
+    if kind is not None and kind.estimator_names:
         # (the kind resolves estimator.name itself, PolicyKind.own_estimator: the masked default stands in, unused)
         e = dataclasses.replace(e, name=None, options={})
     if e.name is not None:
@@ -124,7 +124,6 @@ def _recorded_kind(cfg: Config) -> tuple[str | None, bool]:
     """(the kind ``cfg.model.name_or_path`` records, or ``None``; whether the config chose ``model.kind``: the user's
     YAML file, an override or the API's dict set it (:func:`~dlmrl.config.overrides.user_keys`; not the packaged
     recipe nor a run's saved config), or a config built in Python holds a kind other than the default)."""
-    from dlmrl.kinds import kind_names
     from dlmrl.models.loading import checkpoint_kind
 
     m = cfg.model
@@ -144,10 +143,9 @@ def adopt_checkpoint_kind(cfg: Config) -> None:
     Raises:
         ConfigError: a recorded value that is not a kind (naming the file).
     """
-    from dlmrl.kinds import KINDS
-
     recorded, chosen = _recorded_kind(cfg)
-    runs_it = cfg.model.kind in KINDS and KINDS.get(cfg.model.kind).accepts_checkpoint(recorded or "")
+    kind = find_kind(cfg.model.kind)
+    runs_it = kind is not None and recorded is not None and kind.accepts_checkpoint(recorded)
     if recorded is not None and not chosen and not runs_it:
         cfg.model.kind = recorded
 
@@ -159,10 +157,9 @@ def checkpoint_kind_conflict(cfg: Config) -> str | None:
     from dlmrl.models.loading import SHIPPED_KINDS, is_shipped
 
     m = cfg.model
-    from dlmrl.kinds import KINDS
-
     recorded, _ = _recorded_kind(cfg)
-    if recorded is None or recorded == m.kind or (m.kind in KINDS and KINDS.get(m.kind).accepts_checkpoint(recorded)):
+    kind = find_kind(m.kind)
+    if recorded is None or recorded == m.kind or (kind is not None and kind.accepts_checkpoint(recorded)):
         return None
     how = "shipped" if is_shipped(m.name_or_path) else "saved"
     instead = [name for name, kind in SHIPPED_KINDS.items() if kind == m.kind]
@@ -176,8 +173,6 @@ def estimator_sampling(cfg: Config) -> SamplingConfig:
     block`` that of one block (``gen_length = block_length = model.block_size``, ``steps`` per block), so the
     trajectory estimator's NFE counts a block's steps (its passes cover every block at once) and SPG's masks tile
     the policy's blocks."""
-    from dlmrl.kinds import kind_of
-
     return kind_of(cfg.model.kind).estimator_sampling(cfg)
 
 
@@ -271,10 +266,9 @@ def use_the_algorithms_estimator(cfg: Config, overrides: list[str]) -> bool:
     untuned = dataclasses.replace(cfg.estimator, options=recipe.estimator.options,
                                   micro_batch=recipe.estimator.micro_batch,
                                   logits_chunk=recipe.estimator.logits_chunk)
-    from dlmrl.kinds import KINDS, kind_of
-
     # (a kind that runs no estimator has none to choose; an unknown kind is refused by the config check)
-    runs_none = cfg.model.kind in KINDS and not kind_of(cfg.model.kind).scores_with_estimators
+    kind = find_kind(cfg.model.kind)
+    runs_none = kind is not None and not kind.scores_with_estimators
     if (runs_none or cfg.train.algorithm == recipe.train.algorithm or chosen
             or untuned != recipe.estimator):
         return False

@@ -15,6 +15,7 @@ from dlmrl.kinds.base import (
     KINDS,
     PolicyKind,
     check_key,
+    find_kind,
     is_policy,
     kind_names,
     kind_of,
@@ -28,4 +29,4 @@ from dlmrl.kinds.uniform import UniformNoiseKind
 from dlmrl.models.checkpoint_keys import KIND_KEY
 
 __all__ = ["KINDS", "KIND_KEY", "BlockDiffusionKind", "CausalKind", "MaskedDiffusionKind", "PolicyKind",
-           "UniformNoiseKind", "check_key", "is_policy", "kind_names", "kind_of", "policy_kind", "warn_key"]
+           "UniformNoiseKind", "check_key", "find_kind", "is_policy", "kind_names", "kind_of", "policy_kind", "warn_key"]

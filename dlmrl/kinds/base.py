@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from dlmrl.errors import ConfigError
 from dlmrl.registry import Registry
 
-__all__ = ["KINDS", "PolicyKind", "check_key", "is_policy", "kind_names", "kind_of", "policy_kind",
+__all__ = ["KINDS", "PolicyKind", "check_key", "find_kind", "is_policy", "kind_names", "kind_of", "policy_kind",
            "refuse_claimed_checkpoint", "refuse_other_kinds_keys", "warn_key"]
 
 def check_key(cond: bool, key: str, msg: str) -> None:
@@ -439,6 +439,12 @@ def kind_of(name: str) -> PolicyKind:
     if name not in KINDS:
         raise ConfigError(f"config key 'model.kind': unknown policy kind {name!r}; use {', '.join(kind_names())}")
     return KINDS.get(name)
+
+
+def find_kind(name: str) -> PolicyKind | None:
+    """The registered kind called ``name``, or ``None`` (the callers that run before the config check, which refuses
+    an unknown ``model.kind`` naming it)."""
+    return KINDS.get(name) if name in KINDS else None
 
 
 def policy_kind(policy) -> PolicyKind:
