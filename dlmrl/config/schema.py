@@ -248,7 +248,8 @@ class EstimatorConfig:
     micro_batch: int = doc(
         0,
         "Most masked canvases per forward call when scoring (0 = all S*B at once; model.kind ar: rows per forward "
-        "call). Training uses a two-pass surrogate when the canvases do not fit in one chunk, so peak memory "
+        "call; model.kind uniform: the trajectory's step canvases, one row's canvas at one denoising step, per "
+        "forward with grad, the ELBO estimators' noise draws per denoiser call). Training uses a two-pass surrogate when the canvases do not fit in one chunk, so peak memory "
         "stays that of one chunk whatever the NFE. Several processes under FSDP or DeepSpeed run the same number "
         "of chunks (the largest share's, padded with chunks of loss weight 0) and reduce gradients on the last.",
     )

@@ -10,7 +10,7 @@ denoising steps per canvas, and ``sampling.entropy_bound``, ``t_max``, ``t_min``
 
 It is scored by the **trajectory likelihood** (:mod:`dlmrl.training.uniform_trajectory`, dlmrl interpretation):
 the log-probs of the draws each step accepted, replayed under the current weights (``estimator.name`` null or
-``trajectory``; ``estimator.micro_batch`` chunks the rows), or by a uniform-noise ELBO estimator
+``trajectory``; ``estimator.micro_batch`` = step canvases per forward with grad), or by a uniform-noise ELBO estimator
 (``estimator.name`` ``uniform_double_mc``, ``uniform_sdmc``, ``uniform_flat_ce``: UDLM's continuous-time bound,
 :mod:`dlmrl.training.uniform_elbo_scorer`; their settings from the ``estimator`` section as for the masked
 estimators, ``estimator.micro_batch`` = noise draws per denoiser call). These names are this kind's only.
@@ -253,16 +253,19 @@ class UniformNoiseKind(PolicyKind):
         return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 256
 
     def memory_shapes(self, cfg, prompt: int, per_update: int, nfe: int) -> dict:
-        """The trajectory likelihood's grad pass, counted per completion (``estimator.micro_batch`` = rows per
-        forward, as the scorer chunks): each of its ``C = ceil((gen_length + 1) / L)`` canvases runs its ``S =
-        sampling.steps`` steps in one batched decoder pass of ``S`` rows of ``L`` positions, and the graphs of all
-        ``C`` canvases are kept until the row chunk's backward; the encoder runs ``P + C·L`` positions with grad.
-        So one plan "canvas" is one completion: ``C·S·L + P + C·L`` positions, of which ``C·S·L`` form logits
-        (``C·S·L × V`` per completion, the dominant term at a 262k vocabulary). Not a term of the plan: the detached
-        self-conditioning inputs the batched pass reads (another ``S·L × V`` values per canvas in the weights'
-        dtype) and the no-grad sequential pass's one step of logits. The ELBO estimators: ``nfe`` noisy copies of
-        each completion through the decoder (``C·L`` positions) after the encoder (``P + C·L``). A rollout step runs
-        ``L`` positions against the key/value cache of the prompt and the finished canvases."""
+        """The trajectory likelihood's grad passes, counted per denoising-step canvas (``estimator.micro_batch`` =
+        step canvases per forward, as the scorer chunks): each of a completion's ``C = ceil((gen_length + 1) / L)``
+        canvases runs its ``S = sampling.steps`` steps in batched decoder passes of ``k`` steps (``k = S``, or
+        ``micro_batch`` when below ``S``), each back-propagated before the next, while the encoder's graph over
+        ``P + C·L`` positions is kept for the row chunk (without ``micro_batch``: one pass per canvas and one
+        backward, all ``C·S`` step canvases' graphs at once). So one plan "canvas" is one step of one canvas:
+        ``L`` decoder positions, all scored (``L × V`` logits, the dominant term at a 262k vocabulary), plus its
+        share of the row's encoder positions (``P + C·L`` over the step canvases that share them in a forward),
+        which a forward's step canvases sum back to whole encoders. Not a term of the plan: the detached self-conditioning inputs a
+        pass reads (another ``L × V`` values per step canvas in the weights' dtype) and the no-grad sequential
+        pass's one step of logits. The ELBO estimators: ``nfe`` noisy copies of each completion through the
+        decoder (``C·L`` positions) after the encoder (``P + C·L``). A rollout step runs ``L`` positions against the
+        key/value cache of the prompt and the finished canvases."""
         L = self.canvas_length(cfg)
         canvases = math.ceil((cfg.sampling.gen_length + 1) / L)
         common = {"float_copy_all": True, "cached": True, "rollout_block": L, "rollout_forward_positions": L,
@@ -271,9 +274,13 @@ class UniformNoiseKind(PolicyKind):
             return {**common, "canvases": per_update * max(int(nfe or 1), 1),
                     "positions": prompt + 2 * canvases * L, "head_positions": canvases * L,
                     "scored_positions": canvases * L}
-        scored = canvases * int(cfg.sampling.steps) * L
-        return {**common, "canvases": per_update, "positions": scored + prompt + canvases * L,
-                "head_positions": scored, "scored_positions": scored}
+        steps, micro = int(cfg.sampling.steps), cfg.estimator.micro_batch
+        # (step canvases sharing one row's encoder graph in a forward: all C·S without micro_batch, whose one
+        # backward keeps every canvas's graph; S for row chunks; micro_batch for passes of fewer steps)
+        sharing = min(micro, steps) if micro else canvases * steps
+        encoder = -(-(prompt + canvases * L) // sharing)
+        return {**common, "canvases": per_update * canvases * steps, "positions": L + encoder, "head_positions": L,
+                "scored_positions": L}
 
     # ----- training ----------------------------------------------------------------------------------------
     def build_scorer(self, policy, ref, cfg, estimator, objective, processes: int):

@@ -284,6 +284,31 @@ def repeated_cache(cache, repeats: int):
     return out
 
 
+def detached_cache(cache) -> tuple[object, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A copy of ``cache`` whose keys/values are detached leaves (requiring grad where the originals do), and the
+    ``(original, leaf)`` pairs of those that do.
+
+    Lets several decoder passes with their own backward read one encoder pass: each backward stops at the leaves
+    and adds to their ``.grad``; one later ``torch.autograd.backward([originals], [leaf grads])`` takes the sum
+    through the encoder, so the encoder's graph is back-propagated once, however many passes read it (the chain
+    rule; ours, no reference does this). ``cache`` itself is untouched."""
+    import copy
+
+    out = copy.copy(cache)
+    out.layers, pairs = [], []
+    for layer in cache.layers:
+        new = copy.copy(layer)
+        for name in ("keys", "values"):
+            tensor = getattr(layer, name, None)
+            if isinstance(tensor, torch.Tensor):
+                leaf = tensor.detach().requires_grad_(tensor.requires_grad)
+                setattr(new, name, leaf)
+                if tensor.requires_grad:
+                    pairs.append((tensor, leaf))
+        out.layers.append(new)
+    return out, pairs
+
+
 def position_ids(start: int, length: int, device: torch.device | str) -> torch.Tensor:
     """``arange(start, start + length)`` as ``(1, length)`` int32: the positions ``generate`` gives the encoder's
     new tokens (``encoder_position_ids``) and the canvas (``decoder_position_ids``). Shared by every row: a

@@ -34,10 +34,12 @@ computation); with grad, one batched pass runs all the canvas's steps at once (t
 weights up to floating-point batch effects; the trainer logs the gap as ``rollout_logp_gap_mean`` /
 ``rollout_logp_gap_max``, as for the masked-diffusion trajectory.
 
-**Memory.** The batched pass holds, per scored row and canvas, ``S`` steps' self-conditioning inputs and logits,
-``S·L·V`` values each: at DiffusionGemma's ``L = 256``, ``V = 262,144`` and 48 steps that is about 3.2·10⁹ per row
-(6.4 GB in bfloat16, twice that in float32), so ``estimator.micro_batch`` 1 is the floor and a real-scale run would
-need the steps cut into chunks (not implemented: each chunk would re-run the encoder passes its gradient needs).
+**Memory.** A batched pass over ``k`` steps holds ``k`` steps' self-conditioning inputs and logits, ``k·L·V``
+values each: at DiffusionGemma's ``L = 256`` and ``V = 262,144``, 48 steps at once are about 3.2·10⁹ per row (6.4 GB
+in bfloat16, twice that in float32). ``estimator.micro_batch`` below the steps per canvas cuts a row's steps into
+passes of that many, each back-propagated and freed before the next (:func:`trajectory_logprobs`'s surrogate mode;
+the encoder's graph is kept for the row and back-propagated once), so one step per pass (``L·V`` per pass) is the
+floor.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ import torch
 from dlmrl.models.diffusion_gemma import (
     canvas_attention_masks,
     canvas_logits,
+    detached_cache,
     encode,
     new_cache,
     position_ids,
@@ -188,34 +191,64 @@ def rollout_uniform(policy, task, cfg, examples: list, generator: torch.Generato
 
 
 def trajectory_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion: torch.Tensor,
-                        completion_mask: torch.Tensor, record: dict, grad: bool = False) -> tuple[torch.Tensor, int]:
+                        completion_mask: torch.Tensor, record: dict, grad: bool = False,
+                        steps_per_pass: int | None = None, weights: torch.Tensor | None = None,
+                        backward=None) -> tuple[torch.Tensor, int]:
     """The trajectory log-probs per completion position under ``model``'s current weights (see the module
     docstring), folded at EOS (:func:`fold_after_eos`) and 0 off ``completion_mask``.
 
-    Per canvas: the encoder pass (with grad when ``grad``), a sequential no-grad pass over the recorded input
-    canvases for the self-conditioning inputs, and, with ``grad``, one batched pass over the canvas's ``S`` steps
-    (the cache repeated ``S`` times along the batch, then cut back) whose logits carry the gradient; without
+    Per canvas: the encoder pass (with grad when ``grad``) and a sequential no-grad pass over the recorded input
+    canvases for the self-conditioning inputs; with ``grad``, batched passes over the canvas's steps (``S`` at once,
+    or chunks of ``steps_per_pass``; the cache repeated along the batch) whose logits carry the gradient; without
     ``grad`` the sequential pass's own logits are used.
+
+    With ``weights`` and ``backward`` (the two-pass surrogate: ``weights`` = ``∂loss/∂logp`` from a no-grad pass),
+    each batched pass is back-propagated at once, ``backward(Σ weights · logp_part)``, where ``logp_part`` is that
+    pass's share of the result (folding and masking are linear, so the parts sum to the whole), and freed: only one
+    pass's logits and ``steps_per_pass`` self-conditioning inputs are held at a time, not ``S``. The passes read the
+    encoder's keys/values through detached leaves (:func:`~dlmrl.models.diffusion_gemma.detached_cache`); at the
+    end one plain ``torch.autograd.backward`` takes their accumulated gradients through the encoder passes (so
+    whatever scaling ``backward`` applies, e.g. a loss scaler's, is carried by those gradients, not applied twice).
+    The gradient is the one-pass gradient of ``Σ weights · logp`` up to float rounding.
 
     Args:
         model: a ``DiffusionGemmaForBlockDiffusion`` (or a wrapper).
         prompt_ids, prompt_mask: ``(B, P)`` long / bool, left-padded.
         completion, completion_mask: ``(B, C·L)`` long / bool.
         record: the :data:`RECORD_KEYS` tensors of these rows (:func:`record_of`).
-        grad: build the graph (the batched pass) or not.
+        grad: build the graph (the batched passes) or not; implied by ``weights``.
+        steps_per_pass: most denoising steps per batched pass (``None``: all of a canvas's steps at once).
+        weights: ``(B, C·L)`` float: the surrogate's weights; requires ``backward``.
+        backward: called with each pass's scalar surrogate (the trainer's ``accelerator.backward``).
     Returns:
-        ``(logp (B, C·L) float32, passes)``: ``passes`` the canvas passes run per row (sequential and batched).
+        ``(logp (B, C·L) float32, passes)``: ``passes`` the canvas passes run per row (sequential and batched);
+        ``logp`` detached when ``weights`` is given.
+    Raises:
+        ValueError: ``weights`` without ``backward``, or ``steps_per_pass`` < 1.
     """
+    if weights is not None and backward is None:
+        raise ValueError("trajectory_logprobs: weights (the surrogate's) need a backward callable")
+    if steps_per_pass is not None and steps_per_pass < 1:
+        raise ValueError(f"trajectory_logprobs: steps_per_pass must be >= 1 (got {steps_per_pass})")
+    grad = grad or weights is not None
     inner = unwrap_diffusion_gemma(model)
     B, P = prompt_ids.shape
     inputs, drawn, scored = record["inputs"], record["drawn"], record["scored"]
     temps, active = record["temperatures"], record["active"]
     C, L = inputs.shape[1], inputs.shape[3]
+    width = completion.shape[1]
     dev = prompt_ids.device
+    zero = torch.zeros((), device=dev)
     cache = new_cache(inner)
     attn = prompt_mask.bool()
     per_position = []
+    leaves = []  # ((encoder key/value, its detached leaf) of every canvas read through leaves)
     passes = 0
+
+    def share(c: int, terms: torch.Tensor) -> torch.Tensor:  # (B, L) terms of canvas c -> their (B, width) share
+        part = torch.cat([terms.new_zeros((B, c * L)), terms, terms.new_zeros((B, width - (c + 1) * L))], dim=1)
+        return torch.where(completion_mask.bool(), fold_after_eos(part, completion_mask), zero)
+
     context = torch.enable_grad() if grad else torch.no_grad()
     with context:
         for c in range(C):
@@ -223,6 +256,7 @@ def trajectory_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
             if not len(steps):
                 break  # (no row denoised this canvas: every row had finished, so none denoises a later one)
             S = int(steps.max()) + 1
+            chunk = min(steps_per_pass or S, S)
             new_ids = prompt_ids if c == 0 else completion[:, (c - 1) * L:c * L]
             start = 0 if c == 0 else P + (c - 1) * L
             if c > 0:  # (the mask covers the canvas being encoded, as the sampler pads it after each canvas)
@@ -231,27 +265,42 @@ def trajectory_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
             dec_mask = torch.nn.functional.pad(attn, (0, L), value=True)
             dec_pos = position_ids(P + c * L, L, dev)
             masks = canvas_attention_masks(inner, inputs[:, c, 0], cache, dec_mask)
-            sc, sc_inputs, seq_logp = None, [], []
-            with torch.no_grad():  # (the self-conditioning inputs, as the sampler computed them)
-                for s in range(S):
+            read = cache
+            if weights is not None:
+                read, pairs = detached_cache(cache)
+                leaves.extend(pairs)
+            sc, sc_inputs, parts = None, [], []
+            for s in range(S):
+                with torch.no_grad():  # (the self-conditioning inputs, as the sampler computed them)
                     sc_inputs.append(sc)
                     raw = canvas_logits(inner, inputs[:, c, s], cache, masks, dec_pos, sc)
                     processed = raw / temps[:, c, s, None, None]
                     if not grad:
-                        seq_logp.append(torch.log_softmax(processed, dim=-1).gather(
+                        parts.append(torch.log_softmax(processed, dim=-1).gather(
                             -1, drawn[:, c, s, :, None]).squeeze(-1))
                     sc = self_conditioning_input(inner, processed)
                     del raw, processed
-            passes += S
+                passes += 1
+                if grad and (len(sc_inputs) == chunk or s == S - 1):
+                    first = s + 1 - len(sc_inputs)
+                    logp = _batched_steps(inner, read, inputs[:, c, first:s + 1], drawn[:, c, first:s + 1],
+                                          temps[:, c, first:s + 1], sc_inputs, dec_mask, dec_pos)
+                    passes += len(sc_inputs)
+                    terms = torch.where(scored[:, c, first:s + 1], logp, zero).sum(dim=1)  # (B, L)
+                    if weights is not None:
+                        backward((share(c, terms) * weights.to(terms.dtype)).sum())
+                        terms = terms.detach()
+                    parts.append(terms)
+                    sc_inputs = []
             if grad:
-                logp = _batched_steps(inner, cache, inputs[:, c, :S], drawn[:, c, :S], temps[:, c, :S], sc_inputs,
-                                      dec_mask, dec_pos)
-                passes += S
+                per_position.append(torch.stack(parts).sum(dim=0))
             else:
-                logp = torch.stack(seq_logp, dim=1)  # (B, S, L)
-            terms = torch.where(scored[:, c, :S], logp, torch.zeros((), device=dev, dtype=logp.dtype))
-            per_position.append(terms.sum(dim=1))
-        width = completion.shape[1]
+                terms = torch.where(scored[:, c, :S], torch.stack(parts, dim=1), zero)
+                per_position.append(terms.sum(dim=1))
+        if leaves:  # (the passes' gradients at the encoder's keys/values, through the encoder passes, once)
+            used = [(t, leaf.grad) for t, leaf in leaves if leaf.grad is not None]
+            if used:
+                torch.autograd.backward([t for t, _ in used], [g for _, g in used])
         out = torch.cat(per_position, dim=1) if per_position else completion.new_zeros((B, 0), dtype=torch.float32)
         if out.shape[1] < width:
             out = torch.cat([out, out.new_zeros((B, width - out.shape[1]))], dim=1)
@@ -261,24 +310,25 @@ def trajectory_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
 
 def _batched_steps(inner, cache, inputs: torch.Tensor, drawn: torch.Tensor, temps: torch.Tensor, sc_inputs: list,
                    dec_mask: torch.Tensor, dec_pos: torch.Tensor) -> torch.Tensor:
-    """One canvas pass with grad over the ``S`` steps of a canvas at once: rows ``b·S + s``, the cache repeated
-    along the batch (and cut back to the ``B`` rows after), the detached self-conditioning inputs (zero at the
-    first step). Returns ``(B, S, L)`` float32 log-probs of the draws."""
-    B, S, L = inputs.shape
-    flat = inputs.reshape(B * S, L)
-    sc = None
-    if S > 1:
-        V = sc_inputs[1].shape[-1]
-        first = torch.zeros((B, 1, L, V), dtype=sc_inputs[1].dtype, device=inputs.device)
-        sc = torch.cat([first, torch.stack(sc_inputs[1:], dim=1)], dim=1).reshape(B * S, L, V).detach()
-        sc_mask = (torch.arange(S, device=inputs.device) > 0).repeat(B)  # (step 0: zero self-conditioning)
-    steps_cache = repeated_cache(cache, S)  # (a copy: gradient checkpointing's recompute reads it again)
-    masks = canvas_attention_masks(inner, flat, steps_cache, dec_mask.repeat_interleave(S, dim=0))
-    raw = canvas_logits(inner, flat, steps_cache, masks, dec_pos, sc, sc_mask if sc is not None else None)
+    """One canvas pass with grad over ``k`` consecutive steps of a canvas at once: rows ``b·k + s``, the cache
+    repeated along the batch (a copy), the detached self-conditioning inputs (``None``: a canvas's first step,
+    which has none: zeros, switched off by the mask). Returns ``(B, k, L)`` float32 log-probs of the draws."""
+    B, k, L = inputs.shape
+    flat = inputs.reshape(B * k, L)
+    sc, sc_mask = None, None
+    given = [x for x in sc_inputs if x is not None]
+    if given:
+        V, dtype = given[0].shape[-1], given[0].dtype
+        sc = torch.stack([torch.zeros((B, L, V), dtype=dtype, device=inputs.device) if x is None else x
+                          for x in sc_inputs], dim=1).reshape(B * k, L, V).detach()
+        sc_mask = torch.tensor([x is not None for x in sc_inputs], device=inputs.device).repeat(B)
+    steps_cache = repeated_cache(cache, k)  # (a copy: gradient checkpointing's recompute reads it again)
+    masks = canvas_attention_masks(inner, flat, steps_cache, dec_mask.repeat_interleave(k, dim=0))
+    raw = canvas_logits(inner, flat, steps_cache, masks, dec_pos, sc, sc_mask)
     del steps_cache
-    processed = raw / temps.reshape(B * S)[:, None, None]
-    logp = torch.log_softmax(processed, dim=-1).gather(-1, drawn.reshape(B * S, L, 1)).squeeze(-1)
-    return logp.reshape(B, S, L)
+    processed = raw / temps.reshape(B * k)[:, None, None]
+    logp = torch.log_softmax(processed, dim=-1).gather(-1, drawn.reshape(B * k, L, 1)).squeeze(-1)
+    return logp.reshape(B, k, L)
 
 
 def adapter_off(policy):
@@ -299,9 +349,12 @@ class UniformTrajectoryScorer:
     Args:
         policy: a :class:`~dlmrl.models.uniform_policy.UniformNoisePolicy`. ref: the KL reference or ``None``.
         old_scores: whether the objective reads old-policy scores.
-        micro_batch: most rows per scoring call (``estimator.micro_batch``; ``None`` = all): scoring with grad then
-            takes two passes over row chunks (no-grad values, ``g = ∂loss/∂logp``, then per chunk the surrogate
-            ``Σ g · logp`` with grad), whose gradients sum to the whole batch's.
+        micro_batch: most denoising-step canvases (one row's input canvas at one step) per forward with grad
+            (``estimator.micro_batch``; ``None`` = all rows' steps at once), as the masked kinds count canvases: at
+            least a row's ``N`` recorded steps per canvas give chunks of ``micro_batch // N`` rows, fewer give one
+            row at a time with its steps in passes of ``micro_batch``. Chunked scoring with grad takes the
+            two-pass surrogate (no-grad values, ``g = ∂loss/∂logp``, then each pass back-propagates its share of
+            ``Σ g · logp``), whose gradients sum to the whole batch's; peak memory is one pass's.
     Attributes:
         nfe: canvas passes per row of the last batch's scoring with grad (sequential and batched).
         measures_rollout_gap: True: the scores are log-probs of the distribution the sampler drew from
@@ -316,20 +369,30 @@ class UniformTrajectoryScorer:
         self.lockstep = None  # (set by the trainer with FSDP/DeepSpeed; one process is what this scorer supports)
         self.nfe = 0
 
-    def _score(self, policy, ro: Rollout, grad: bool) -> torch.Tensor:
+    def _score(self, policy, ro: Rollout, grad: bool, **surrogate) -> torch.Tensor:
         with adapter_off(policy):
             logp, passes = trajectory_logprobs(policy.model, ro.prompt_ids, ro.prompt_mask, ro.completion,
-                                               ro.completion_mask, ro.kind_record, grad=grad)
+                                               ro.completion_mask, ro.kind_record, grad=grad, **surrogate)
         if grad:
             self.nfe = passes
         return logp
 
-    def _chunks(self, n: int) -> list[torch.Tensor]:
-        return list(torch.arange(n).split(self.micro_batch or max(n, 1))) if n else []
+    def _split(self, ro: Rollout) -> tuple[int, int | None]:
+        """``(rows per chunk, steps per pass)`` for ``micro_batch`` step canvases per forward."""
+        steps = ro.kind_record["inputs"].shape[2] if len(ro) else 1
+        if self.micro_batch is None:
+            return max(len(ro), 1), None
+        if self.micro_batch >= steps:
+            return self.micro_batch // steps, None
+        return 1, self.micro_batch
+
+    def _chunks(self, ro: Rollout) -> list[torch.Tensor]:
+        n = len(ro)
+        return list(torch.arange(n).split(self._split(ro)[0])) if n else []
 
     def _values(self, policy, ro: Rollout) -> torch.Tensor:
         with torch.no_grad():
-            parts = [self._score(policy, ro.rows(rows), grad=False) for rows in self._chunks(len(ro))]
+            parts = [self._score(policy, ro.rows(rows), grad=False) for rows in self._chunks(ro)]
         return torch.cat(parts) if parts else ro.completion.new_zeros(ro.completion.shape, dtype=torch.float32)
 
     def prepare(self, ro: Rollout, num_iterations: int, generator: torch.Generator, entropy: bool = False,
@@ -352,8 +415,9 @@ class UniformTrajectoryScorer:
         """Score the rows with grad and back-propagate ``loss_fn(logp)``; ``rows`` ``(m,)``: only these rows of the
         prepared ones (a mini-batch)."""
         ro = self.ro if rows is None else self.ro.rows(rows)
-        chunks = self._chunks(len(ro))
-        if len(chunks) <= 1:
+        chunks = self._chunks(ro)
+        steps_per_pass = self._split(ro)[1]
+        if len(chunks) <= 1 and steps_per_pass is None:
             loss, metrics = loss_fn(self._score(self.policy, ro, grad=True))
             backward(loss)
             return loss.detach(), metrics
@@ -363,6 +427,6 @@ class UniformTrajectoryScorer:
         (g,) = torch.autograd.grad(loss, leaf, allow_unused=True)
         g = torch.zeros_like(leaf) if g is None else g.detach()
         for part in chunks:
-            logp = self._score(self.policy, ro.rows(part), grad=True)
-            backward((logp * g[part].to(logp.dtype)).sum())
+            self._score(self.policy, ro.rows(part), grad=True, steps_per_pass=steps_per_pass, weights=g[part],
+                        backward=backward)
         return loss.detach(), metrics

@@ -195,27 +195,46 @@ def test_the_python_api_takes_the_uniform_kind_from_a_loaded_diffusion_gemma(che
     assert trainer_config(None, model=policy).model.kind == "uniform"
 
 
-def test_scoring_in_row_chunks_gives_the_same_gradient(checkpoint):
-    """estimator.micro_batch: the two-pass surrogate over row chunks sums to the whole batch's gradient."""
+def test_scoring_in_chunks_gives_the_same_gradient_and_holds_one_pass(checkpoint):
+    """estimator.micro_batch (step canvases per forward with grad): row chunks (a multiple of the N recorded steps)
+    and passes of fewer steps than a canvas has (one row at a time, its encoder back-propagated once through the
+    detached cache) sum to the one-pass gradient, with the same values; each pass holds only its own steps."""
+    from dlmrl.training import uniform_trajectory
     from dlmrl.training.run_setup import build_task
     from dlmrl.training.uniform_trajectory import UniformTrajectoryScorer
 
     cfg = _config(checkpoint, "train.num_generations=3")
-    grads = []
-    for micro in (None, 2):
+    grads, batch_rows = [], {}
+    steps = None
+    for micro in (None, "2 rows", 3, 1):
         policy = build_tiny_uniform_policy()
         task = build_task(cfg, policy)
         ro = rollout_uniform(policy, task, cfg, task.train_batch(2, 0, 0), torch.Generator().manual_seed(3), 17)
-        scorer = UniformTrajectoryScorer(policy, None, micro_batch=micro)
+        steps = ro.kind_record["inputs"].shape[2]
+        micro_batch = 2 * steps if micro == "2 rows" else micro
+        scorer = UniformTrajectoryScorer(policy, None, micro_batch=micro_batch)
         scorer.prepare(ro, 1, torch.Generator())
         weights = torch.linspace(-1, 1, ro.completion.numel()).reshape(ro.completion.shape)
-        scorer.backward(0, lambda logp, w=weights: ((logp * w).sum(), {}), lambda loss: loss.backward())
+        seen = []
+        real = uniform_trajectory._batched_steps
+        uniform_trajectory._batched_steps = lambda inner, cache, inputs, *a: (seen.append(tuple(inputs.shape[:2])),
+                                                                              real(inner, cache, inputs, *a))[1]
+        try:
+            scorer.backward(0, lambda logp, w=weights: ((logp * w).sum(), {}), lambda loss: loss.backward())
+        finally:
+            uniform_trajectory._batched_steps = real
+        batch_rows[micro] = seen
         grads.append(torch.cat([p.grad.flatten() for p in policy.model.parameters() if p.grad is not None]))
+    assert steps > 3 and len(ro) == 6
+    assert max(r * k for r, k in batch_rows[3]) <= 3 and max(r * k for r, k in batch_rows[1]) == 1
+    assert max(r for r, _ in batch_rows["2 rows"]) == 2 and max(r for r, _ in batch_rows[None]) == 6
     # (the same float32 terms, summed in another order and from batches of another size: each gradient entry sums at
-    # most rows · C · N · L = 6 · 3 · 4 · 8 per-draw contributions, so its error is at most that many float32 roundings
-    # of the largest entry)
-    terms = 6 * 3 * 4 * 8
-    assert (grads[0] - grads[1]).abs().max() <= terms * torch.finfo(torch.float32).eps * grads[0].abs().max()
+    # most rows · C · N · L = 6 · 3 · N · 8 per-draw contributions, so its error is at most that many float32
+    # roundings of the largest entry)
+    terms = 6 * 3 * steps * 8
+    for other in grads[1:]:
+        assert other.shape == grads[0].shape
+        assert (grads[0] - other).abs().max() <= terms * torch.finfo(torch.float32).eps * grads[0].abs().max()
 
 
 def test_later_updates_read_the_rollout_policys_scores(checkpoint, tmp_path):

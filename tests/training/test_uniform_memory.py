@@ -56,10 +56,11 @@ def test_dry_run_plans_the_trajectory_grad_pass(tmp_path, capsys):
                      "estimator.micro_batch=2"]) == 0
     memory = yaml.safe_load(capsys.readouterr().out)["memory"]
     assert "unavailable" not in memory and "4 experts (2 per token" in memory["architecture"]
-    # one completion per plan canvas: C = ceil(17 / 8) = 3 canvases x 4 steps x 8 positions in the batched pass,
-    # plus the encoder's 17 prompt positions and 3 x 8 canvas positions
-    assert memory["positions_per_canvas"] == 3 * 4 * 8 + 17 + 3 * 8
+    # one step of one canvas per plan canvas (8 positions), 2 of them per pass (micro_batch 2 < 4 steps), sharing
+    # the row's encoder graph: 17 prompt positions and C = ceil(17 / 8) = 3 canvases of 8, halved and rounded up
     assert memory["canvases_per_forward"] == 2
+    assert memory["positions_per_canvas"] == 8 + -(-(17 + 3 * 8) // 2)
+    assert memory["canvases_per_update"] == 64 * 8 * 3 * 4  # (the default 64 prompts x G 8 rows, x C x S)
 
 
 def test_dry_run_plans_a_hub_26b_from_the_recorded_architecture(capsys):
@@ -70,8 +71,9 @@ def test_dry_run_plans_a_hub_26b_from_the_recorded_architecture(capsys):
             "sampling.gen_length=255", "sampling.steps=8"]
     assert cli.main(args) == 0
     memory = yaml.safe_load(capsys.readouterr().out)["memory"]
-    # (one canvas of 256: 255 tokens and EOS; a text task's prompt is planned at 256 tokens)
-    assert memory["positions_per_canvas"] == 8 * 256 + 256 + 256
+    # (one canvas of 256: 255 tokens and EOS; a text task's prompt is planned at 256 tokens; without micro_batch
+    # one backward keeps the 8 steps' graphs, which share the row's encoder: 256 + 256 positions over 8)
+    assert memory["positions_per_canvas"] == 256 + (256 + 256) // 8
     assert "128 experts (8 per token" in memory["architecture"]
 
 
