@@ -359,6 +359,10 @@ class PolicyKind(ABC):
           a rollout step scores; ``rollout_forward_positions``: positions a rollout forward runs;
           ``prefill_positions``: positions of a rollout's prefill pass (0: none);
         - ``dense_mask``: the forward builds a dense 4-D attention mask (block-causal).
+
+        Optional (``False`` when absent): ``soft_inputs`` / ``rollout_soft_inputs``: each scored position of a
+        forward with grad / of a sampling step also reads a vocabulary-sized input in the weights' dtype
+        (DiffusionGemma's self-conditioning logits).
         """
 
     # ----- training ----------------------------------------------------------------------------------------

@@ -261,15 +261,15 @@ class UniformNoiseKind(PolicyKind):
         backward, all ``C·S`` step canvases' graphs at once). So one plan "canvas" is one step of one canvas:
         ``L`` decoder positions, all scored (``L × V`` logits, the dominant term at a 262k vocabulary), plus its
         share of the row's encoder positions (``P + C·L`` over the step canvases that share them in a forward),
-        which a forward's step canvases sum back to whole encoders. Not a term of the plan: the detached self-conditioning inputs a
-        pass reads (another ``L × V`` values per step canvas in the weights' dtype) and the no-grad sequential
-        pass's one step of logits. The ELBO estimators: ``nfe`` noisy copies of each completion through the
+        which a forward's step canvases sum back to whole encoders. The detached self-conditioning inputs a pass
+        reads, another ``L × V`` values per step canvas in the weights' dtype, and the sampler's per row, are the
+        plan's ``soft_inputs`` terms; not a term: the no-grad sequential pass's one step of logits. The ELBO estimators: ``nfe`` noisy copies of each completion through the
         decoder (``C·L`` positions) after the encoder (``P + C·L``). A rollout step runs ``L`` positions against the
         key/value cache of the prompt and the finished canvases."""
         L = self.canvas_length(cfg)
         canvases = math.ceil((cfg.sampling.gen_length + 1) / L)
         common = {"float_copy_all": True, "cached": True, "rollout_block": L, "rollout_forward_positions": L,
-                  "dense_mask": False, "prefill_positions": prompt}
+                  "dense_mask": False, "prefill_positions": prompt, "rollout_soft_inputs": True}
         if self.own_estimator(cfg) is not None:
             return {**common, "canvases": per_update * max(int(nfe or 1), 1),
                     "positions": prompt + 2 * canvases * L, "head_positions": canvases * L,
@@ -280,7 +280,7 @@ class UniformNoiseKind(PolicyKind):
         sharing = min(micro, steps) if micro else canvases * steps
         encoder = -(-(prompt + canvases * L) // sharing)
         return {**common, "canvases": per_update * canvases * steps, "positions": L + encoder, "head_positions": L,
-                "scored_positions": L}
+                "scored_positions": L, "soft_inputs": True}
 
     # ----- training ----------------------------------------------------------------------------------------
     def build_scorer(self, policy, ref, cfg, estimator, objective, processes: int):

@@ -180,7 +180,9 @@ def settings_from_config(cfg, nfe: int, processes: int, objective=None, sharding
         rollout_tokens=(prompt + length) if shapes["cached"] else 0,
         rollout_forward_positions=shapes["rollout_forward_positions"],
         rollout_scored_positions=shapes["rollout_block"], rollout_prefill_positions=shapes["prefill_positions"],
-        rollout_gathers_weights=getattr(tr, "sharding", "none") == "fsdp2")
+        rollout_gathers_weights=getattr(tr, "sharding", "none") == "fsdp2",
+        soft_inputs=bool(shapes.get("soft_inputs", False)),
+        rollout_soft_inputs=bool(shapes.get("rollout_soft_inputs", False)))
     numbers = {"prompt_tokens": f"{prompt} ({prompt_note})", "completions_per_update": per_update,
                "canvases_per_update": canvases, "canvases_per_forward": per_forward,
                "positions_per_canvas": positions, "tokens_per_forward": per_forward * positions,
@@ -239,7 +241,7 @@ def memory_section(cfg, nfe: int, processes: int, objective=None) -> dict:
         },
     }
     for extra in ("attention_mask", "reference_model", "ddp_buckets", "gathered_layer", "rollout_gathered_weights",
-                  "scoring_gathered_weights"):
+                  "scoring_gathered_weights", "soft_inputs", "rollout_soft_inputs"):
         if t[extra]:
             out["terms"][extra] = gb[extra]
     out["phases"] = {k: format_bytes(v) for k, v in plan.phases.items()}

@@ -372,6 +372,10 @@ class MemorySettings:
             as transformers' ``generate`` does).
         rollout_gathers_weights: sharded weights are gathered whole for the rollout (``train.sharding: fsdp2``,
             :mod:`dlmrl.training.sharding`: once per rollout, since processes sample different numbers of passes).
+        soft_inputs: each head position of a forward with grad also reads a vocabulary-sized input in the weights'
+            dtype, held (detached) through the forward and the backward: DiffusionGemma's self-conditioning input,
+            the previous step's logits (:func:`soft_input_bytes`). rollout_soft_inputs: the same in each sampling
+            step (:func:`rollout_soft_input_bytes`).
     """
 
     weight_dtype: str = "float32"
@@ -398,6 +402,8 @@ class MemorySettings:
     rollout_scored_positions: int = 0
     rollout_prefill_positions: int = 0
     rollout_gathers_weights: bool = False
+    soft_inputs: bool = False
+    rollout_soft_inputs: bool = False
 
     def __post_init__(self) -> None:
         if self.weight_dtype not in DTYPE_BYTES:
@@ -737,6 +743,23 @@ def kv_cache_bytes(arch: Architecture, s: MemorySettings) -> int:
     return s.rollout_rows * s.rollout_tokens * arch.kv_cache_bytes_per_token(s.dtype_bytes)
 
 
+def soft_input_bytes(arch: Architecture, s: MemorySettings) -> int:
+    """The vocabulary-sized inputs of one forward with grad (``s.soft_inputs``): ``canvases x head positions x V``
+    values in the weights' dtype (DiffusionGemma's detached self-conditioning logits, one per scored position)."""
+    if not s.soft_inputs:
+        return 0
+    return s.canvases_per_forward * (s.head_positions or s.positions) * arch.vocab_size * s.dtype_bytes
+
+
+def rollout_soft_input_bytes(arch: Architecture, s: MemorySettings) -> int:
+    """A sampling step's vocabulary-sized input (``s.soft_inputs``): ``rows x forward positions x V`` values in the
+    weights' dtype (DiffusionGemma's self-conditioning input, the previous step's logits cast to the embeddings'
+    dtype, ``generate``'s ``_denoising_step``)."""
+    if not s.rollout_soft_inputs:
+        return 0
+    return s.rollout_rows * s.rollout_forward_positions * arch.vocab_size * s.dtype_bytes
+
+
 def rollout_logits_bytes(arch: Architecture, s: MemorySettings) -> int:
     """One sampling step's full-vocabulary tensors (no grad), ``rows x V x`` bytes per position: the head's output
     over the positions the forward runs (``d``) and its float32 copy (``4``, when ``d != 4``), and over the block
@@ -828,6 +851,8 @@ def plan_memory(arch: Architecture, s: MemorySettings) -> MemoryPlan:
         "activations_checkpointing": act_on,
         "logits_per_forward": logits_peak_bytes(arch, s),
         "attention_mask": mask_bytes(arch, s, s.canvases_per_forward),
+        "soft_inputs": soft_input_bytes(arch, s),
+        "rollout_soft_inputs": rollout_soft_input_bytes(arch, s),
         "rollout_kv_cache": kv_cache_bytes(arch, s),
         "rollout_logits": rollout_logits_bytes(arch, s),
         "rollout_gathered_weights": rollout_weight_bytes(arch, s),
@@ -840,9 +865,11 @@ def plan_memory(arch: Architecture, s: MemorySettings) -> MemoryPlan:
     # and the top layer's backward, rebuilt when checkpointed, after the head's gradient exists)
     moments = max(kept + terms["logits_per_forward"], kept + layer_backward_bytes(arch, s) + head_grad)
     phases = {
-        "forward_backward": static + moments + (terms["gradients"] if s.grads_during_forward else 0),
+        "forward_backward": static + moments + terms["soft_inputs"]
+        + (terms["gradients"] if s.grads_during_forward else 0),
         "optimizer_step": static + terms["gradients"] + terms["optimizer_step"],
-        "rollout": static + terms["rollout_kv_cache"] + terms["rollout_logits"] + terms["rollout_gathered_weights"],
+        "rollout": static + terms["rollout_kv_cache"] + terms["rollout_logits"] + terms["rollout_soft_inputs"]
+        + terms["rollout_gathered_weights"],
     }
     if terms["scoring_gathered_weights"]:  # (old and reference scores on gathered weights: a no-grad forward)
         phases["old_scores"] = static + terms["scoring_gathered_weights"] + terms["logits_per_forward"]

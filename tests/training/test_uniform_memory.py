@@ -88,3 +88,23 @@ def test_the_26b_recipe_fits_8_gpus_of_80gb_with_lora(capsys, monkeypatch):
     memory = yaml.safe_load(capsys.readouterr().out)["memory"]
     assert memory["memory_budget"].endswith("fits"), memory
     assert float(memory["peak"].split(" GB")[0]) <= 80 * 0.9
+
+
+def test_the_self_conditioning_inputs_are_planned(tmp_path):
+    """The trajectory's grad pass reads each step canvas's detached self-conditioning input (``L × V`` values in the
+    weights' dtype) and each sampling step one per row; the ELBO scorer passes none (zero self-conditioning) but
+    samples with the same sampler."""
+    from dlmrl.training.memory_config import architecture_for, settings_from_config
+    from dlmrl.training.memory_plan import plan_memory
+
+    checkpoint = save_tiny_uniform_checkpoint(tmp_path / "tiny_dg")  # (canvas 8)
+    base = [f"model.name_or_path={checkpoint}", "model.kind=uniform", "task.answer_mode=full", "sampling.steps=4",
+            "train.prompts_per_step=2", "train.num_generations=3"]
+    for extra, forward in ((["estimator.micro_batch=2"], 2 * 8), (["estimator.name=uniform_sdmc"], 0)):
+        cfg = Config()
+        apply_overrides(cfg, [*base, *extra])
+        arch, _ = architecture_for(cfg)
+        settings, _ = settings_from_config(cfg, 4, 1)
+        terms = plan_memory(arch, settings).terms
+        assert terms["soft_inputs"] == forward * arch.vocab_size * 4  # (float32 weights)
+        assert terms["rollout_soft_inputs"] == 6 * 8 * arch.vocab_size * 4  # (6 rows x the canvas's 8 positions)
