@@ -83,8 +83,10 @@ def load_diffusion_gemma(name_or_path: str, dtype: torch.dtype | str = torch.bfl
 
 
 def unwrap_diffusion_gemma(model: nn.Module) -> nn.Module:
-    """The ``DiffusionGemmaForBlockDiffusion`` inside ``model`` (a PEFT wrapper is unwrapped with
-    ``get_base_model()``; its LoRA layers sit inside the base model, so calling the base runs them).
+    """The ``DiffusionGemmaForBlockDiffusion`` inside ``model`` (a data-parallel wrapper, e.g. DDP's under
+    ``accelerate launch``, by its ``module``; a PEFT wrapper with ``get_base_model()``: its LoRA layers sit inside
+    the base model, so calling the base runs them). Calling the inner model skips DDP's gradient hooks: the trainer
+    averages a DDP run's gradients itself once per update (``dlmrl.training.distributed``).
 
     Raises:
         TypeError: ``model`` is not (a wrapper of) a ``DiffusionGemmaForBlockDiffusion``.
@@ -92,6 +94,8 @@ def unwrap_diffusion_gemma(model: nn.Module) -> nn.Module:
     from transformers import DiffusionGemmaForBlockDiffusion
 
     seen = model
+    while isinstance(seen, nn.parallel.DistributedDataParallel):
+        seen = seen.module
     while not isinstance(seen, DiffusionGemmaForBlockDiffusion) and hasattr(seen, "get_base_model"):
         inner = seen.get_base_model()
         if inner is seen:

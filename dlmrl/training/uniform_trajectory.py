@@ -63,7 +63,7 @@ from dlmrl.training.rollout import Rollout, _prompt_rows, consecutive_groups, me
 from dlmrl.training.scorers import OldScores
 
 __all__ = ["UniformTrajectoryScorer", "fold_after_eos", "record_of", "rollout_uniform", "sampler_settings",
-           "trajectory_logprobs"]
+           "share_seed", "trajectory_logprobs"]
 
 #: the per-row tensors of :attr:`Rollout.kind_record` for this kind: ``(B, C, N, L)`` long input canvases and
 #: draws, ``(B, C, N, L)`` bool scored terms, ``(B, C, N)`` float32 temperatures and bool active steps
@@ -159,9 +159,12 @@ def rollout_uniform(policy, task, cfg, examples: list, generator: torch.Generato
     :func:`sampler_settings`, ``sampling.draw_last_step``), a budget of ``max_new_tokens`` tokens
     (``ceil(max_new_tokens / L)`` canvases).
 
-    The whole batch is sampled in one call with one seed drawn from ``generator`` (the sampler's draws are
-    batch-wide, so a row's tokens depend on the batch it is sampled in); ``prompts = (lo, hi)`` keeps the rows of
-    those prompts (one process's share) of the whole batch's sample.
+    The batch is sampled in one call with one seed drawn from ``generator``. The sampler's draws are batch-wide (as
+    ``generate``'s), so a row's tokens depend on the batch it is sampled in: ``prompts = (lo, hi)`` (one process's
+    share of a multi-process run) samples only those prompts' rows, with the seed :func:`share_seed` derives from
+    the drawn one and ``lo``, so each process samples ``(hi - lo)·G`` rows, not the whole batch (the memory plan's
+    rows per process); the shares' draws are then not the ones a one-process run of the whole batch makes (a
+    valid sample all the same; dlmrl interpretation, the masked kinds keep the whole batch's draws per row).
 
     Returns:
         a :class:`Rollout` with ``completion`` / ``completion_mask`` ``(B, C·L)`` (tokens up to and including EOS),
@@ -171,11 +174,16 @@ def rollout_uniform(policy, task, cfg, examples: list, generator: torch.Generato
     from dlmrl.models.ar import draw_seed
 
     G = cfg.train.num_generations
-    batch = task.encode(examples, device=policy.device).repeat(G)
-    keep = _prompt_rows(len(examples), G, prompts)
+    _prompt_rows(len(examples), G, prompts)  # (checks the share)
+    lo, hi = (0, len(examples)) if prompts is None else prompts
+    seed = draw_seed(generator)  # (drawn on every process: the generators stay in step)
+    if (lo, hi) != (0, len(examples)):
+        seed = share_seed(seed, lo)
+    share = examples[lo:hi] if hi > lo else examples[:1]  # (an empty share samples one row and keeps none)
+    batch = task.encode(share, device=policy.device).repeat(G)
+    keep = slice(0, (hi - lo) * G)
     L = policy.canvas_length
     canvases = math.ceil(max_new_tokens / L)
-    seed = draw_seed(generator)
     out = policy.sample(batch.prompt_ids, batch.prompt_mask, max_new_tokens, seed=seed,
                         draw_last_step=bool(cfg.sampling.draw_last_step), **sampler_settings(cfg.sampling))
     record, logp = record_of(out, canvases)
@@ -188,6 +196,15 @@ def rollout_uniform(policy, task, cfg, examples: list, generator: torch.Generato
                    mean_nfe(row_nfe[keep]), consecutive_groups(n, G, comp.device), passes=int(row_nfe[keep].sum()),
                    token_logprobs=torch.where(mask[keep], logp[keep], 0.0), row_nfe=row_nfe[keep],
                    kind_record=record)
+
+
+def share_seed(seed: int | None, first_prompt: int) -> int | None:
+    """The sampling seed of a share of a rollout batch that starts at prompt ``first_prompt``: ``seed`` mixed with
+    it (splitmix64's odd constant), so shares sample independent draws and a one-process run (share 0 = the whole
+    batch, which keeps ``seed``) is unchanged; ``None`` stays ``None`` (unseeded)."""
+    if seed is None:
+        return None
+    return (int(seed) + 0x9E3779B97F4A7C15 * (int(first_prompt) + 1)) % (2 ** 63)
 
 
 def trajectory_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion: torch.Tensor,

@@ -117,6 +117,22 @@ def test_two_processes_match_one_process_on_the_block_model(tmp_path):
     assert all(r["nfe_scoring"] == 2 for r in rows(tmp_path / "one"))  # (8 steps over 4 blocks: 2 per block)
 
 
+def test_two_processes_train_the_uniform_kind(tmp_path):
+    """model.kind uniform (DiffusionGemma) under accelerate's DDP: each process samples only its share of the
+    prompts (with its share's seed, so not a one-process run's draws: no equality to compare with) and scores it
+    with the trajectory likelihood in step passes (micro_batch 3, a different number of backward calls per process);
+    the gradients are averaged once per update. The run finishes, every row is scored, and the replayed likelihood
+    equals each share's record (the gap at float32 tolerance, as test_uniform_kind derives it)."""
+    uniform = ["--config", "configs/grpo_sudoku_tiny_uniform.yaml", "eval.before=false", "eval.after=false",
+               "train.max_steps=2", "train.prompts_per_step=4", "train.num_generations=4", "train.save_steps=1",
+               "estimator.micro_batch=3"]
+    launch(["-m", "dlmrl.cli"], uniform, tmp_path / "two")
+    records = rows(tmp_path / "two")
+    assert [r["rows_scored"] for r in records] == [16, 16]
+    assert all(r["rollout_logp_gap_max"] < 1e-3 and r["grad_norm"] > 0 for r in records)
+    assert (tmp_path / "two" / "final_model" / "model.safetensors").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("count", "mu"), [(2, 1), (4, 2)])
 def test_two_processes_match_one_process_with_several_optimizer_steps_per_batch(count, mu, tmp_path):

@@ -97,6 +97,36 @@ def test_the_gradient_reaches_the_weights_but_not_through_self_conditioning(chec
     assert any("self_conditioning" in n for n in grads) and any("encoder" in n or "layers" in n for n in grads)
 
 
+def test_a_process_share_samples_only_its_rows_with_its_own_seed(checkpoint, monkeypatch):
+    """prompts = (lo, hi) (one process's share): the sampler runs on that share's (hi - lo)·G rows only, with
+    share_seed(seed, lo), and gives exactly the rollout of sampling those prompts alone with that seed; the whole
+    batch (a one-process run) keeps the drawn seed; an empty share samples one row and keeps none."""
+    from dlmrl.models.ar import draw_seed
+    from dlmrl.models.uniform_policy import UniformNoisePolicy
+    from dlmrl.training.run_setup import build_task
+    from dlmrl.training.uniform_trajectory import share_seed
+
+    cfg = _config(checkpoint, "train.num_generations=2")
+    policy = build_tiny_uniform_policy()
+    task = build_task(cfg, policy)
+    examples = task.train_batch(3, 0, 0)
+    calls = []
+    real = UniformNoisePolicy.sample
+    monkeypatch.setattr(UniformNoisePolicy, "sample", lambda self, ids, *a, seed=None, **k: (
+        calls.append((ids.shape[0], seed)), real(self, ids, *a, seed=seed, **k))[1])
+    seed = draw_seed(torch.Generator().manual_seed(5))
+    share = rollout_uniform(policy, task, cfg, examples, torch.Generator().manual_seed(5), 17, prompts=(1, 3))
+    alone = rollout_uniform(policy, task, cfg, examples[1:3], share_seed(seed, 1), 17)
+    whole = rollout_uniform(policy, task, cfg, examples, torch.Generator().manual_seed(5), 17)
+    empty = rollout_uniform(policy, task, cfg, examples, torch.Generator().manual_seed(5), 17, prompts=(3, 3))
+    assert calls == [(4, share_seed(seed, 1)), (4, share_seed(seed, 1)), (6, seed), (2, share_seed(seed, 3))]
+    assert share_seed(seed, 1) != seed and share_seed(seed, 1) != share_seed(seed, 3)
+    assert torch.equal(share.completion, alone.completion) and len(share) == 4 and len(whole) == 6
+    assert torch.equal(share.token_logprobs, alone.token_logprobs) and len(empty) == 0
+    for key, value in share.kind_record.items():
+        assert torch.equal(value, alone.kind_record[key]), key
+
+
 def test_rows_and_concatenation_keep_the_record(checkpoint):
     from dlmrl.training.rollout import Rollout
     from dlmrl.training.run_setup import build_task
