@@ -36,7 +36,7 @@ def check_algorithm(cfg: Config):
     _check(eps_high is None or eps_high >= eps, "train.epsilon_high",
            f"the upper clip {eps_high} is below the lower one (epsilon {eps}); clip-higher needs epsilon_high >= "
            "epsilon")
-    _check(kind.algorithm_policy in preset.policies, "train.algorithm",
+    _check(kind.runs_preset(preset), "train.algorithm",
            f"{tr.algorithm!r} runs on {' and '.join(preset.policies)} policies only, but model.kind is {kind.name!r}")
     _check(preset.adaptive_temperature_tau is None or kind.autoregressive, "train.algorithm",
            f"{tr.algorithm!r} samples with HAPO's adaptive temperature, which needs model.kind 'ar'")

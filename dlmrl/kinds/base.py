@@ -262,9 +262,15 @@ class PolicyKind(ABC):
                   f"model.kind {self.name!r} always ends a completion at EOS (transformers' generate stops there); set "
                   "it null")
 
+    def runs_preset(self, preset) -> bool:
+        """Whether the algorithm preset ``preset`` runs on this kind at all (default: its ``policies`` name
+        :attr:`algorithm_policy`); the config check refuses ``train.algorithm`` otherwise, naming the preset's
+        policies."""
+        return self.algorithm_policy in preset.policies
+
     def check_algorithm(self, cfg, preset) -> None:
-        """The algorithm preset ``preset`` (already known to run on :attr:`algorithm_policy`) on this kind, beyond
-        that (default: nothing).
+        """The algorithm preset ``preset`` (already known to run on this kind: :meth:`runs_preset`) on this kind,
+        beyond that (default: nothing).
 
         Raises:
             ConfigError: naming ``train.algorithm`` (or the key that asks for what the kind lacks).

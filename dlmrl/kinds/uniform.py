@@ -204,6 +204,14 @@ class UniformNoiseKind(PolicyKind):
                   "the eval presets are masked-diffusion protocols; model.kind 'uniform' evaluates with eval.steps "
                   "(set it none)")
 
+    def runs_preset(self, preset) -> bool:
+        """The presets on exact log-probs (``policies`` containing ``ar``) and TraceRL's (a ``trajectory`` preset
+        scoring the sampler's own steps, ``order: sampled``), whose likelihood this kind's trajectory likelihood is:
+        the same idea on the uniform sampler's steps (dlmrl interpretation). Not JustGRPO's left-to-right order,
+        which no uniform sampler takes."""
+        return "ar" in preset.policies or (preset.estimator == "trajectory"
+                                           and preset.estimator_options.get("order") == "sampled")
+
     def check_algorithm(self, cfg, preset) -> None:
         algo = cfg.train.algorithm
         check_key(not ({"entropy"} & set(preset.required_inputs)), "train.algorithm",
@@ -374,13 +382,22 @@ class UniformNoiseKind(PolicyKind):
                                 "update, shared by old, reference and current scores",
                     "rollout_logp_gap": "not defined (a bound of UDLM's reverse process, not the sampler's "
                                         "distribution): not logged"}
+        micro, steps = cfg.estimator.micro_batch, int(cfg.sampling.steps)
+        if not micro:
+            grad = "then one batched pass with grad over all the rows' steps of the canvas"
+        elif micro >= steps:
+            grad = (f"then batched passes with grad over all the canvas's steps of {micro // steps} row(s) at a time "
+                    f"(estimator.micro_batch {micro} step canvases), each back-propagated before the next")
+        else:
+            grad = (f"then, one row at a time, batched passes with grad over {micro} of the canvas's steps "
+                    f"(estimator.micro_batch), each back-propagated before the next; the encoder's graph once per "
+                    "row")
         return {"name": "trajectory likelihood (uniform): the accepted draws' log-probs of every step",
                 "passes": "per canvas: the encoder pass, a no-grad pass per step for the self-conditioning inputs, "
-                          "then one batched pass with grad over all the canvas's steps (old and reference scores: "
-                          "the no-grad passes only)",
-                "nfe": 2 * cfg.sampling.steps,
+                          f"{grad} (old and reference scores: the no-grad passes only)",
+                "nfe": 2 * steps,
                 "nfe_formula": "at most 2 x sampling.steps canvas passes per canvas (a no-grad pass per step, then "
-                               "the batched pass over the steps; the run logs nfe_scoring)",
+                               "the batched passes over the steps; the run logs nfe_scoring)",
                 "gradient": "through each step's logits at the recorded input canvas; the self-conditioning input "
                             "(the previous step's logits) is recomputed under the current weights and detached"}
 

@@ -1,5 +1,6 @@
 """The ``model.kind: uniform`` recipes in ``configs/`` (the shipped tiny DiffusionGemma, tiny-sudoku-uniform) train 2
-steps as written, at a small batch: the trajectory likelihood (grpo, gspo, dapo) and the uniform-noise ELBO."""
+steps as written, at a small batch: the trajectory likelihood (grpo, gspo, dapo, tracerl) and the uniform-noise
+ELBO."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ SMALL = ["train.max_steps=2", "train.prompts_per_step=2", "train.num_generations
 
 def test_the_uniform_recipes_exist():
     assert [p.stem for p in UNIFORM] == ["dapo_sudoku_tiny_uniform", "grpo_sudoku_tiny_uniform",
-                                         "grpo_sudoku_tiny_uniform_elbo", "gspo_sudoku_tiny_uniform"]
+                                         "grpo_sudoku_tiny_uniform_elbo", "gspo_sudoku_tiny_uniform",
+                                         "tracerl_sudoku_tiny_uniform"]
 
 
 @pytest.mark.parametrize("path", UNIFORM, ids=lambda p: p.stem)
@@ -34,6 +36,8 @@ def test_a_uniform_recipe_trains_two_steps(path, tmp_path):
     for r in lines:
         assert math.isfinite(r["loss"]) and r["nfe_sampling"] > 0 and r["nfe_scoring"] > 0
     assert any(r["grad_norm"] > 0 for r in lines)  # (a step whose groups all tie has no signal)
+    if "tracerl" in path.stem:  # (two optimizer steps per batch: the second's ratio and KL toward the rollout act)
+        assert any(r["ratio_max"] > 1 or r["ratio_min"] < 1 for r in lines)
     if "elbo" in path.stem:
         assert all(r.get("rollout_logp_gap_max") is None for r in lines)  # (a bound: no gap to the sampler)
     else:  # (scored at the weights that sampled: only float batch effects)

@@ -163,6 +163,7 @@ def test_dry_run_describes_the_sampler_and_the_likelihoods_passes(checkpoint, ca
     ("train.algorithm=gdpo", "train.algorithm"),
     ("train.algorithm=egsw", "train.algorithm"),
     ("train.algorithm=dagrpo", "train.algorithm"),
+    ("train.algorithm=just_grpo", "train.algorithm"),  # (a left-to-right order: no uniform sampler takes one)
     ("estimator.logits_chunk=4", "estimator.logits_chunk"),
     ("estimator.name=sdmc", "estimator.name"),
 ])
