@@ -383,6 +383,14 @@ class TrainConfig:
         "Weight of each reward function in the summed reward (TRL's reward_weights); empty = all 1.")})
     seed: int = doc(0, "Seed for rollouts, masks and data.")
     save_steps: int = doc(25, "Checkpoint every this many steps (and at the end).")
+    collapse_window: int = doc(
+        20, "The collapse monitor (dlmrl.training.collapse): steps in the running baseline (median) of sample_nll, "
+            "the policy's negative log-likelihood per token of its own samples, and of kl; 0 = off. A value above "
+            "collapse_ratio x its baseline logs collapse: true and warns once, naming the step.")
+    collapse_ratio: float = doc(3.0, "The collapse monitor's threshold: a value above this many times its running "
+                                     "baseline fires (> 1; ours, NVIDIA's report gives none).")
+    stop_on_collapse: bool = doc(False, "Stop the run after the step the collapse monitor fires on, its checkpoint "
+                                        "saved (summary.json stop_reason: collapse; --resume continues).")
     logging_steps: int = doc(1, "Write metrics every this many steps.")
     report_to: str = doc("none", "accelerate tracker: none | tensorboard | wandb | trackio (its package must be "
                                  "installed); metrics.jsonl is written either way.")

@@ -235,6 +235,14 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
     _check(tr.max_grad_norm >= 0, "train.max_grad_norm", "must be >= 0")
     check_rollout_is_cap(cfg, estimator)
     _check(tr.save_steps >= 1, "train.save_steps", "must be >= 1")
+    _check(isinstance(tr.collapse_window, int) and not isinstance(tr.collapse_window, bool)
+           and tr.collapse_window >= 0, "train.collapse_window", "must be an integer >= 0 (0 = no collapse monitor)")
+    _check(isinstance(tr.collapse_ratio, (int, float)) and not isinstance(tr.collapse_ratio, bool)
+           and tr.collapse_ratio > 1, "train.collapse_ratio",
+           f"must be a number > 1 (a value above this many times its running baseline fires), got {tr.collapse_ratio!r}")
+    _check(isinstance(tr.stop_on_collapse, bool), "train.stop_on_collapse", "must be true or false")
+    _check(not tr.stop_on_collapse or tr.collapse_window > 0, "train.stop_on_collapse",
+           "needs the collapse monitor (train.collapse_window > 0)")
     _check(tr.logging_steps >= 1, "train.logging_steps", "must be >= 1")
     _check(tr.report_to in ("none", *TRACKERS), "train.report_to",
            f"unknown tracker {tr.report_to!r}; use none, {', '.join(TRACKERS)}")

@@ -38,7 +38,8 @@ RUN_CONFIG = "dlmrl_config.yaml"
 @dataclass
 class RunState:
     """What a checkpoint needs beyond model/optimizer/scheduler: the next step, eval-before, the cumulative
-    rollout counts (``completions_total``, ``nfe_sampling_total``) and HAPO's previous-step statistics."""
+    rollout counts (``completions_total``, ``nfe_sampling_total``), HAPO's previous-step statistics and the collapse
+    monitor's running baselines."""
 
     step: int = 0
     eval_before: dict | None = None
@@ -46,6 +47,7 @@ class RunState:
     hapo_stats: dict | None = None  # HAPO: the previous step's entropy statistics (adaptive temperature)
     completions_total: int = 0  # sampled completions so far (every round, every turn; not anchors)
     nfe_sampling_total: int | float = 0  # the steps' nfe_sampling summed (threshold decoding: means, fractional)
+    collapse: dict | None = None  # the collapse monitor's running baselines (dlmrl.training.collapse)
 
     def state_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -56,6 +58,7 @@ class RunState:
         self.hapo_stats = state.get("hapo_stats")
         self.completions_total = state.get("completions_total", 0)
         self.nfe_sampling_total = state.get("nfe_sampling_total", 0)
+        self.collapse = state.get("collapse")
 
 
 def check_same_config(cfg: Config, saved_path: Path, steps_done: int | None = None) -> None:

@@ -45,6 +45,7 @@ from dlmrl.training.checkpoint import latest_checkpoint
 from dlmrl.training.dynamic_sampling import SamplingStats
 from dlmrl.training.finite import NonFiniteError, step_problem
 from dlmrl.training.rollout import Rollout
+from dlmrl.training.collapse import CollapseMonitor
 from dlmrl.training.run_folder import save_checkpoint, write_final_files
 from dlmrl.training.run_setup import Run, evaluate_config, set_up_run
 from dlmrl.training.sample_step import sample_step, shaped_rewards, step_generator
@@ -98,6 +99,9 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, *, policy=No
         state.eval_before = held_out()
         accelerator.print(f"held-out {run.metric} before: {state.eval_before[run.metric]:.4f}")
 
+    monitor = CollapseMonitor(tr.collapse_window, tr.collapse_ratio, tr.stop_on_collapse)
+    monitor.load_state_dict(state.collapse)
+    collapsed = False  # (train.stop_on_collapse: the monitor fired; the run ends after this step's checkpoint)
     # Ctrl-C / SIGTERM: finish the current step, save a checkpoint, exit resumable.
     stop = {"now": False}
     previous_handlers = {sig: signal.signal(sig, lambda *_: stop.update(now=True))
@@ -105,7 +109,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, *, policy=No
     bar = tqdm(total=tr.max_steps, initial=state.step, desc=tr.algorithm,
                disable=not progress or not accelerator.is_main_process)
     try:
-        while state.step < tr.max_steps and not stop["now"] and not budget_spent():
+        while state.step < tr.max_steps and not stop["now"] and not budget_spent() and not collapsed:
             t0 = time.time()
             gen = step_generator(tr.seed, state.step)
             # 1. rollout and rewards: G completions per prompt (flow_grpo: G episodes, one row per turn; DAPO:
@@ -137,6 +141,13 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, *, policy=No
             elapsed = time.time() - t0
             state.train_seconds += elapsed
             record = step_record(run, ro, sampled, batch, result, anchors, (t0, t1, t2), elapsed)
+            # the collapse monitor: sample_nll and kl against their running baselines (a warning naming the step)
+            fields, warning = monitor.observe(state.step, record)
+            record.update(fields)
+            state.collapse = monitor.state_dict()
+            if warning is not None:
+                accelerator.print(f"dlmrl: {warning}")
+                collapsed = collapsed or monitor.stop
             if cfg.eval.eval_steps and state.step % cfg.eval.eval_steps == 0:
                 record[f"eval_{run.metric}"] = held_out()[run.metric]
             stop["now"] = run.processes.any(stop["now"])  # (a signal that reached one process stops them all)
@@ -149,7 +160,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, *, policy=No
             bar.set_postfix(reward=f"{record['reward_mean']:.3f}", rows=len(batch.rows))
             # 7. checkpoint (also when the rollout budget train.max_completions is spent: the run ends here)
             if (state.step % tr.save_steps == 0 or state.step == tr.max_steps or stop["now"]
-                    or budget_spent()):
+                    or budget_spent() or collapsed):
                 save_checkpoint(accelerator, run.out, state.step)
             if budget_spent():
                 accelerator.print(f"rollout budget spent: {state.completions_total} completions sampled "
@@ -167,7 +178,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, *, policy=No
     metric = run.metric
     eval_after = held_out() if cfg.eval.after else None
     summary = {"eval_before": state.eval_before, "eval_after": eval_after, "steps": state.step,
-               "stop_reason": "max_completions" if budget_spent() else "max_steps",
+               "stop_reason": "collapse" if collapsed else "max_completions" if budget_spent() else "max_steps",
                "completions_total": state.completions_total, "nfe_sampling_total": state.nfe_sampling_total,
                "train_seconds": round(state.train_seconds, 1)}
     if eval_after and state.eval_before:

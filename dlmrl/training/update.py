@@ -30,7 +30,8 @@ from dlmrl.training.scorers import RolloutMismatch
 
 #: the objective's metrics averaged over a step's optimizer steps (and combined over processes); ``kl`` is the KL estimate,
 #: ``kl_loss`` the KL term the loss used (k3 evaluated at |Δ| ≤ 20 nats: below ``kl`` once a ratio passes that)
-UPDATE_METRICS = ("loss", "ratio_mean", "ratio_min", "ratio_max", "clip_frac_low", "clip_frac_high", "kl", "kl_loss")
+UPDATE_METRICS = ("loss", "ratio_mean", "ratio_min", "ratio_max", "clip_frac_low", "clip_frac_high", "kl", "kl_loss",
+                  "sample_nll")
 
 
 def group_loss_fn(objective: GroupObjective, old: torch.Tensor | None, advantages: torch.Tensor,
@@ -55,6 +56,9 @@ def group_loss_fn(objective: GroupObjective, old: torch.Tensor | None, advantage
             if w is not None:
                 extra = {**inputs, "weights": w.to(per_token.dtype)}
         loss, metrics = objective(per_token, logp_old, advantages, mask, **extra)
+        # (the collapse monitor's series: the rollout policy's negative log-likelihood per token of its own samples)
+        tokens = mask.to(logp_old.dtype)
+        metrics = {**metrics, "sample_nll": (-(logp_old.detach() * tokens).sum() / tokens.sum().clamp_min(1)).item()}
         return loss * row_weight, metrics
 
     return loss_fn

@@ -1,0 +1,93 @@
+"""The collapse monitor: a warning (and, opt-in, a resumable stop) when the policy's likelihood of its own samples
+or its KL to the reference rises far above its running baseline.
+
+NVIDIA's RL work on diffusion LMs (NeMo RL, pull request 3167) reports DiffuGRPO and coupled-GRPO collapsing under
+full fine-tuning with KL 0: the entropy of the policy's own samples blows up, driven by negative advantages, and
+the outputs turn to gibberish within 50-120 steps, while the reward has not yet fallen much. The monitor watches
+two series the trainer logs every step:
+
+- ``sample_nll``: the mean negative log-likelihood per token of the step's own samples under the policy that drew
+  them (the scorer's old-policy scores, whatever the kind: exact token log-probs for AR and the trajectory
+  likelihoods, an estimator's per-token terms for the ELBO estimators), a Monte Carlo estimate of the sampling
+  entropy per token for exact log-probs;
+- ``kl``: the objective's KL estimate toward its reference, when the run has one (β > 0).
+
+**Rule** (dlmrl interpretation; NVIDIA gives no threshold): a value fires when it exceeds ``ratio`` times its
+baseline, the median of the previous ``window`` steps' values (robust to single spikes; nothing fires before
+``window`` steps are seen), and the baseline is above its series' floor (:data:`FLOORS`: a KL grows from 0 as any
+run starts to move, so a KL baseline below 0.05 nats per token is not one to multiply).
+It detects an onset: a rise that lasts becomes the baseline after about ``window / 2`` steps. The warning names
+the step and the series once per episode (consecutive firing steps); with ``stop`` the trainer
+ends the run after that step's checkpoint (``summary.json``'s ``stop_reason`` ``collapse``), which ``--resume``
+continues.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+#: the series the monitor watches, in the order it reports them
+SERIES = ("sample_nll", "kl")
+#: per series, a baseline below this is not multiplied: a KL starts at 0 and grows while the first steps move the
+#: policy (0.004 -> 0.08 nats per token over steps 3-5 of the tiny AR recipe), which is no collapse; the collapses of
+#: our probes went from 0.1-0.4 to 7-13 (ours)
+FLOORS = {"sample_nll": 1e-3, "kl": 0.05}
+
+
+@dataclass
+class CollapseMonitor:
+    """Running baselines of :data:`SERIES` and the firing rule (module docstring).
+
+    Args:
+        window: steps in the running baseline (``train.collapse_window``; 0 = off).
+        ratio: a value above ``ratio`` x its baseline fires (``train.collapse_ratio``, > 1).
+        stop: stop the run after a firing step's checkpoint (``train.stop_on_collapse``).
+    """
+
+    window: int = 20
+    ratio: float = 3.0
+    stop: bool = False
+    history: dict = field(default_factory=dict)
+    firing: dict = field(default_factory=dict)
+
+    def observe(self, step: int, record: dict) -> tuple[dict, str | None]:
+        """Update with step ``step``'s metrics ``record``. Returns ``(fields, warning)``: the fields to log
+        (``<series>_baseline`` for each watched series with a baseline, ``collapse``: whether any fired) and the
+        warning text when a series starts firing (``None`` otherwise)."""
+        if self.window <= 0:
+            return {}, None
+        fields, started = {}, []
+        fired = False
+        for name in SERIES:
+            value = record.get(name)
+            past = self.history.setdefault(name, [])
+            baseline = statistics.median(past) if len(past) >= self.window else None
+            if baseline is not None:
+                fields[f"{name}_baseline"] = baseline
+            now = (value is not None and baseline is not None and baseline > FLOORS[name]
+                   and value > self.ratio * baseline)
+            if now and not self.firing.get(name):
+                started.append(f"{name} {value:.4g} is {value / baseline:.2f}x its running baseline {baseline:.4g} "
+                               f"(median of the previous {self.window} steps)")
+            self.firing[name] = now
+            fired = fired or now
+            if value is not None:
+                past.append(float(value))
+                del past[:-self.window]
+        fields["collapse"] = fired
+        warning = None
+        if started:
+            warning = (f"step {step}: possible collapse: {'; '.join(started)}. NVIDIA reports diffusion RL under "
+                       "full fine-tuning with KL 0 turning to gibberish within 50-120 steps of such a rise; consider "
+                       "a KL term (train.beta), a reference that follows the policy, a lower learning rate or LoRA"
+                       + (". Stopping (train.stop_on_collapse): the checkpoint of this step is saved; --resume "
+                          "continues" if self.stop else " (train.stop_on_collapse: true stops here)"))
+        return fields, warning
+
+    def state_dict(self) -> dict:
+        return {"history": {k: list(v) for k, v in self.history.items()}, "firing": dict(self.firing)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history = {k: list(v) for k, v in (state or {}).get("history", {}).items()}
+        self.firing = dict((state or {}).get("firing", {}))
