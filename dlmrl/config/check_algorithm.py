@@ -42,6 +42,10 @@ def check_algorithm(cfg: Config):
            f"{tr.algorithm!r} samples with HAPO's adaptive temperature, which needs model.kind 'ar'")
     _check(isinstance(tr.max_completions, int) and tr.max_completions >= 0, "train.max_completions",
            "must be an integer >= 0 (0 = no rollout budget)")
+    _check(not tr.sync_ref_model or "logp_ref" in preset.objective.required_inputs, "train.sync_ref_model",
+           f"{tr.algorithm!r} as configured has no KL toward a reference model (train.beta is "
+           f"{preset.objective.beta}, the KL toward {preset.objective.kl_reference!r}): there is no reference to "
+           "follow the policy; set train.beta > 0 (and train.kl_reference: reference) or leave sync_ref_model off")
     check_rollout_parts(cfg, preset)
     kind.check_algorithm(cfg, preset)  # (what the kind lacks beyond its policies entry)
     return preset

@@ -383,6 +383,13 @@ class TrainConfig:
         "Weight of each reward function in the summed reward (TRL's reward_weights); empty = all 1.")})
     seed: int = doc(0, "Seed for rollouts, masks and data.")
     save_steps: int = doc(25, "Checkpoint every this many steps (and at the end).")
+    sync_ref_model: bool = doc(
+        False, "TRL's sync_ref_model (TR-DPO, arXiv 2404.09656): every ref_model_sync_steps optimizer steps the KL "
+               "reference moves toward the policy, ref <- alpha * policy + (1 - alpha) * ref. Needs a KL toward the "
+               "reference (train.beta > 0). Full fine-tuning: the reference copy's weights; LoRA: a second adapter "
+               "(dlmrl_ref). Not with train.sharding or model.kind uniform + LoRA.")
+    ref_model_mixup_alpha: float = doc(0.6, "alpha of train.sync_ref_model's mix, in (0, 1] (TRL's default).")
+    ref_model_sync_steps: int = doc(512, "Optimizer steps between train.sync_ref_model's mixes (TRL's default).")
     collapse_window: int = doc(
         20, "The collapse monitor (dlmrl.training.collapse): steps in the running baseline (median) of sample_nll, "
             "the policy's negative log-likelihood per token of its own samples, and of kl; 0 = off. A value above "

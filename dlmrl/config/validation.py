@@ -235,6 +235,16 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
     _check(tr.max_grad_norm >= 0, "train.max_grad_norm", "must be >= 0")
     check_rollout_is_cap(cfg, estimator)
     _check(tr.save_steps >= 1, "train.save_steps", "must be >= 1")
+    _check(isinstance(tr.sync_ref_model, bool), "train.sync_ref_model", "must be true or false")
+    _check(isinstance(tr.ref_model_mixup_alpha, (int, float)) and not isinstance(tr.ref_model_mixup_alpha, bool)
+           and 0 < tr.ref_model_mixup_alpha <= 1, "train.ref_model_mixup_alpha",
+           f"must be a number in (0, 1], got {tr.ref_model_mixup_alpha!r}")
+    _check(isinstance(tr.ref_model_sync_steps, int) and not isinstance(tr.ref_model_sync_steps, bool)
+           and tr.ref_model_sync_steps >= 1, "train.ref_model_sync_steps",
+           f"must be an integer >= 1, got {tr.ref_model_sync_steps!r}")
+    _check(not tr.sync_ref_model or tr.sharding == "none", "train.sync_ref_model",
+           f"not supported with train.sharding {tr.sharding!r} yet (the reference would have to be mixed shard by "
+           "shard); use train.sharding: none")
     _check(isinstance(tr.collapse_window, int) and not isinstance(tr.collapse_window, bool)
            and tr.collapse_window >= 0, "train.collapse_window", "must be an integer >= 0 (0 = no collapse monitor)")
     _check(isinstance(tr.collapse_ratio, (int, float)) and not isinstance(tr.collapse_ratio, bool)

@@ -221,6 +221,9 @@ class UniformNoiseKind(PolicyKind):
                   f"{algo!r} adds off-policy anchor rows, which no uniform sampler trajectory scores")
         check_key(cfg.train.env is None, "train.env",
                   "tools inside the rollout are not supported for model.kind 'uniform' (remove train.env)")
+        check_key(not (cfg.train.sync_ref_model and cfg.model.use_peft), "train.sync_ref_model",
+                  "not supported with LoRA for model.kind 'uniform' yet (its reference adapter would have to be shared "
+                  "by the encoder and decoder as the policy's is); full fine-tuning syncs the reference copy")
 
     def eval_preset_problem(self, preset, gen_length: int) -> str | None:
         return "the eval presets are masked-diffusion protocols (model.kind 'uniform' evaluates with eval.steps)"

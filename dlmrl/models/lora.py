@@ -317,6 +317,68 @@ class AdapterDisabledPolicy:
         return value
 
 
+#: the name of the second adapter a LoRA run with ``train.sync_ref_model`` scores its KL reference with
+#: (:func:`add_reference_adapter`, :mod:`dlmrl.training.reference_sync`)
+REFERENCE_ADAPTER = "dlmrl_ref"
+
+
+def add_reference_adapter(model: nn.Module) -> None:
+    """Add :data:`REFERENCE_ADAPTER` to a LoRA model: the active adapter's configuration and current weights,
+    frozen; the active adapter stays the active, trainable one.
+
+    Raises:
+        ValueError: ``model`` holds no peft adapter, or already holds the reference adapter.
+    """
+    peft = peft_model_of(model)
+    if peft is None:
+        raise ValueError("add_reference_adapter needs a model that holds a peft adapter (use_peft)")
+    if REFERENCE_ADAPTER in peft.peft_config:
+        raise ValueError(f"the model already holds an adapter named {REFERENCE_ADAPTER!r}")
+    active = peft.active_adapter
+    flags = {name: p.requires_grad for name, p in peft.named_parameters()}
+    peft.add_adapter(REFERENCE_ADAPTER, peft.peft_config[active])
+    peft.set_adapter(active)
+    params = dict(peft.named_parameters())
+    with torch.no_grad():
+        for name, p in params.items():
+            tag = f".{REFERENCE_ADAPTER}."
+            if tag in name:
+                p.copy_(params[name.replace(tag, f".{active}.")])
+                p.requires_grad_(False)
+            elif name in flags:
+                p.requires_grad_(flags[name])
+
+
+class ReferenceAdapterPolicy(AdapterDisabledPolicy):
+    """The KL reference of a LoRA run whose reference follows the policy (``train.sync_ref_model``): the same
+    policy object scored with :data:`REFERENCE_ADAPTER` active instead of its own adapter (calls as
+    :class:`AdapterDisabledPolicy`'s). Use it under ``torch.no_grad()``.
+
+    Raises:
+        ValueError: at construction, when the policy's model holds no reference adapter.
+    """
+
+    def __init__(self, policy):
+        super().__init__(policy)
+        if REFERENCE_ADAPTER not in peft_model_of(policy.model).peft_config:
+            raise ValueError(f"the policy's model holds no {REFERENCE_ADAPTER!r} adapter (add_reference_adapter)")
+
+    @contextlib.contextmanager
+    def adapter_disabled(self):
+        """Context in which the wrapped policy's model runs with the reference adapter (the policy's own adapter
+        and every parameter's ``requires_grad`` restored after)."""
+        peft = peft_model_of(self.policy.model)
+        active = peft.active_adapter
+        flags = [(p, p.requires_grad) for p in peft.parameters()]
+        peft.set_adapter(REFERENCE_ADAPTER)
+        try:
+            yield
+        finally:
+            peft.set_adapter(active)
+            for p, flag in flags:
+                p.requires_grad_(flag)
+
+
 # -- adapter folders ---------------------------------------------------------------------------------------
 
 
@@ -466,7 +528,8 @@ def _model_file(input_dir: str | Path, index: int) -> Path:
 
 
 def register_adapter_checkpointing(accelerator) -> None:
-    """Make ``accelerator.save_state`` store only the trainable tensors of each LoRA model it holds.
+    """Make ``accelerator.save_state`` store only the trainable tensors of each LoRA model it holds (and a
+    reference adapter's, :data:`REFERENCE_ADAPTER`, whose state a reference that follows the policy needs).
 
     Save: each LoRA model's state dict is cut to its parameters with ``requires_grad`` (the adapter), so a
     checkpoint of an 8B base holds megabytes of weights, not gigabytes. Load: such a file is loaded with
@@ -484,7 +547,8 @@ def register_adapter_checkpointing(accelerator) -> None:
         for i, model in enumerate(models):
             if i < len(weights) and is_peft_model(model):
                 trainable = {name for name, p in model.named_parameters() if p.requires_grad}
-                weights[i] = {k: v for k, v in weights[i].items() if k in trainable}
+                reference = f".{REFERENCE_ADAPTER}."  # (a reference that follows the policy: its state too)
+                weights[i] = {k: v for k, v in weights[i].items() if k in trainable or reference in k}
 
     def load_hook(models: list, input_dir: str) -> None:
         from safetensors.torch import load_file
@@ -514,6 +578,9 @@ __all__ = [
     "BASE_NOTE",
     "AdapterDisabledPolicy",
     "AdapterInfo",
+    "REFERENCE_ADAPTER",
+    "ReferenceAdapterPolicy",
+    "add_reference_adapter",
     "apply_lora",
     "attach_adapter",
     "base_reference",

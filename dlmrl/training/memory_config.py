@@ -182,7 +182,9 @@ def settings_from_config(cfg, nfe: int, processes: int, objective=None, sharding
         rollout_scored_positions=shapes["rollout_block"], rollout_prefill_positions=shapes["prefill_positions"],
         rollout_gathers_weights=getattr(tr, "sharding", "none") == "fsdp2",
         soft_inputs=bool(shapes.get("soft_inputs", False)),
-        rollout_soft_inputs=bool(shapes.get("rollout_soft_inputs", False)))
+        rollout_soft_inputs=bool(shapes.get("rollout_soft_inputs", False)),
+        reference_adapter=bool(getattr(tr, "sync_ref_model", False)) and m.use_peft and objective is not None
+        and objective.beta > 0 and "logp_ref" in objective.required_inputs)
     numbers = {"prompt_tokens": f"{prompt} ({prompt_note})", "completions_per_update": per_update,
                "canvases_per_update": canvases, "canvases_per_forward": per_forward,
                "positions_per_canvas": positions, "tokens_per_forward": per_forward * positions,

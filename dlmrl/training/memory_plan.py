@@ -376,6 +376,8 @@ class MemorySettings:
             dtype, held (detached) through the forward and the backward: DiffusionGemma's self-conditioning input,
             the previous step's logits (:func:`soft_input_bytes`). rollout_soft_inputs: the same in each sampling
             step (:func:`rollout_soft_input_bytes`).
+        reference_adapter: a LoRA run's KL reference is a second adapter (``train.sync_ref_model``), counted in
+            ``reference_model``'s term (:func:`reference_bytes`).
     """
 
     weight_dtype: str = "float32"
@@ -404,6 +406,7 @@ class MemorySettings:
     rollout_gathers_weights: bool = False
     soft_inputs: bool = False
     rollout_soft_inputs: bool = False
+    reference_adapter: bool = False
 
     def __post_init__(self) -> None:
         if self.weight_dtype not in DTYPE_BYTES:
@@ -524,7 +527,11 @@ def optimizer_step_bytes(arch: Architecture, s: MemorySettings) -> int:
 
 def reference_bytes(arch: Architecture, s: MemorySettings) -> int:
     """A frozen second copy of the weights for a KL toward the initial model (no LoRA to disable): ``N x dtype``,
-    divided over the processes where the weights are sharded (dlmrl's FSDP2 shards the reference as the policy)."""
+    divided over the processes where the weights are sharded (dlmrl's FSDP2 shards the reference as the policy);
+    a LoRA run whose reference follows the policy (``reference_adapter``): a second adapter, ``N_LoRA x 4``
+    (float32, as peft keeps adapters)."""
+    if s.reference_adapter and not s.full:
+        return arch.lora_parameters(s.lora_r, s.lora_targets) * 4
     return arch.parameter_count() * s.dtype_bytes // _shard(s, "parameters") if s.reference_model else 0
 
 

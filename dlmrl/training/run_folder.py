@@ -48,6 +48,7 @@ class RunState:
     completions_total: int = 0  # sampled completions so far (every round, every turn; not anchors)
     nfe_sampling_total: int | float = 0  # the steps' nfe_sampling summed (threshold decoding: means, fractional)
     collapse: dict | None = None  # the collapse monitor's running baselines (dlmrl.training.collapse)
+    optimizer_steps: int = 0  # optimizer steps so far (train.sync_ref_model counts them)
 
     def state_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -59,6 +60,7 @@ class RunState:
         self.completions_total = state.get("completions_total", 0)
         self.nfe_sampling_total = state.get("nfe_sampling_total", 0)
         self.collapse = state.get("collapse")
+        self.optimizer_steps = state.get("optimizer_steps", 0)
 
 
 def check_same_config(cfg: Config, saved_path: Path, steps_done: int | None = None) -> None:

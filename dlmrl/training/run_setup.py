@@ -30,13 +30,18 @@ from dlmrl.evaluation.configured import evaluate_with_config
 from dlmrl.evaluation.heldout import check_held_out_size, primary_metric
 from dlmrl.kinds import PolicyKind, kind_of, policy_kind
 from dlmrl.models.lora import (
+    REFERENCE_ADAPTER,
     AdapterDisabledPolicy,
+    ReferenceAdapterPolicy,
+    add_reference_adapter,
     is_peft_model,
+    peft_model_of,
     prepare_for_training,
     register_adapter_checkpointing,
 )
 from dlmrl.objectives.segments import delimiter_token_ids
 from dlmrl.rewards.functions import RewardFunctions
+from dlmrl.training.reference_sync import SyncedReference, adapter_pairs
 from dlmrl.training.distributed import (
     GradientSync,
     Processes,
@@ -81,6 +86,8 @@ class Run:
         metric: the held-out headline metric. solved: the reward meaning "fully right" (``solve_rate``), or ``None``.
         sharding: the FSDP2 sharding of ``train.sharding: fsdp2`` (:class:`dlmrl.training.sharding.Sharding`), else
             ``None``.
+        synced_ref: ``train.sync_ref_model``'s mix of the policy into the reference
+            (:class:`dlmrl.training.reference_sync.SyncedReference`), else ``None``.
     """
 
     cfg: Config
@@ -107,6 +114,7 @@ class Run:
     metric: str
     solved: float | None
     sharding: object | None = None
+    synced_ref: object | None = None
 
     @property
     def objective(self):
@@ -156,7 +164,10 @@ def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None)
     objective = preset.objective
     ref = None  # the frozen initial model for the KL term (not for a KL toward the rollout policy)
     wants_ref = "logp_ref" in objective.required_inputs
-    if wants_ref and is_peft_model(policy.model):
+    if wants_ref and is_peft_model(policy.model) and tr.sync_ref_model:
+        add_reference_adapter(policy.model)  # (LoRA, a reference that follows the policy: a second adapter)
+        ref = ReferenceAdapterPolicy(policy)
+    elif wants_ref and is_peft_model(policy.model):
         ref = AdapterDisabledPolicy(policy)  # LoRA: the base itself, adapter disabled (no second copy)
     elif wants_ref:
         # the initial model, frozen (a given policy: a copy of its model; the tokenizer is shared)
@@ -210,6 +221,15 @@ def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None)
         scorer.lockstep = GradientSync(processes, policy.model, accelerator)
     state = RunState()
     accelerator.register_for_checkpointing(state)
+    synced_ref = None
+    if tr.sync_ref_model and ref is not None:  # (TR-DPO / TRL's sync_ref_model: dlmrl.training.reference_sync)
+        own = accelerator.unwrap_model(policy.model)
+        if isinstance(ref, ReferenceAdapterPolicy):
+            synced_ref = SyncedReference(adapter_pairs(own, peft_model_of(own).active_adapter, REFERENCE_ADAPTER),
+                                         tr.ref_model_mixup_alpha, tr.ref_model_sync_steps)
+        else:
+            synced_ref = SyncedReference.full(ref.model, own, tr.ref_model_mixup_alpha, tr.ref_model_sync_steps)
+            accelerator.register_for_checkpointing(ref.model)  # (its weights move: every checkpoint holds them)
     register_adapter_checkpointing(accelerator)  # LoRA: checkpoints hold the adapter, not the frozen base
     if ckpt is None and resume:
         accelerator.print(f"--resume: {out} has no checkpoint yet (stopped before the first); starting it again "
@@ -232,7 +252,7 @@ def set_up_run(cfg: Config, spec: RunSpec, resume: bool, policy=None, task=None)
                pad_id=pad_token_id(policy.tokenizer),  # (prompt padding: the pad id, else EOS, else 0)
                env=(tr.env or default_env(cfg.task.name)) if preset.multi_turn else tr.env,  # (else: tools in the loop)
                gap_measured=kind.measures_rollout_gap(scorer),  # (rollout_logp_gap_*)
-               metric=primary_metric(task), solved=solved_reward(task), sharding=sharding)
+               metric=primary_metric(task), solved=solved_reward(task), sharding=sharding, synced_ref=synced_ref)
 
 
 def canvas_token_id(policy) -> int | None:

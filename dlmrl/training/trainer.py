@@ -134,6 +134,11 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, *, policy=No
             result = run_updates(run, batch)
             # a step whose rewards, loss or weights went non-finite stops the run before its checkpoint
             stop_if_non_finite(run, sampled, result)
+            # train.sync_ref_model: the reference moves toward the policy every ref_model_sync_steps optimizer steps
+            before, state.optimizer_steps = state.optimizer_steps, state.optimizer_steps + len(result.logs)
+            ref_synced = run.synced_ref is not None and run.synced_ref.due(before, state.optimizer_steps)
+            if ref_synced:
+                run.synced_ref.sync()
             # 6. log
             state.step += 1
             state.completions_total += sampled.completions
@@ -141,6 +146,8 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, *, policy=No
             elapsed = time.time() - t0
             state.train_seconds += elapsed
             record = step_record(run, ro, sampled, batch, result, anchors, (t0, t1, t2), elapsed)
+            if run.synced_ref is not None:
+                record["ref_synced"] = ref_synced
             # the collapse monitor: sample_nll and kl against their running baselines (a warning naming the step)
             fields, warning = monitor.observe(state.step, record)
             record.update(fields)
