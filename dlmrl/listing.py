@@ -50,10 +50,15 @@ def _run_list(name: str) -> int:
                      else "; model.kind block, exact key/value cache")
             if family.default_block_size is not None:
                 text += f", block size {family.default_block_size} unless set"
-        if name == "algorithms":  # which policy kinds the preset runs on
+        if name == "algorithms":  # which policy kinds (model.kind) the preset runs on (each kind's runs_preset)
+            from dlmrl.kinds import KINDS
+
             with warnings.catch_warnings():  # (some presets warn about their own documented choices)
                 warnings.simplefilter("ignore")
-                text += f" [{', '.join(registry.get(key)().policies)}]"
+                preset = registry.get(key)()
+            kinds = [k for k in KINDS.names() if KINDS.get(k).runs_preset(preset)
+                     and KINDS.get(k).preset_problem(preset) is None]
+            text += f" [{', '.join(kinds)}]"
         lines += textwrap.wrap(text, columns - 1, initial_indent=f"{key:<{width}}  ",
                                subsequent_indent=" " * (width + 2), break_on_hyphens=False) or [key]
     try:

@@ -144,7 +144,9 @@ def test_dlmrl_list_prints_every_name_with_its_doc_line(registry, capsys):
         assert " ".join(plain_text(reg.doc(name)).split()) in entry  # the whole first paragraph, wrapped
         assert "``" not in entry and ":func:" not in entry
     if registry == "algorithms":
-        assert entries[reg.names().index("gdpo")].endswith("[diffusion]")
+        assert entries[reg.names().index("gdpo")].endswith("[block, diffusion]")  # (the model.kind values)
+        assert entries[reg.names().index("tracerl")].endswith("[block, diffusion, uniform]")
+        assert entries[reg.names().index("grpo")].endswith("[ar, block, diffusion, uniform]")
 
 
 def test_dlmrl_list_survives_a_closed_pipe():

@@ -38,6 +38,8 @@ def check_algorithm(cfg: Config):
            "epsilon")
     _check(kind.runs_preset(preset), "train.algorithm",
            f"{tr.algorithm!r} runs on {' and '.join(preset.policies)} policies only, but model.kind is {kind.name!r}")
+    problem = kind.preset_problem(preset)
+    _check(problem is None, "train.algorithm", problem or "")
     _check(preset.adaptive_temperature_tau is None or kind.autoregressive, "train.algorithm",
            f"{tr.algorithm!r} samples with HAPO's adaptive temperature, which needs model.kind 'ar'")
     _check(isinstance(tr.max_completions, int) and tr.max_completions >= 0, "train.max_completions",

@@ -88,7 +88,8 @@ def refuse_estimator_keys(cfg: Config, skip: tuple[str, ...] = ()) -> None:
     defaults = (EstimatorConfig(), _default_recipe().estimator)
     chosen = user_keys(cfg) or frozenset()
     _check(isinstance(e.micro_batch, int) and not isinstance(e.micro_batch, bool) and e.micro_batch >= 0,
-           "estimator.micro_batch", f"must be an integer >= 0 (rows per forward call; 0 = all), got {e.micro_batch!r}")
+           "estimator.micro_batch", f"must be an integer >= 0 (canvases, or rows for model.kind ar, per forward call; "
+                                    f"0 = all), got {e.micro_batch!r}")
     check_logits_chunk(e)
     for f in dataclasses.fields(e):
         if f.name in SCORING_KEYS or f.name in skip:  # (AR scoring reads these; skip: what the caller checked)

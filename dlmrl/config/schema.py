@@ -38,7 +38,9 @@ class ModelConfig:
     kind: str = doc("diffusion", "Policy kind: diffusion (masked-diffusion LM: sampler + ELBO estimator) | block "
                                  "(block diffusion: blocks of model.block_size written left to right, denoised inside, "
                                  "exact key/value cache, one-pass composite likelihoods) | ar (causal LM: generate + "
-                                 "exact token log-probs; task.answer_mode full), or a kind a plugin registers "
+                                 "exact token log-probs; task.answer_mode full) | uniform (DiffusionGemma: uniform-"
+                                 "noise, self-conditioned block diffusion; its entropy-bounded sampler, the "
+                                 "trajectory likelihood or uniform_* ELBO estimators), or a kind a plugin registers "
                                  "(dlmrl list kinds; dlmrl.kinds).")
     name_or_path: str = doc("tiny-sudoku", "Checkpoint: local folder, hub id, or 'tiny-sudoku' (shipped diffusion "
                                            "default) / 'tiny-sudoku-ar' (shipped AR default).")
@@ -140,7 +142,8 @@ class TaskConfig:
 class SamplingConfig:
     gen_length: int = doc(16, "Canvas length L in tokens (16 cells for 4x4 Sudoku).")
     block_length: int = doc(16, "Block length for semi-autoregressive decoding; must divide gen_length.")
-    steps: int = doc(4, "Total denoising steps (forward passes) per rollout canvas; must split evenly over blocks.")
+    steps: int = doc(4, "Total denoising steps (forward passes) per rollout canvas; must split evenly over blocks "
+                        "(model.kind uniform: the most denoising steps per canvas).")
     temperature: float = doc(1.0, "Rollout sampling temperature (0 = greedy). Gumbel noise is float64.")
     remasking: str = doc("low_confidence", "Which masked positions to reveal: low_confidence | random | "
                                            "left_to_right (an autoregressive order, as JustGRPO's rollouts).")
@@ -219,7 +222,8 @@ class SamplingConfig:
 @dataclass
 class EstimatorConfig:
     name: str | None = doc(None, "Likelihood estimator for training: sdmc | coupled_sdmc | double_mc | coupled | "
-                                 "stratified_coupled | one_step | trajectory | spg, or a name registered by an "
+                                 "stratified_coupled | one_step | trajectory | spg (model.kind uniform: trajectory | "
+                                 "uniform_sdmc | uniform_double_mc | uniform_flat_ce), or a name registered by an "
                                  "--import module (dlmrl list estimators); null = the algorithm preset's "
                                  "recipe estimator (diffu_grpo: one_step, gdpo: sdmc, tracerl: trajectory), else "
                                  "sdmc. An explicit name always wins.")

@@ -268,6 +268,12 @@ class PolicyKind(ABC):
         policies."""
         return self.algorithm_policy in preset.policies
 
+    def preset_problem(self, preset) -> str | None:
+        """Why the preset ``preset`` (which :meth:`runs_preset` admits) cannot run on this kind whatever the rest of
+        the config says, e.g. an input the kind's likelihood does not give (default: ``None``, it can). The config
+        check refuses ``train.algorithm`` with this text; ``dlmrl list algorithms`` leaves the kind out."""
+        return None
+
     def check_algorithm(self, cfg, preset) -> None:
         """The algorithm preset ``preset`` (already known to run on this kind: :meth:`runs_preset`) on this kind,
         beyond that (default: nothing).

@@ -192,6 +192,17 @@ class UniformNoiseKind(PolicyKind):
             check_key(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
                                     and v > 0), f"sampling.{key}", f"must be a number > 0 (or null: the checkpoint's), "
                                                                    f"got {v!r}")
+        t_max, t_min = s.t_max, s.t_min
+        if t_max is None or t_min is None:  # (the checkpoint's own, when its folder is here to read)
+            saved = self.generation_settings(cfg)
+            t_max = saved.get("t_max") if t_max is None else t_max
+            t_min = saved.get("t_min") if t_min is None else t_min
+        if isinstance(t_max, (int, float)) and isinstance(t_min, (int, float)):
+            check_key(t_max >= t_min, "sampling.t_max" if s.t_max is not None else "sampling.t_min",
+                      f"the temperature falls from t_max to t_min over a canvas's steps, so t_max must be >= t_min; "
+                      f"got t_max {t_max} and t_min {t_min}" + ("" if s.t_max is not None and s.t_min is not None
+                                                                else " (the other from the checkpoint's "
+                                                                     "generation_config.json)"))
         v = s.stability_threshold
         check_key(v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0),
                   "sampling.stability_threshold", f"must be an integer >= 0 (or null: the checkpoint's), got {v!r}")
@@ -212,13 +223,15 @@ class UniformNoiseKind(PolicyKind):
         return "ar" in preset.policies or (preset.estimator == "trajectory"
                                            and preset.estimator_options.get("order") == "sampled")
 
+    def preset_problem(self, preset) -> str | None:
+        if "entropy" in preset.required_inputs:
+            return (f"{preset.name!r} reads per-token entropies, which the uniform kind's trajectory likelihood does "
+                    "not give; use grpo, dr_grpo, gspo, dapo, rloo, srpo or tracerl")
+        if preset.anchor_threshold is not None:
+            return f"{preset.name!r} adds off-policy anchor rows, which no uniform sampler trajectory scores"
+        return None
+
     def check_algorithm(self, cfg, preset) -> None:
-        algo = cfg.train.algorithm
-        check_key(not ({"entropy"} & set(preset.required_inputs)), "train.algorithm",
-                  f"{algo!r} reads per-token entropies, which the uniform kind's trajectory likelihood does not give; "
-                  "use grpo, dr_grpo, gspo, dapo, rloo, srpo")
-        check_key(preset.anchor_threshold is None, "train.algorithm",
-                  f"{algo!r} adds off-policy anchor rows, which no uniform sampler trajectory scores")
         check_key(cfg.train.env is None, "train.env",
                   "tools inside the rollout are not supported for model.kind 'uniform' (remove train.env)")
         check_key(not (cfg.train.sync_ref_model and cfg.model.use_peft), "train.sync_ref_model",
@@ -242,9 +255,10 @@ class UniformNoiseKind(PolicyKind):
     def scoring_nfe(self, estimator, gen_length: int):
         return None
 
-    def canvas_length(self, cfg) -> int:
-        """``L`` for the memory plan: a local checkpoint's ``config.json`` ``canvas_length`` (an adapter folder's
-        base's), else ``model.architecture``'s, else 256 (``DiffusionGemmaConfig``'s default, the 26B-A4B's)."""
+    def checkpoint_file(self, cfg, name: str) -> dict:
+        """A JSON file of the configured checkpoint (``config.json``, ``generation_config.json``), read from a local
+        folder or a shipped name (an adapter folder's base's), or ``{}`` where there is none to read (a hub name:
+        checked when the run loads it)."""
         import json
 
         from dlmrl.models.lora import read_adapter
@@ -254,12 +268,21 @@ class UniformNoiseKind(PolicyKind):
             adapter = read_adapter(str(path))
             if adapter is not None:
                 path = Path(self.model_path(adapter.base_model_name_or_path))
-            if (path / "config.json").is_file():
-                value = json.loads((path / "config.json").read_text()).get("canvas_length")
-                if isinstance(value, int) and value >= 1:
-                    return value
+            file = path / name
+            return json.loads(file.read_text()) if file.is_file() else {}
         except (OSError, ValueError):
-            pass
+            return {}
+
+    def generation_settings(self, cfg) -> dict:
+        """The checkpoint's ``generation_config.json`` (:meth:`checkpoint_file`)."""
+        return self.checkpoint_file(cfg, "generation_config.json")
+
+    def canvas_length(self, cfg) -> int:
+        """``L`` for the memory plan: the checkpoint's ``config.json`` ``canvas_length`` (:meth:`checkpoint_file`),
+        else ``model.architecture``'s, else 256 (``DiffusionGemmaConfig``'s default, the 26B-A4B's)."""
+        value = self.checkpoint_file(cfg, "config.json").get("canvas_length")
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
         value = (cfg.model.architecture or {}).get("canvas_length")
         return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 256
 

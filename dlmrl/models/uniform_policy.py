@@ -133,8 +133,11 @@ def load_uniform_policy(name_or_path: str, dtype: str = "float32", device: str |
     from dlmrl.models.diffusion_gemma import share_encoder_adapters
     from dlmrl.models.lora import attach_adapter, check_adapter_kind, find_adapter
 
+    from dlmrl.models.loading import resolve_model_path
+
     if dtype not in ("float32", "bfloat16", "float16", "float64"):
         raise ValueError(f"model.dtype must be float32, bfloat16, float16 or float64, got {dtype!r}")
+    name_or_path = resolve_model_path(name_or_path)  # (a shipped name, e.g. an adapter's base tiny-sudoku-uniform)
     adapter = find_adapter(name_or_path)
     if adapter is not None:
         check_adapter_kind(adapter, adapter_kinds)

@@ -289,7 +289,8 @@ def trajectory_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
             sc, sc_inputs, parts = None, [], []
             for s in range(S):
                 with torch.no_grad():  # (the self-conditioning inputs, as the sampler computed them)
-                    sc_inputs.append(sc)
+                    if grad:  # (kept for the batched pass; without grad only the current step's is held)
+                        sc_inputs.append(sc)
                     raw = canvas_logits(inner, inputs[:, c, s], cache, masks, dec_pos, sc)
                     processed = raw / temps[:, c, s, None, None]
                     if not grad:
@@ -299,10 +300,11 @@ def trajectory_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
                     del raw, processed
                 passes += 1
                 if grad and (len(sc_inputs) == chunk or s == S - 1):
-                    first = s + 1 - len(sc_inputs)
+                    k = len(sc_inputs)
+                    first = s + 1 - k
                     logp = _batched_steps(inner, read, inputs[:, c, first:s + 1], drawn[:, c, first:s + 1],
                                           temps[:, c, first:s + 1], sc_inputs, dec_mask, dec_pos)
-                    passes += len(sc_inputs)
+                    passes += k
                     terms = torch.where(scored[:, c, first:s + 1], logp, zero).sum(dim=1)  # (B, L)
                     if weights is not None:
                         backward((share(c, terms) * weights.to(terms.dtype)).sum())
@@ -329,16 +331,18 @@ def _batched_steps(inner, cache, inputs: torch.Tensor, drawn: torch.Tensor, temp
                    dec_mask: torch.Tensor, dec_pos: torch.Tensor) -> torch.Tensor:
     """One canvas pass with grad over ``k`` consecutive steps of a canvas at once: rows ``b·k + s``, the cache
     repeated along the batch (a copy), the detached self-conditioning inputs (``None``: a canvas's first step,
-    which has none: zeros, switched off by the mask). Returns ``(B, k, L)`` float32 log-probs of the draws."""
+    which has none: zeros, switched off by the mask). Consumes ``sc_inputs`` (emptied once stacked, so the forward
+    holds one copy of them, ``k·L·V`` values, not two). Returns ``(B, k, L)`` float32 log-probs of the draws."""
     B, k, L = inputs.shape
     flat = inputs.reshape(B * k, L)
     sc, sc_mask = None, None
     given = [x for x in sc_inputs if x is not None]
     if given:
         V, dtype = given[0].shape[-1], given[0].dtype
+        sc_mask = torch.tensor([x is not None for x in sc_inputs], device=inputs.device).repeat(B)
         sc = torch.stack([torch.zeros((B, L, V), dtype=dtype, device=inputs.device) if x is None else x
                           for x in sc_inputs], dim=1).reshape(B * k, L, V).detach()
-        sc_mask = torch.tensor([x is not None for x in sc_inputs], device=inputs.device).repeat(B)
+    sc_inputs.clear()
     steps_cache = repeated_cache(cache, k)  # (a copy: gradient checkpointing's recompute reads it again)
     masks = canvas_attention_masks(inner, flat, steps_cache, dec_mask.repeat_interleave(k, dim=0))
     raw = canvas_logits(inner, flat, steps_cache, masks, dec_pos, sc, sc_mask)

@@ -164,6 +164,7 @@ def test_dry_run_describes_the_sampler_and_the_likelihoods_passes(checkpoint, ca
     ("train.algorithm=egsw", "train.algorithm"),
     ("train.algorithm=dagrpo", "train.algorithm"),
     ("train.algorithm=just_grpo", "train.algorithm"),  # (a left-to-right order: no uniform sampler takes one)
+    ("sampling.t_max=0.01", "sampling.t_max"),  # (below the checkpoint's t_min: generate raises at the first rollout)
     ("estimator.logits_chunk=4", "estimator.logits_chunk"),
     ("estimator.name=sdmc", "estimator.name"),
 ])

@@ -368,3 +368,21 @@ def test_a_capped_weight_reweights_the_tokens_the_rollout_drew_off_policy(checkp
         assert row["rollout_logp_gap_mean"] == pytest.approx(1.0, abs=gap_tol)
         assert row["rollout_logp_gap_max"] == pytest.approx(1.0, abs=gap_tol)
         assert row["rollout_is_weight_mean"] == pytest.approx(1.5, abs=rounding_tol(scale=1.5, n=1))
+
+
+def test_an_adapter_trained_on_the_shipped_model_loads_and_evaluates_offline(tmp_path, monkeypatch, capsys):
+    """The adapter folder of a LoRA run on tiny-sudoku-uniform records the shipped name as its base; loading it
+    resolves that name to the shipped folder (it went to the hub before), and dlmrl eval --model runs on it."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "run"
+    assert cli.main(["train", "--config", str(Path(__file__).parents[2] / "configs" / "grpo_sudoku_tiny_uniform.yaml"),
+                     f"output_dir={out}", "--no-progress", "train.max_steps=1", "train.prompts_per_step=2",
+                     "model.use_peft=true", "eval.before=false", "eval.after=false"]) == 0
+    assert json.loads((out / "final_model" / "adapter_config.json").read_text())["base_model_name_or_path"] == (
+        "tiny-sudoku-uniform")
+    policy = load_uniform_policy(str(out / "final_model"), "float32")
+    assert any("lora_B" in name for name, _ in policy.model.named_parameters())
+    capsys.readouterr()
+    assert cli.main(["eval", "--model", str(out / "final_model"), "model.kind=uniform", "task.answer_mode=full",
+                     "eval.num_puzzles=4"]) == 0
+    assert "cell_accuracy" in capsys.readouterr().out
