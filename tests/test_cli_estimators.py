@@ -155,7 +155,7 @@ def test_dlmrl_list_survives_a_closed_pipe():
 
     proc = subprocess.run(f"{sys.executable} -m dlmrl.cli list algorithms | head -1", check=False, shell=True,
                           capture_output=True, text=True)
-    assert proc.stdout.startswith("dagrpo") and "BrokenPipe" not in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout.startswith("block_just_grpo") and "BrokenPipe" not in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_dlmrl_eval_of_a_run_folder_uses_the_runs_own_config(tmp_path, capsys):

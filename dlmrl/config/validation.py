@@ -328,7 +328,8 @@ def _check_memory(cfg: Config, preset, estimator, for_training: bool) -> None:
     training config whose memory plan's peak per process exceeds the budget is warned about."""
     from dlmrl.training.memory_config import check_memory_config
 
-    nfe = kind_of(cfg.model.kind).scoring_nfe(estimator, cfg.sampling.gen_length)
+    kind = kind_of(cfg.model.kind)
+    nfe = kind.scoring_nfe(estimator, kind.scored_length(cfg))
     check_memory_config(cfg, nfe, objective=preset.objective if preset is not None else None,
                         for_training=for_training)
 

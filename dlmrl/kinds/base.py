@@ -353,8 +353,14 @@ class PolicyKind(ABC):
         return ""
 
     def scoring_nfe(self, estimator, gen_length: int):
-        """Forward passes per completion when scoring: the estimator's NFE at ``gen_length`` (default)."""
+        """Forward passes per completion when scoring: the estimator's NFE at ``gen_length`` (default; the config
+        check passes :meth:`scored_length`)."""
         return estimator.describe(gen_length).nfe
+
+    def scored_length(self, cfg) -> int:
+        """The canvas length an estimator's NFE is counted at (default ``sampling.gen_length``; the block kind's
+        estimators run per block, all blocks in each composite pass: one block)."""
+        return cfg.sampling.gen_length
 
     @abstractmethod
     def memory_shapes(self, cfg, prompt: int, per_update: int, nfe: int) -> dict:

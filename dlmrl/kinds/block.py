@@ -27,6 +27,17 @@ class BlockDiffusionKind(MaskedDiffusionKind):
     stops_at_eos_by_default = True
     turn_stops_at = "the end of the block where that line ends (model.block_size)"
 
+    def runs_preset(self, preset) -> bool:
+        """The diffusion presets and the block-only ones (``policies`` containing ``block``: ``block_just_grpo``)."""
+        return "diffusion" in preset.policies or "block" in preset.policies
+
+    def scored_length(self, cfg) -> int:
+        """One block (``model.block_size``, at most the completion): every composite pass scores each block's part
+        of the plan at once, so an estimator's NFE is its count on one block (left-to-right trajectory: ``⌈B / k⌉``
+        levels)."""
+        size = cfg.model.block_size
+        return min(size, cfg.sampling.gen_length) if isinstance(size, int) and size >= 1 else cfg.sampling.gen_length
+
     # ----- loading -----------------------------------------------------------------------------------------
     def load(self, model_cfg):
         from dlmrl.models.loading import load_block_policy

@@ -201,7 +201,7 @@ class MaskedDiffusionKind(PolicyKind):
     def plan_estimator(self, cfg, spec) -> dict:
         """The estimator's own description (:meth:`~dlmrl.estimators.configurable.ConfigurableEstimator.describe`:
         its settings by field name, its NFE and the formula), what chose it, and whether the NFE is a bound."""
-        d = spec.estimator.describe(cfg.sampling.gen_length)  # (a canvas-dependent NFE: its bound at gen_length)
+        d = spec.estimator.describe(self.scored_length(cfg))  # (a canvas-dependent NFE: its bound at that length)
         out: dict = {"name": spec.estimator_name, "nfe": d.nfe, "nfe_formula": d.nfe_formula,
                      "chosen_by": spec.chosen_by, **d.settings}
         if d.nfe_is_bound or (d.name == "trajectory" and cfg.sampling.adaptive):

@@ -24,7 +24,7 @@ from dlmrl.objectives.advantage_registry import (
 from dlmrl.objectives.objective import GroupObjective
 from dlmrl.registry import Registry
 
-POLICIES = ("ar", "diffusion")
+POLICIES = ("ar", "diffusion", "block")  # (block: block-diffusion policies only, dlmrl.kinds.block)
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,8 @@ class AlgorithmPreset:
         advantage: a registered advantage estimator (:data:`dlmrl.objectives.advantage_registry.ADVANTAGES`).
         advantage_options: its options (e.g. ``{"k": 4}``).
         policies: the policy kinds it runs on: ``"ar"`` and/or ``"diffusion"`` (token-level parts run
-            on a diffusion policy through the estimators' per-token ELBO contributions).
+            on a diffusion policy through the estimators' per-token ELBO contributions; block-diffusion policies
+            included), or ``"block"`` (block-diffusion policies only).
         estimator: the diffusion likelihood estimator of the paper's recipe (``None``: any).
         estimator_options: the recipe estimator's settings, as ``estimator`` config fields (e.g.
             ``{"order": "left_to_right"}``); applied when ``estimator.name`` is null (the recipe is used).
@@ -59,7 +60,7 @@ class AlgorithmPreset:
     objective: GroupObjective
     advantage: str = "group"
     advantage_options: Mapping[str, object] = field(default_factory=dict)
-    policies: tuple[str, ...] = POLICIES
+    policies: tuple[str, ...] = ("ar", "diffusion")
     estimator: str | None = None
     estimator_options: Mapping[str, object] = field(default_factory=dict)
     dynamic_sampling: bool = False
@@ -273,6 +274,27 @@ def just_grpo() -> AlgorithmPreset:
     return AlgorithmPreset("just_grpo", GroupObjective(epsilon=0.2), "group", policies=("diffusion",),
                            estimator="trajectory", estimator_options={"order": "left_to_right", "merge": 1},
                            reference="2601.15165")
+
+
+@ALGORITHMS.register("block_just_grpo")
+def block_just_grpo() -> AlgorithmPreset:
+    """BlockJustGRPO (NVIDIA NeMo RL, pull request 3167: JustGRPO, arXiv 2601.15165, on a block-diffusion model):
+    JustGRPO's objective on the left-to-right order inside each block, scored in ``⌈B / k⌉`` composite passes
+    instead of one per token: level ``l`` reveals the first ``l·k`` tokens of every block and scores the next
+    ``k`` (``k`` = ``estimator.merge``, default 1; with ``estimator.name`` null, as in a config file, the preset
+    sets ``order: left_to_right`` and ``merge`` is the section's; naming ``estimator.name`` yourself, set
+    ``estimator.order: left_to_right`` too). Block diffusion only.
+
+    At ``k = 1`` these are JustGRPO's exact left-to-right log-probs (each token given the tokens before it in its
+    block and the clean blocks before); ``k > 1`` scores a level's ``k`` tokens given only the first ``l·k``, an
+    approximation (NeMo RL's own note), in fewer passes. It is dlmrl's block ``trajectory`` estimator with
+    ``order: left_to_right`` and ``merge: k`` (NeMo RL ``nemo_rl/algorithms/block_just_grpo_logprobs.py``:
+    ``build_block_reveal_base``, ``make_reveal_level_view``, with blocks counted from the response start, as
+    dlmrl's); ``tests/estimators/test_block_just_grpo.py`` checks it against a per-token and a per-level loop.
+    """
+    return AlgorithmPreset("block_just_grpo", GroupObjective(epsilon=0.2), "group", policies=("block",),
+                           estimator="trajectory", estimator_options={"order": "left_to_right"},
+                           reference="2601.15165")  # (no merge here: estimator.merge, the user's k, stands)
 
 
 @ALGORITHMS.register("wd1")

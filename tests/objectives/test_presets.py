@@ -70,7 +70,7 @@ def run(preset: AlgorithmPreset, d_rows, adv, **inputs):
 def test_registry_holds_every_preset_with_its_reference():
     expected = {"grpo", "dr_grpo", "dapo", "gspo", "gspo_token", "rloo", "gdpo", "diffu_grpo", "sspo", "espo",
                 "egsw", "gtpo", "grpo_s", "hapo", "srpo", "dagrpo", "flow_grpo", "tracerl", "just_grpo", "wd1",
-                "spg", "espo_dllm"}
+                "spg", "espo_dllm", "block_just_grpo"}
     assert set(ALGORITHMS.names()) == expected
     for name in ALGORITHMS:
         with pytest.warns(UserWarning) if name == "grpo_s" else _nothing():
@@ -82,6 +82,7 @@ def test_registry_holds_every_preset_with_its_reference():
     assert get_algorithm("diffu_grpo").policies == ("diffusion",)
     assert get_algorithm("hapo").policies == ("ar",) and get_algorithm("flow_grpo").policies == ("ar",)
     assert get_algorithm("gspo").policies == ("ar", "diffusion")
+    assert get_algorithm("block_just_grpo").policies == ("block",)
 
 
 class _nothing:
