@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sudoku_runs import RunSpec, run_benchmark
+from sudoku_runs import RunSpec, add_run_arguments, run_benchmark
 
 RUNS = (
     RunSpec("gdpo", "diffusion", "configs/gdpo_sudoku_tiny.yaml", ("estimator.name=sdmc",)),  # GDPO's own estimator
@@ -37,16 +37,8 @@ RUNS = (
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--algorithms", nargs="+", default=[r.name for r in RUNS], choices=[r.name for r in RUNS])
-    p.add_argument("--budget", type=int, default=160 * 64 * 8,
-                   help="completions sampled per run (default 81,920: 160 steps of the shared 64 prompts x G 8)")
-    p.add_argument("--eval-every", type=int, default=16, help="held-out evaluation every this many steps")
-    p.add_argument("--runs-dir", default="runs/bench_algorithms_sudoku")
-    p.add_argument("--timing-steps", type=int, default=11,
-                   help="also time this many steps of each algorithm side by side (0 = skip)")
-    p.add_argument("--output", default="benchmarks/results/algorithms_sudoku.json")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="extra overrides for every run")
+    add_run_arguments(p, "runs/bench_algorithms_sudoku", "benchmarks/results/algorithms_sudoku.json", timing_steps=11, what="algorithm")
     args = p.parse_args()
     specs = [r for r in RUNS if r.name in args.algorithms]
     result = run_benchmark("algorithms_sudoku", specs, args, "4x4 Sudoku, tiny defaults: diffusion (gdpo, diffu_grpo) "

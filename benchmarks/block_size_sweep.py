@@ -25,25 +25,16 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sudoku_runs import RunSpec, run_benchmark
+from sudoku_runs import RunSpec, add_run_arguments, run_benchmark
 
 BLOCK_SIZES = (1, 2, 4, 8, 16)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--block-sizes", type=int, nargs="+", default=list(BLOCK_SIZES))
     p.add_argument("--config", default="configs/tracerl_sudoku_tiny_block.yaml")
-    p.add_argument("--budget", type=int, default=160 * 64 * 8,
-                   help="completions sampled per run (default 81,920: 160 steps of 64 prompts x G 8)")
-    p.add_argument("--eval-every", type=int, default=16, help="held-out evaluation every this many steps")
-    p.add_argument("--runs-dir", default="runs/bench_block_size_sweep")
-    p.add_argument("--timing-steps", type=int, default=6,
-                   help="also time this many steps of each block size side by side (0 = skip)")
-    p.add_argument("--output", default="benchmarks/results/block_size_sweep.json")
-    p.add_argument("--finished-only", action="store_true", help="tabulate the finished runs, train nothing")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="extra overrides for every run")
+    add_run_arguments(p, "runs/bench_block_size_sweep", "benchmarks/results/block_size_sweep.json", what="block size")
     args = p.parse_args()
     specs = [RunSpec(f"B={b}", "block", args.config, (f"model.block_size={b}",), f"block size {b}")
              for b in args.block_sizes]

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sudoku_runs import RunSpec, run_benchmark
+from sudoku_runs import RunSpec, add_run_arguments, run_benchmark
 
 TRAJECTORY = ("estimator.name=trajectory", "estimator.order=sampled")
 RUNS = (
@@ -83,21 +83,10 @@ def extra_spec(name: str) -> RunSpec:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--only", nargs="+", choices=[r.name for r in RUNS], help="run only these configurations")
     p.add_argument("--extra", nargs="*", default=[],
                    help="variants: <configuration>_<variant>[_<variant>], variants s8, s16, group, mu<N>, lr<x>")
-    p.add_argument("--budget", type=int, default=160 * 64 * 8,
-                   help="completions sampled per run (default 81,920: 160 steps of 64 prompts x G 8)")
-    p.add_argument("--eval-every", type=int, default=16, help="held-out evaluation every this many steps")
-    p.add_argument("--runs-dir", default="runs/bench_diffusion_likelihoods")
-    p.add_argument("--timing-steps", type=int, default=11,
-                   help="also time this many steps of each configuration side by side (0 = skip)")
-    p.add_argument("--output", default="benchmarks/results/diffusion_likelihoods_sudoku.json")
-    p.add_argument("--finished-only", action="store_true",
-                   help="tabulate and plot the runs that finished in --runs-dir; train nothing (the table gives "
-                        "each row's number of seeds)")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="extra overrides for every run")
+    add_run_arguments(p, "runs/bench_diffusion_likelihoods", "benchmarks/results/diffusion_likelihoods_sudoku.json", timing_steps=11, what="configuration")
     args = p.parse_args()
     specs = [r for r in RUNS if args.only is None or r.name in args.only] + [extra_spec(n) for n in args.extra]
     result = run_benchmark("diffusion_likelihoods_sudoku", specs, args, "4x4 Sudoku, tiny diffusion default: which "

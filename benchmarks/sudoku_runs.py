@@ -42,6 +42,24 @@ class RunSpec:
         return self.label or self.name
 
 
+def add_run_arguments(p, runs_dir: str, output: str, timing_steps: int = 6, what: str = "run") -> None:
+    """The options every Sudoku training benchmark takes (:func:`run_benchmark` reads them): ``--seeds``,
+    ``--budget``, ``--eval-every``, ``--runs-dir``, ``--timing-steps``, ``--output``, ``--finished-only`` and the
+    ``key=value`` overrides for every run (add them last: the overrides are positional)."""
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--budget", type=int, default=160 * 64 * 8,
+                   help="completions sampled per run (default 81,920: 160 steps of 64 prompts x G 8)")
+    p.add_argument("--eval-every", type=int, default=16, help="held-out evaluation every this many steps")
+    p.add_argument("--runs-dir", default=runs_dir)
+    p.add_argument("--timing-steps", type=int, default=timing_steps,
+                   help=f"also time this many steps of each {what} side by side (0 = skip)")
+    p.add_argument("--output", default=output)
+    p.add_argument("--finished-only", action="store_true",
+                   help="tabulate and plot the runs that finished in --runs-dir; train nothing (the table gives each "
+                        "row's number of seeds)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="extra overrides for every run")
+
+
 def load_config(spec: RunSpec, extra: list[str]) -> Config:
     cfg = Config()
     load_yaml(cfg, spec.config)

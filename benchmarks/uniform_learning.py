@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sudoku_runs import RunSpec, run_benchmark
+from sudoku_runs import RunSpec, add_run_arguments, run_benchmark
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SPECS = {
@@ -68,16 +68,7 @@ def reference_rows() -> list[dict]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", nargs="+", choices=sorted(SPECS), default=sorted(SPECS), help="which likelihoods")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--budget", type=int, default=160 * 64 * 8,
-                   help="completions sampled per run (default 81,920: 160 steps of 64 prompts x G 8)")
-    p.add_argument("--eval-every", type=int, default=16, help="held-out evaluation every this many steps")
-    p.add_argument("--runs-dir", default="runs/bench_uniform_learning")
-    p.add_argument("--timing-steps", type=int, default=6,
-                   help="also time this many steps of each run side by side (0 = skip)")
-    p.add_argument("--output", default="benchmarks/results/uniform_learning.json")
-    p.add_argument("--finished-only", action="store_true", help="tabulate the finished runs, train nothing")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="extra overrides for every run")
+    add_run_arguments(p, "runs/bench_uniform_learning", "benchmarks/results/uniform_learning.json", what="run")
     args = p.parse_args()
     specs = [SPECS[name] for name in args.runs]
     result = run_benchmark("uniform_learning", specs, args, "4x4 Sudoku, tiny DiffusionGemma (model.kind uniform): "

@@ -576,9 +576,9 @@ def register_adapter_checkpointing(accelerator) -> None:
 __all__ = [
     "ADAPTER_CONFIG",
     "BASE_NOTE",
+    "REFERENCE_ADAPTER",
     "AdapterDisabledPolicy",
     "AdapterInfo",
-    "REFERENCE_ADAPTER",
     "ReferenceAdapterPolicy",
     "add_reference_adapter",
     "apply_lora",

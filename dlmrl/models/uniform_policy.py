@@ -131,9 +131,8 @@ def load_uniform_policy(name_or_path: str, dtype: str = "float32", device: str |
     from transformers import AutoTokenizer
 
     from dlmrl.models.diffusion_gemma import share_encoder_adapters
-    from dlmrl.models.lora import attach_adapter, check_adapter_kind, find_adapter
-
     from dlmrl.models.loading import resolve_model_path
+    from dlmrl.models.lora import attach_adapter, check_adapter_kind, find_adapter
 
     if dtype not in ("float32", "bfloat16", "float16", "float64"):
         raise ValueError(f"model.dtype must be float32, bfloat16, float16 or float64, got {dtype!r}")

@@ -41,7 +41,6 @@ from dlmrl.models.lora import (
 )
 from dlmrl.objectives.segments import delimiter_token_ids
 from dlmrl.rewards.functions import RewardFunctions
-from dlmrl.training.reference_sync import SyncedReference, adapter_pairs
 from dlmrl.training.distributed import (
     GradientSync,
     Processes,
@@ -51,6 +50,7 @@ from dlmrl.training.distributed import (
 )
 from dlmrl.training.logging import MetricsWriter
 from dlmrl.training.precision import keep_float32_master_weights, wants_master_weights
+from dlmrl.training.reference_sync import SyncedReference, adapter_pairs
 from dlmrl.training.run_folder import RunState, check_run_folder
 from dlmrl.training.sharding import (
     SHARDED_MODES,

@@ -42,10 +42,10 @@ from dlmrl.objectives.entropy import HapoEntropyStats
 from dlmrl.training.anchors import add_anchors
 from dlmrl.training.callbacks import Callbacks
 from dlmrl.training.checkpoint import latest_checkpoint
+from dlmrl.training.collapse import CollapseMonitor
 from dlmrl.training.dynamic_sampling import SamplingStats
 from dlmrl.training.finite import NonFiniteError, step_problem
 from dlmrl.training.rollout import Rollout
-from dlmrl.training.collapse import CollapseMonitor
 from dlmrl.training.run_folder import save_checkpoint, write_final_files
 from dlmrl.training.run_setup import Run, evaluate_config, set_up_run
 from dlmrl.training.sample_step import sample_step, shaped_rewards, step_generator

@@ -11,10 +11,10 @@ import torch
 from safetensors.torch import load_file
 
 from dlmrl.config import ConfigError, default_job_config
-from dlmrl.models.lora import REFERENCE_ADAPTER
 from dlmrl.models.ar import resolve_ar_model_path
-from dlmrl.training.reference_sync import SyncedReference
+from dlmrl.models.lora import REFERENCE_ADAPTER
 from dlmrl.training.callbacks import Callback
+from dlmrl.training.reference_sync import SyncedReference
 from dlmrl.training.trainer import train
 
 AR = ["model.kind=ar", "model.name_or_path=tiny-sudoku-ar", "task.answer_mode=full", "train.algorithm=grpo",

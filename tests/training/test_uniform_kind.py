@@ -249,8 +249,11 @@ def test_scoring_in_chunks_gives_the_same_gradient_and_holds_one_pass(checkpoint
         weights = torch.linspace(-1, 1, ro.completion.numel()).reshape(ro.completion.shape)
         seen = []
         real = uniform_trajectory._batched_steps
-        uniform_trajectory._batched_steps = lambda inner, cache, inputs, *a: (seen.append(tuple(inputs.shape[:2])),
-                                                                              real(inner, cache, inputs, *a))[1]
+        def counted(inner, cache, inputs, *a, seen=seen, real=real):
+            seen.append(tuple(inputs.shape[:2]))
+            return real(inner, cache, inputs, *a)
+
+        uniform_trajectory._batched_steps = counted
         try:
             scorer.backward(0, lambda logp, w=weights: ((logp * w).sum(), {}), lambda loss: loss.backward())
         finally:
