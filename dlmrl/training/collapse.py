@@ -6,10 +6,10 @@ full fine-tuning with KL 0: the entropy of the policy's own samples blows up, dr
 the outputs turn to gibberish within 50-120 steps, while the reward has not yet fallen much. The monitor watches
 two series the trainer logs every step:
 
-- ``sample_nll``: the mean negative log-likelihood per token of the step's own samples under the policy that drew
-  them (the scorer's old-policy scores, whatever the kind: exact token log-probs for AR and the trajectory
-  likelihoods, an estimator's per-token terms for the ELBO estimators), a Monte Carlo estimate of the sampling
-  entropy per token for exact log-probs;
+- ``sample_nll``: the mean negative log-likelihood per token of the step's own samples under the distribution
+  they were drawn from, a Monte Carlo estimate of the sampling entropy per token: the sampler's recorded log-probs
+  where the rollout carries them (the diffusion kinds' samplers, the uniform sampler), else the scorer's
+  old-policy scores (the AR kind's exact token log-probs);
 - ``kl``: the objective's KL estimate toward its reference, when the run has one (β > 0).
 
 **Rule** (dlmrl interpretation; NVIDIA gives no threshold): a value fires when it exceeds ``ratio`` times its

@@ -33,6 +33,7 @@ from __future__ import annotations
 import signal
 import time
 
+import torch
 from tqdm.auto import tqdm
 
 from dlmrl.config import Config, validate
@@ -258,4 +259,9 @@ def step_record(run: Run, ro: Rollout, sampled: SamplingStats, batch: UpdateBatc
     elif run.env is not None:
         record["turns_mean"] = len(ro) / max(len(sampled.rewards), 1)
     record.update(update_metrics(run.processes, batch, result))  # (averaged over the optimizer steps)
+    if ro.token_logprobs is not None and len(ro):
+        # (the collapse monitor's series from the sampler's own record where there is one: the log-prob of each token
+        # under the distribution it was drawn from, not an estimator's per-token terms; every process holds the batch)
+        tokens = ro.completion_mask.to(torch.float32)
+        record["sample_nll"] = float(-(ro.token_logprobs.float() * tokens).sum() / tokens.sum().clamp_min(1))
     return record

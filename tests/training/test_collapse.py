@@ -92,3 +92,22 @@ def test_the_opt_in_stop_leaves_a_checkpoint_that_resume_continues(tmp_path, mon
     # (step 5: baseline median(1, 1, 10) = 1, still firing, no new warning, no stop; step 6: median(1, 10, 10) = 10,
     # the sustained rise is the baseline now)
     assert [r["collapse"] for r in rows] == [False, False, False, True, True, False]
+
+
+def test_a_diffusion_run_takes_sample_nll_from_the_samplers_record(tmp_path, monkeypatch):
+    """The masked-diffusion sampler records each token's log-prob under the distribution it was drawn from; the
+    logged sample_nll is its mean negative over the completion tokens (not the estimator's per-token terms)."""
+    real, seen = trainer.step_record, []
+
+    def capture(run, ro, *args, **kwargs):
+        record = real(run, ro, *args, **kwargs)
+        tokens = ro.completion_mask.float()
+        seen.append((record["sample_nll"], float(-(ro.token_logprobs * tokens).sum() / tokens.sum())))
+        return record
+
+    monkeypatch.setattr(trainer, "step_record", capture)
+    trainer.train(default_job_config(["train.algorithm=diffu_grpo", "train.max_steps=1", "train.prompts_per_step=2",
+                                      "train.num_generations=4", "eval.before=false", "eval.after=false",
+                                      f"output_dir={tmp_path / 'run'}"]), progress=False)
+    ((logged, expected),) = seen
+    assert logged == expected and logged > 0
