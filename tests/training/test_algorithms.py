@@ -25,7 +25,10 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*_sudoku_tiny*.yaml"))
 REJECTED = {("gdpo", "ar"): "runs on diffusion policies only", ("diffu_grpo", "ar"): "runs on diffusion",
             ("hapo", "diffusion"): "runs on ar policies only", ("flow_grpo", "diffusion"): "runs on ar",
-            **{(a, "ar"): "runs on diffusion policies only" for a in ("tracerl", "just_grpo", "wd1", "spg", "espo_dllm")}}
+            **{(a, "ar"): "runs on diffusion policies only" for a in ("tracerl", "just_grpo", "wd1", "spg", "espo_dllm")},
+            # (block-diffusion only: its config is <algo>_sudoku_tiny_block.yaml, trained below)
+            **{("block_just_grpo", k): "runs on block policies only" for k in ("diffusion", "ar")}}
+BLOCK_ONLY = [a for a in ALGORITHMS.names() if ALGORITHMS.get(a)().policies == ("block",)]
 PAIRS = [(a, k) for a in ALGORITHMS.names() for k in ("diffusion", "ar") if (a, k) not in REJECTED]
 #: The preset and legacy losses of the same run, in float64: small_config's 2 steps × μ 2 = 4 AdamW updates at lr 1e-3,
 #: each weight's gradient a sum of ≤ 1000 rounded terms (18 canvases × 34 positions, each through the tiny model's
@@ -169,13 +172,14 @@ def test_dlmrl_train_runs_two_steps_and_changes_parameters(algo, kind, base, tmp
     assert any(not torch.equal(before[k], after[k]) for k in before if k in after)
 
 
-BLOCK_PRESETS = [a for a, k in PAIRS if k == "diffusion"]
+BLOCK_PRESETS = [a for a, k in PAIRS if k == "diffusion"] + BLOCK_ONLY
 
 
 @pytest.mark.parametrize("algo", BLOCK_PRESETS)
 def test_every_diffusion_preset_runs_two_steps_on_the_tiny_block_model(algo, tmp_path):
-    # the preset's own diffusion config with the policy swapped for the shipped block model (blocks of 4)
-    config = ROOT / "configs" / f"{algo}_sudoku_tiny.yaml"
+    # the preset's own diffusion config with the policy swapped for the shipped block model (blocks of 4); a
+    # block-only preset's own block config
+    config = ROOT / "configs" / (f"{algo}_sudoku_tiny_block.yaml" if algo in BLOCK_ONLY else f"{algo}_sudoku_tiny.yaml")
     out = tmp_path / "run"
     args = ["train", "--config", str(config), "--output-dir", str(out), "--no-progress", "max_steps=2",
             "prompts_per_step=2", "num_generations=3", "eval.before=false", "eval.after=false",
