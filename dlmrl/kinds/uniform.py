@@ -313,8 +313,10 @@ class UniformNoiseKind(PolicyKind):
         # backward keeps every canvas's graph; S for row chunks; micro_batch for passes of fewer steps)
         sharing = min(micro, steps) if micro else canvases * steps
         encoder = -(-(prompt + canvases * L) // sharing)
+        # (micro_batch >= S: the scorer runs whole rows, micro_batch // S of them, all S steps of a canvas at once)
+        per_forward = (micro // steps) * steps if micro and micro >= steps else None
         return {**common, "canvases": per_update * canvases * steps, "positions": L + encoder, "head_positions": L,
-                "scored_positions": L, "soft_inputs": True}
+                "scored_positions": L, "soft_inputs": True, "canvases_per_forward": per_forward}
 
     # ----- training ----------------------------------------------------------------------------------------
     def build_scorer(self, policy, ref, cfg, estimator, objective, processes: int):

@@ -157,6 +157,8 @@ def settings_from_config(cfg, nfe: int, processes: int, objective=None, sharding
                         "dlmrl.kinds.base.MEMORY_SHAPE_KEYS)")
     canvases, positions = shapes["canvases"], shapes["positions"]
     per_forward = min(e.micro_batch, canvases) if e.micro_batch else canvases
+    if shapes.get("canvases_per_forward"):  # (a kind whose scorer chunks otherwise says how many it runs at once)
+        per_forward = min(int(shapes["canvases_per_forward"]), canvases)
     reference = (objective is not None and objective.beta > 0 and "logp_ref" in objective.required_inputs
                  and not m.use_peft)
     batch = getattr(s, "rollout_batch_size", 0) or 0  # (sampling.rollout_batch_size: rows per sampling call)

@@ -108,3 +108,16 @@ def test_the_self_conditioning_inputs_are_planned(tmp_path):
         terms = plan_memory(arch, settings).terms
         assert terms["soft_inputs"] == forward * arch.vocab_size * 4  # (float32 weights)
         assert terms["rollout_soft_inputs"] == 6 * 8 * arch.vocab_size * 4  # (6 rows x the canvas's 8 positions)
+
+
+def test_a_micro_batch_above_the_steps_is_planned_as_the_whole_rows_the_scorer_runs(tmp_path):
+    """micro_batch 10 with 4 steps per canvas: the scorer runs 10 // 4 = 2 rows x 4 steps = 8 step canvases at once
+    (UniformTrajectoryScorer._split), and the plan counts those 8, not 10."""
+    from dlmrl.training.memory_config import settings_from_config
+
+    checkpoint = save_tiny_uniform_checkpoint(tmp_path / "tiny_dg")
+    cfg = Config()
+    apply_overrides(cfg, [f"model.name_or_path={checkpoint}", "model.kind=uniform", "task.answer_mode=full",
+                          "sampling.steps=4", "estimator.micro_batch=10"])
+    settings, numbers = settings_from_config(cfg, 4, 1)
+    assert numbers["canvases_per_forward"] == settings.canvases_per_forward == 8
