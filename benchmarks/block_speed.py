@@ -25,7 +25,6 @@ Writes ``benchmarks/results/block_speed.json`` (``--output``).
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -36,6 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+
 from dlmrl.estimators import SDMC, score
 from dlmrl.estimators.block_plans import per_block_plan
 from dlmrl.models.block_attention import block_bounds, block_causal_mask, block_position_ids
@@ -43,6 +43,9 @@ from dlmrl.models.block_policy import BlockDiffusionPolicy
 from dlmrl.models.block_sampler import block_generate
 from dlmrl.models.families import FAMILIES
 from dlmrl.models.tiny import build_tiny_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # (benchmarks/: bench_io, however this file is loaded)
+from bench_io import write_result
 
 
 class _Tok:
@@ -187,10 +190,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  scoring {r['method']:<15} {r['seconds']:7.3f} s  ({r['forward_calls_per_row']} passes per row)")
     if sc:
         print(f"  per-block loop / composite: {sc['speedup']}x (max per-token gap {sc['max_per_token_gap']:.2e})")
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_result(args.output, result)
     return result
 
 

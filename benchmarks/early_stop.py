@@ -27,7 +27,6 @@ Writes ``benchmarks/results/early_stop.json`` (``--output``).
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import time
@@ -38,11 +37,15 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+
 from dlmrl.config import Config, apply_overrides
 from dlmrl.data.task import TaskBatch
 from dlmrl.data.tasks import SudokuTask
 from dlmrl.models.loading import load_block_policy
 from dlmrl.training.rollout import rollout_diffusion
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # (benchmarks/: bench_io, however this file is loaded)
+from bench_io import write_result
 
 
 class LongCanvasTask:
@@ -136,10 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
     for r in rows:
         print(f"  {r['mode']:<16} {r['seconds']:8.3f} s  NFE {r['nfe_mean']:>7}  passes {r['passes']:>6}  "
               f"{r['speedup_vs_full']}x  same tokens: {r['same_tokens_up_to_eos_block']}")
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_result(args.output, result)
     return result
 
 

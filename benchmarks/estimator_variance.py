@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -27,6 +28,9 @@ import torch
 from dlmrl.estimators.analysis import LabConfig, record_label, value
 from dlmrl.models.loading import load_policy
 from dlmrl.training.estimator_lab import run_estimator_lab
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # (benchmarks/: bench_io, however this file is loaded)
+from bench_io import finite
 
 
 def ratios(records: list[dict]) -> list[dict]:
@@ -50,17 +54,6 @@ def ratios(records: list[dict]) -> list[dict]:
         row["diff_var_shrink"] = value(dmc, "diff_variance_independent") / value(dmc, "diff_variance")
         out.append(row)
     return out
-
-
-def finite(obj):
-    """``obj`` with every non-finite float replaced by ``None`` (strict JSON)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [finite(v) for v in obj]
-    return obj
 
 
 def main() -> None:

@@ -46,6 +46,8 @@ from unittest import mock
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # (benchmarks/: bench_io, however this file is loaded)
+from bench_io import write_result
 
 #: job name -> (config path, label); ``None`` = the packaged default recipe
 JOBS = {"default": (None, "default job (diffusion gdpo)"),
@@ -429,10 +431,7 @@ def main(argv: list[str] | None = None) -> dict:
               "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "prompts": args.prompts,
               "generations": args.generations, "overrides": args.overrides, "seconds": round(time.time() - started, 1),
               "machine": {**machine(), "load_average_1min_before": load_before}, "jobs": jobs}
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_result(args.output, result)
     return result
 
 

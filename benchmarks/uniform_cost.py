@@ -43,6 +43,8 @@ from unittest import mock
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # (benchmarks/: bench_io, however this file is loaded)
+from bench_io import write_result
 
 
 def _step_profile():
@@ -301,10 +303,7 @@ def main(argv: list[str] | None = None) -> dict:
               "generations": args.generations, "threads": args.threads, "overrides": args.overrides,
               "seconds": round(time.time() - started, 1), "machine": sp.machine(), "summary": summary,
               "steps_detail": steps}
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_result(args.output, result)
     return result
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,16 +30,8 @@ from dlmrl.training.uniform_estimator_lab import (
     run_uniform_estimator_lab,
 )
 
-
-def finite(obj):
-    """``obj`` with every non-finite float replaced by ``None`` (strict JSON)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [finite(v) for v in obj]
-    return obj
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # (benchmarks/: bench_io, however this file is loaded)
+from bench_io import finite
 
 
 def main() -> None:

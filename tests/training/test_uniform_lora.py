@@ -217,6 +217,18 @@ def test_a_lora_run_resumes_exactly(checkpoint, tmp_path, monkeypatch):
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=0)
 
 
+def _saved_adapter(checkpoint, folder):
+    """A trained adapter (dropout 0, seed 1) saved to ``folder`` as a run's final_model: ``(policy, rollout, its
+    scores before saving)``."""
+    cfg = _config(checkpoint, "model.use_peft=true", "model.lora_dropout=0.0", "train.num_generations=3")
+    policy = _prepare_uniform(load_uniform_policy(str(checkpoint)), cfg.model)
+    _train_adapter(policy, seed=1)
+    ro = _rollout(policy, cfg)
+    expected = _score(policy, ro)
+    save_final_model(policy.model, policy.tokenizer, folder, cfg.model)
+    return policy, ro, expected
+
+
 def test_a_saved_adapter_reloads_to_the_same_scores(checkpoint, tmp_path):
     """save_final_model → load_uniform_policy (the adapter folder: its base from the note, each adapter shared
     again) gives the same trajectory log-probs; so does plain peft followed by share_encoder_adapters (peft saved
@@ -227,12 +239,7 @@ def test_a_saved_adapter_reloads_to_the_same_scores(checkpoint, tmp_path):
     from dlmrl.models.diffusion_gemma import load_diffusion_gemma
     from dlmrl.models.loading import load_policy
 
-    cfg = _config(checkpoint, "model.use_peft=true", "model.lora_dropout=0.0", "train.num_generations=3")
-    policy = _prepare_uniform(load_uniform_policy(str(checkpoint)), cfg.model)
-    _train_adapter(policy, seed=1)
-    ro = _rollout(policy, cfg)
-    expected = _score(policy, ro)
-    save_final_model(policy.model, policy.tokenizer, tmp_path / "final", cfg.model)
+    policy, ro, expected = _saved_adapter(checkpoint, tmp_path / "final")
     reloaded = load_uniform_policy(str(tmp_path / "final"))
     assert len(_adapted(reloaded.model)) == len(_adapted(policy.model))
     inner = unwrap_diffusion_gemma(reloaded.model)
@@ -258,12 +265,7 @@ def test_an_adapter_folder_trained_in_full_is_merged_everywhere(checkpoint, tmp_
     model's up to the merge's rounding."""
     from dlmrl.models.lora import prepare_for_training
 
-    cfg = _config(checkpoint, "model.use_peft=true", "model.lora_dropout=0.0", "train.num_generations=3")
-    policy = _prepare_uniform(load_uniform_policy(str(checkpoint)), cfg.model)
-    _train_adapter(policy, seed=1)
-    ro = _rollout(policy, cfg)
-    expected = _score(policy, ro)
-    save_final_model(policy.model, policy.tokenizer, tmp_path / "final", cfg.model)
+    _, ro, expected = _saved_adapter(checkpoint, tmp_path / "final")
     merged = prepare_for_training(load_uniform_policy(str(tmp_path / "final")), _config(tmp_path / "final").model,
                                   kind_of("uniform"))
     assert not _adapted(merged.model) and not any("lora_" in n for n, _ in merged.model.named_parameters())
