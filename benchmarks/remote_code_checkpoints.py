@@ -29,10 +29,11 @@ CODE_FILES = {
     "dream": ("configuration_dream.py", "modeling_dream.py", "generation_utils.py", "tokenization_dream.py"),
     "sdar": ("configuration_sdar.py", "modeling_sdar.py", "fused_linear_diffusion_cross_entropy.py"),
     "llada2": ("configuration_llada2_moe.py", "modeling_llada2_moe.py"),
+    "llada_moe": ("configuration_lladamoe.py", "modeling_lladamoe.py"),
 }
 #: The ``transformers`` auto class each family's checkpoints load with.
 AUTO_CLASS = {"llada": "AutoModel", "dream": "AutoModel", "sdar": "AutoModelForCausalLM",
-              "llada2": "AutoModelForCausalLM"}
+              "llada2": "AutoModelForCausalLM", "llada_moe": "AutoModel"}
 #: GSAI-ML/LLaDA-8B-Instruct's config.json, before :data:`SHRINK`.
 LLADA_CONFIG = {
     "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0, "architectures": ["LLaDAModelLM"],
@@ -94,6 +95,29 @@ LLADA2_CONFIG = {
     "score_function": "sigmoid", "tie_word_embeddings": False, "topk_group": 4, "torch_dtype": "bfloat16",
     "use_qk_norm": True, "use_qkv_bias": False, "vocab_size": 157184,
 }
+#: inclusionAI/LLaDA-MoE-7B-A1B-Instruct's config.json as we read it, before :data:`SHRINK` (the hub is not reachable
+#: from here; a ``git clone`` of the hub repository gives its own ``config.json`` instead). Sources: the ``model_type``
+#: ``"llada"`` and the ``auto_map`` of ``configuration_lladamoe.LLaDAConfig`` / ``modeling_lladamoe.LLaDAMoEModelLM``
+#: are what ZHZisZZ/dllm's README tells users to overwrite for its renamed copy (``"lladamoe"``,
+#: ``LLaDAMoEConfig``) and what InfiniTensor/InfiniLM's copy of ``configuration_lladamoe.py`` declares; 16 layers,
+#: width 2048, 16 heads of 128, 64 experts of width 1024 with 8 per token, no shared expert, QK-norm and the
+#: vocabulary 157,184 (Ling's tokenizer: ``<|endoftext|>`` 156892, ``<|mask|>`` 156895, the model card's ``mask_id``)
+#: from published descriptions of the checkpoint; no ``mask_token_id`` (absent from its ``config.json``). The RoPE
+#: base, ``partial_rotary_factor``, ``dense_intermediate_size`` and the expert bias are our reading.
+LLADA_MOE_CONFIG = {
+    "architectures": ["LLaDAMoEModelLM"],
+    "auto_map": {"AutoConfig": "configuration_lladamoe.LLaDAConfig", "AutoModel": "modeling_lladamoe.LLaDAMoEModelLM",
+                 "AutoModelForCausalLM": "modeling_lladamoe.LLaDAMoEModelLM"},
+    "model_type": "llada", "attention_bias": False, "attention_dropout": 0.0, "clip_qkv": None,
+    "dense_intermediate_size": 8192, "eos_token_id": 156892, "expert_intermediate_size": 1024, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02, "max_position_embeddings": 8192,
+    "moe_layer_freq": [1] * 16, "moe_router_enable_expert_bias": True, "moe_router_score_function": "softmax",
+    "norm_topk_prob": False, "num_attention_heads": 16, "num_experts": 64, "num_experts_per_tok": 8,
+    "num_hidden_layers": 16, "num_key_value_heads": 16, "output_router_logits": False, "pad_token_id": 156892,
+    "partial_rotary_factor": 1.0, "qk_layernorm": True, "rms_norm_eps": 1e-05, "rope_scaling": None,
+    "rope_theta": 50000, "router_aux_loss_coef": 0.01, "shared_expert_intermediate_size": None,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": False, "vocab_size": 157184,
+}
 #: The size fields replaced (width 64, 4 heads, 2 layers); vocabulary, mask id and every other field stay.
 SHRINK = {
     "llada": {"d_model": 64, "n_heads": 4, "n_kv_heads": 4, "n_layers": 2, "mlp_hidden_size": 128},
@@ -104,6 +128,9 @@ SHRINK = {
     "llada2": {"hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32, "num_attention_heads": 4,
                "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2, "num_experts": 8,
                "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2},
+    "llada_moe": {"hidden_size": 64, "dense_intermediate_size": 128, "expert_intermediate_size": 32,
+                  "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2, "moe_layer_freq": [1, 1],
+                  "num_experts": 8, "num_experts_per_tok": 2},
 }
 #: Special tokens at their ids in the real tokenizers (LLaDA-8B-Instruct's; Dream's Qwen2 vocabulary).
 SPECIALS = {
@@ -114,6 +141,8 @@ SPECIALS = {
     "sdar": {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<|MASK|>": 151669},
     # (LLaDA2's generate: eos_id 156892, mask_id 156895; the token names are our reading)
     "llada2": {"<|endoftext|>": 156892, "<|mask|>": 156895},
+    # (LLaDA-MoE: Ling's tokenizer as LLaDA2's; the model card's generate uses mask_id 156895)
+    "llada_moe": {"<|endoftext|>": 156892, "<|mask|>": 156895, "<|role_end|>": 156900},
 }
 CHAT_TEMPLATES = {  # the shape of each release's chat template (dlmrl's text tasks render prompts with it)
     "llada": "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
@@ -125,7 +154,9 @@ CHAT_TEMPLATES = {  # the shape of each release's chat template (dlmrl's text ta
 CHAT_TEMPLATES["sdar"] = CHAT_TEMPLATES["dream"]  # (Qwen's ChatML)
 CHAT_TEMPLATES["llada2"] = ("{% for m in messages %}<role>{{ m['role'] | upper }}</role>{{ m['content'] }}{% endfor %}"
                             "{% if add_generation_prompt %}<role>ASSISTANT</role>{% endif %}")  # (Ling's role tags)
-MASK_IDS = {"llada": 126336, "dream": 151666, "sdar": 151669, "llada2": 156895}
+CHAT_TEMPLATES["llada_moe"] = ("{% for m in messages %}<role>{{ m['role'] | upper }}</role>{{ m['content'] }}"
+                               "<|role_end|>{% endfor %}{% if add_generation_prompt %}<role>ASSISTANT</role>{% endif %}")
+MASK_IDS = {"llada": 126336, "dream": 151666, "sdar": 151669, "llada2": 156895, "llada_moe": 156895}
 
 
 @dataclass(frozen=True)
@@ -173,9 +204,25 @@ def checkpoint_config(source: CodeSource) -> dict:
     """The published ``config.json`` (the clone's own, when it has one) with :data:`SHRINK` applied."""
     own = source.folder / "config.json"
     base = json.loads(own.read_text()) if own.exists() else {"llada": LLADA_CONFIG, "dream": DREAM_CONFIG,
-                                                             "sdar": SDAR_CONFIG,
-                                                             "llada2": LLADA2_CONFIG}[source.family]
-    return {**base, **SHRINK[source.family]}
+                                                             "sdar": SDAR_CONFIG, "llada2": LLADA2_CONFIG,
+                                                             "llada_moe": LLADA_MOE_CONFIG}[source.family]
+    config = {**base, **SHRINK[source.family]}
+    if source.family == "llada_moe" and not own.exists():
+        config.update(_config_class_fields(source.folder / CODE_FILES["llada_moe"][0]))
+    return config
+
+
+def _config_class_fields(file: Path) -> dict:
+    """``model_type`` and ``auto_map["AutoConfig"]`` of the ``PretrainedConfig`` subclass ``file`` defines: a copy of
+    LLaDA-MoE's code may rename it (ZHZisZZ/dllm's ``LLaDAMoEConfig``, ``model_type "lladamoe"``; the hub's is
+    ``LLaDAConfig``, ``"llada"``), and its ``config.json`` must name the class it has."""
+    import re
+
+    text = file.read_text()
+    name = re.search(r"^class (\w+)\(PretrainedConfig\)", text, re.MULTILINE).group(1)
+    model_type = re.search(r'^\s+model_type = "([^"]+)"', text, re.MULTILINE).group(1)
+    return {"model_type": model_type, "auto_map": {**LLADA_MOE_CONFIG["auto_map"],
+                                                   "AutoConfig": f"{file.stem}.{name}"}}
 
 
 #: How much larger the output rows of the tokenizer's characters are drawn (:func:`init_weights`): enough that sampled
@@ -221,6 +268,8 @@ def save_fast_tokenizer(path: Path, family: str) -> None:
                   "mask_token": "<|mask|>"},
         "sdar": {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "mask_token": "<|MASK|>"},
         "llada2": {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "mask_token": "<|mask|>"},
+        # (no mask_token role: dlmrl finds <|mask|> in the vocabulary, dlmrl.models.llada_moe)
+        "llada_moe": {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"},
     }[family]
     tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<|unk|>", padding_side="left",
                                   additional_special_tokens=[n for n in names if n not in roles.values()], **roles)

@@ -178,7 +178,7 @@ class MaskedDiffusionKind(PolicyKind):
         fam = family.split()[0]  # (the mask id a family fixes when neither tokenizer nor config names one)
         out.update(self.plan_attention(cfg, fam))
         out["family"] = family
-        default = FAMILIES.get(fam).default_mask_token_id if fam in FAMILIES else None
+        default = FAMILIES.get(fam).fallback_mask_token_id(None, config) if fam in FAMILIES else None
         if config.get("mask_token_id") is not None:  # (a local config.json, read above)
             out["mask_token_id"] = f"{config['mask_token_id']} (config.json) unless the tokenizer names another"
         elif default is not None:

@@ -4,7 +4,8 @@ Every adapter returns ``(B, T, V)`` logits in which position ``i`` predicts toke
 (the masked-diffusion convention the sampler and the estimators use). Families:
 
 - ``llada`` (``GSAI-ML/LLaDA-8B-Instruct``, LLaDA 1.5): ``AutoModel`` with the checkpoint's own code;
-  bidirectional, no logit shift, mask id 126336.
+  bidirectional, no logit shift, mask id 126336. iLLaDA (``GSAI-ML/iLLaDA-8B-*``) runs LLaDA's code with mask id 5
+  (:func:`llada_mask_token_id`).
 - ``dream`` (``Dream-org/Dream-v0-Instruct-7B``, Dream-Coder, DiffuCoder): ``AutoModel`` with the
   checkpoint's own code; logits shifted right by one, mask id 151666.
 - ``masked_lm``: any ``transformers`` ``*ForMaskedLM`` (BERT, RoBERTa, ModernBERT, ...); the
@@ -14,6 +15,9 @@ Every adapter returns ``(B, T, V)`` logits in which position ``i`` predicts toke
 - ``llada2`` (``inclusionAI/LLaDA2.0-mini``, ``-flash``, LLaDA2.1): block diffusion on LLaDA2's own
   ``modeling_llada2_moe.py`` (:mod:`dlmrl.models.llada2`); mask id 156895, block size 32 unless set, the prompt cut
   into blocks.
+- ``llada_moe`` (``inclusionAI/LLaDA-MoE-7B-A1B-Base``, ``-Instruct``): masked diffusion on LLaDA-MoE's own
+  ``modeling_lladamoe.py`` (:mod:`dlmrl.models.llada_moe`); its ``config.json`` says ``model_type "llada"`` like dense
+  LLaDA's, so it is told apart by ``architectures`` / ``auto_map``; the mask id is the tokenizer's ``<|mask|>``.
 - ``tiny``: the shipped default, a Llama with ``is_causal=False`` (``dlmrl.models.tiny``), and any ``transformers``
   ``*ForCausalLM`` whose config sets ``is_causal: false`` (Qwen2, Mistral, ... run bidirectionally).
 
@@ -43,6 +47,7 @@ from dlmrl.models.llada2 import (
     llada2_logits,
     load_llada2,
 )
+from dlmrl.models.llada_moe import is_llada_moe, llada_moe_logits, llada_moe_mask_token_id, load_llada_moe
 from dlmrl.models.sdar import SDAR_MASK_TOKEN_ID, load_sdar, sdar_block_forward, sdar_logits
 from dlmrl.models.token_scores import hf_output_head, narrowed_request, unwrap_model
 from dlmrl.registry import Registry
@@ -51,6 +56,13 @@ from dlmrl.registry import Registry
 #: of [MASK] is 126336") and the ``mask_token_id`` of LLaDA's ``config.json``; the tokenizer declares no
 #: mask token, so the id comes from the config or this constant.
 LLADA_MASK_TOKEN_ID = 126336
+#: iLLaDA's mask token id. Source: ML-GSAI/LLaDA@b7e6c35 ``README.md`` (2026.06.24: "By setting ``mask_id=5``, iLLaDA
+#: can directly reuse the existing LLaDA inference code").
+ILLADA_MASK_TOKEN_ID = 5
+#: The vocabulary (``embedding_size`` / ``vocab_size``) of LLaDA-8B's checkpoints (126,464) and of iLLaDA-8B's
+#: (155,136, the architecture table of the ``GSAI-ML/iLLaDA-8B-Base`` model card), which tell the two apart when a
+#: checkpoint names its mask id nowhere (:func:`llada_mask_token_id`).
+LLADA_VOCAB_SIZE, ILLADA_VOCAB_SIZE = 126464, 155136
 #: Dream's mask token ``<|mask|>``. Source: ``DreamConfig(mask_token_id=151666)`` in Dream's
 #: ``configuration_dream.py`` and the ``mask_token_id`` Dream's generation config passes to
 #: ``diffusion_generate``.
@@ -68,7 +80,8 @@ class Family:
             padding is marked False in ``attention_mask``; ``position_ids`` count real tokens only.
         detect: ``(config) -> bool``, True when ``family="auto"`` should choose this family;
             ``config`` is the checkpoint's ``config.json`` as a dict (or a ``PretrainedConfig``).
-        default_mask_token_id: used when neither the tokenizer nor the config names a mask token.
+        default_mask_token_id: used when neither the tokenizer nor the config names a mask token (nor
+            ``checkpoint_mask_token_id`` finds one).
         cached_logits: a :data:`dlmrl.models.block_cache.CachedLogitsFn` (a forward pass that takes and returns
             keys and values), or ``None`` when the family cannot serve the sampler's block cache
             (``sampling.cache``).
@@ -89,6 +102,9 @@ class Family:
             ``None`` for a model) = no such split: scoring takes the full logits.
         logit_shift: how far the model's outputs sit before the token they predict (Dream: 1, the output at
             ``i − 1`` predicts token ``i``; :func:`shift_logits_right`), 0 for the others.
+        checkpoint_mask_token_id: ``(tokenizer | None, config) -> int | None``, the family's own reading of the mask
+            id from the checkpoint when neither the tokenizer's ``mask_token`` nor ``config.json``'s ``mask_token_id``
+            names one (a named token in the tokenizer's vocabulary, ...); tried before ``default_mask_token_id``.
     """
 
     load: Callable[[str, bool, torch.dtype], nn.Module]
@@ -103,6 +119,14 @@ class Family:
     default_block_size: int | None = None
     output_head: Callable[[nn.Module], nn.Module | None] | None = None
     logit_shift: int = 0
+    checkpoint_mask_token_id: Callable[[object, object], int | None] | None = None
+
+    def fallback_mask_token_id(self, tokenizer, config) -> int | None:
+        """The mask id when neither the tokenizer's ``mask_token`` nor ``config.json``'s ``mask_token_id`` names one:
+        ``checkpoint_mask_token_id(tokenizer, config)`` if it finds one, else ``default_mask_token_id``
+        (``tokenizer`` may be ``None``: a plan made without loading it)."""
+        found = self.checkpoint_mask_token_id(tokenizer, config) if self.checkpoint_mask_token_id else None
+        return found if found is not None else self.default_mask_token_id
 
 
 FAMILIES: Registry[Family] = Registry("model family")
@@ -324,12 +348,37 @@ def dream_logits(model, input_ids, attention_mask, position_ids):
 
 def _is_llada(config) -> bool:
     # LLaDA's config.json: model_type "llada", architectures ["LLaDAModelLM"],
-    # auto_map {"AutoModel": "modeling_llada.LLaDAModelLM", ...}. LLaDA-MoE / LLaDA 2 use other types.
+    # auto_map {"AutoModel": "modeling_llada.LLaDAModelLM", ...}. LLaDA2 uses another type; LLaDA-MoE's release
+    # says "llada" too, so its configs (told apart by architectures / auto_map) are left to the llada_moe family.
     return (
         _model_type(config) == "llada"
         or "LLaDAModelLM" in _architectures(config)
         or any(t.endswith("modeling_llada.LLaDAModelLM") for t in _auto_map_targets(config))
-    )
+    ) and not is_llada_moe(config)
+
+
+def is_illada(config) -> bool:
+    """Whether a ``llada``-family config is iLLaDA's (``GSAI-ML/iLLaDA-8B-Base`` / ``-Instruct``): LLaDA's code with
+    iLLaDA's vocabulary of 155,136 (``embedding_size`` or ``vocab_size``). Our reading: iLLaDA's ``config.json`` is not
+    reachable from here; its model card loads it with ``AutoModel`` + ``trust_remote_code`` and points to LLaDA's
+    inference code, and its architecture table gives the vocabulary (LLaDA-8B: 126,464)."""
+    sizes = {config_value(config, "embedding_size"), config_value(config, "vocab_size")}
+    return _is_llada(config) and ILLADA_VOCAB_SIZE in sizes
+
+
+def llada_mask_token_id(tokenizer, config) -> int | None:
+    """The ``llada`` family's mask id when neither the tokenizer's ``mask_token`` nor ``config.json``'s
+    ``mask_token_id`` names one (LLaDA's and, we expect, iLLaDA's ``config.json`` do): LLaDA's ``<|mdm_mask|>`` in the
+    tokenizer's vocabulary; else by the checkpoint's vocabulary, 5 for iLLaDA's (:func:`is_illada`,
+    :data:`ILLADA_MASK_TOKEN_ID`) and 126336 for LLaDA-8B's (:data:`LLADA_MASK_TOKEN_ID`); else ``None`` (the loader
+    then asks for ``mask_token_id`` in ``config.json``), never LLaDA's id on another vocabulary."""
+    named = tokenizer.get_vocab().get("<|mdm_mask|>") if tokenizer is not None else None
+    if named is not None:
+        return int(named)
+    if is_illada(config):
+        return ILLADA_MASK_TOKEN_ID
+    sizes = {config_value(config, "embedding_size"), config_value(config, "vocab_size")}
+    return LLADA_MASK_TOKEN_ID if LLADA_VOCAB_SIZE in sizes else None
 
 
 def _is_dream(config) -> bool:
@@ -376,7 +425,7 @@ FAMILIES.register("masked_lm")(
            no_cache_reason="encoder-only masked LMs (BERT, RoBERTa, ModernBERT) take no key/value cache")
 )
 FAMILIES.register("llada")(
-    Family(load=_load_auto_model, logits=llada_logits, detect=_is_llada, default_mask_token_id=LLADA_MASK_TOKEN_ID,
+    Family(load=_load_auto_model, logits=llada_logits, detect=_is_llada, checkpoint_mask_token_id=llada_mask_token_id,
            activation_checkpointing=llada_activation_checkpointing, output_head=llada_output_head,
            no_cache_reason="dlmrl has no cache adapter for LLaDA's checkpoint code: its released modeling_llada.py "
                            "takes past_key_values but cannot replace a block's keys inside the cache (dual), and its "
@@ -404,6 +453,12 @@ FAMILIES.register("llada2")(
                            "key/value cache is exact")
 )
 
+FAMILIES.register("llada_moe")(
+    Family(load=load_llada_moe, logits=llada_moe_logits, detect=is_llada_moe,
+           checkpoint_mask_token_id=llada_moe_mask_token_id, output_head=hf_output_head,
+           no_cache_reason="LLaDA-MoE's modeling_lladamoe.py refuses a key/value cache (its forward asserts use_cache "
+                           "is off)")
+)
 
 def cached_logits_of(family: str | None, mode: str) -> CachedLogitsFn:
     """The block-cache forward of the registered ``family``, for ``sampling.cache = mode``.
@@ -447,15 +502,18 @@ def detect_family(config) -> str:
 __all__ = [
     "DREAM_MASK_TOKEN_ID",
     "FAMILIES",
+    "ILLADA_MASK_TOKEN_ID",
     "LLADA_MASK_TOKEN_ID",
     "Family",
     "cached_logits_of",
     "config_value",
     "detect_family",
     "dream_logits",
+    "is_illada",
     "left_padding",
     "llada_activation_checkpointing",
     "llada_logits",
+    "llada_mask_token_id",
     "llada_output_head",
     "shift_logits_right",
 ]

@@ -172,7 +172,8 @@ def resolve_mask_token_id(
 
     Order: ``override``; else the tokenizer's ``mask_token_id`` (BERT-family ``[MASK]``/``<mask>``);
     else ``config.json``'s ``mask_token_id`` (LLaDA: 126336, Dream: 151666); else the family's
-    constant (``Family.default_mask_token_id``).
+    fallback (``Family.fallback_mask_token_id``: a mask token its tokenizers name, LLaDA-MoE's ``<|mask|>``, or its
+    constant).
 
     Raises:
         ValueError: if the tokenizer and the config name different ids (pass ``override``), or no
@@ -190,7 +191,9 @@ def resolve_mask_token_id(
     for candidate in (from_tokenizer, from_config, family_default):
         if candidate is not None:
             return int(candidate)
-    raise ValueError("no mask token: the tokenizer has none, config.json sets no mask_token_id, and the family none")
+    raise ValueError("no mask token: the tokenizer has none, config.json sets no mask_token_id, and the family finds "
+                     "none in the checkpoint; add mask_token_id to the checkpoint's config.json (or pass mask_token_id= to "
+                     "load_policy)")
 
 
 def _output_vocab_size(model) -> int | None:
@@ -272,7 +275,7 @@ def _assemble_policy(model, tokenizer, config: dict, family: str, mask_token_id:
     """The policy of a loaded model: the family's logits, the mask id (:func:`resolve_mask_token_id`) checked
     against the vocabulary (errors start with ``label``)."""
     fam = FAMILIES.get(family)
-    mask_id = resolve_mask_token_id(tokenizer, config, fam.default_mask_token_id, mask_token_id)
+    mask_id = resolve_mask_token_id(tokenizer, config, fam.fallback_mask_token_id(tokenizer, config), mask_token_id)
     vocab = _output_vocab_size(model)
     if vocab is not None and not 0 <= mask_id < vocab:
         raise ValueError(f"{label}: mask token id {mask_id} is outside the model's vocabulary of {vocab}")

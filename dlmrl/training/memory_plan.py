@@ -257,6 +257,8 @@ def architecture_from_config(config: Mapping, source: str = "") -> Architecture:
     - LLaDA (``model_type`` ``llada``; OLMo's config keys): ``d_model``, ``n_layers``, ``n_heads``, ``n_kv_heads``
       (default ``n_heads``), ``mlp_hidden_size`` (default ``mlp_ratio x d_model``, ``mlp_ratio`` 4), ``vocab_size``,
       ``embedding_size``, ``weight_tying``, ``include_bias``.
+    - LLaDA-MoE (``architectures`` ``LLaDAMoEModelLM``, its ``model_type`` being LLaDA's ``llada``):
+      :func:`_llada_moe_architecture`.
     - LLaDA2 (``llada2_moe``): transformers' keys below plus ``num_experts``, ``num_experts_per_tok``,
       ``moe_intermediate_size``, ``num_shared_experts``, ``first_k_dense_replace``, ``use_qkv_bias``,
       ``use_qk_norm``.
@@ -272,6 +274,10 @@ def architecture_from_config(config: Mapping, source: str = "") -> Architecture:
     archs = [str(a) for a in (config.get("architectures") or [])]
     if model_type == "diffusion_gemma" or "DiffusionGemmaForBlockDiffusion" in archs:
         return _diffusion_gemma_architecture(config, source)
+    from dlmrl.models.llada_moe import is_llada_moe
+
+    if is_llada_moe(config):  # (before LLaDA's: LLaDA-MoE's release says model_type "llada" too)
+        return _llada_moe_architecture(config, source)
     if model_type == "llada" or "LLaDAModelLM" in archs:
         d = _required(config, ("d_model",), "LLaDA config")
         heads = _required(config, ("n_heads",), "LLaDA config")
@@ -303,6 +309,43 @@ def architecture_from_config(config: Mapping, source: str = "") -> Architecture:
     qk_norm = model_type in ("qwen3", "sdar", "qwen3_moe", "sdar_moe") or "SDARForCausalLM" in archs
     return Architecture(**common, attention_bias=bool(config.get("attention_bias", False)),
                         mlp_bias=bool(config.get("mlp_bias", False)), qk_norm=qk_norm)
+
+
+def _llada_moe_architecture(config: Mapping, source: str) -> Architecture:
+    """LLaDA-MoE (``architectures`` ``LLaDAMoEModelLM``; ``modeling_lladamoe.py``): ``hidden_size``,
+    ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``, ``dense_intermediate_size`` (a dense
+    layer's MLP), ``expert_intermediate_size``, ``num_experts``, ``num_experts_per_tok``,
+    ``shared_expert_intermediate_size`` (one shared expert of that width, or none), ``moe_layer_freq`` (1 = an expert
+    layer; its leading 0 entries are the dense layers), ``qk_layernorm``, ``attention_bias``, ``vocab_size``,
+    ``tie_word_embeddings``; Llama's module names (``q_proj`` ... ``o_proj``, ``gate_proj`` / ``up_proj`` /
+    ``down_proj``).
+
+    Raises:
+        ValueError: a required key missing, or dense layers that do not all come first in ``moe_layer_freq``.
+    """
+    h = _required(config, ("hidden_size",), "LLaDA-MoE config")
+    heads = _required(config, ("num_attention_heads",), "LLaDA-MoE config")
+    layers = _required(config, ("num_hidden_layers",), "LLaDA-MoE config")
+    freq = list(config.get("moe_layer_freq") or [1] * layers)
+    dense = next((i for i, f in enumerate(freq) if f), len(freq))
+    if any(not f for f in freq[dense:]):
+        raise ValueError(f"LLaDA-MoE config: moe_layer_freq {freq} has dense layers after expert layers, which the "
+                         "memory plan does not model")
+    expert = _required(config, ("expert_intermediate_size",), "LLaDA-MoE config")
+    shared = _int(config, "shared_expert_intermediate_size") or 0
+    if shared % expert:
+        raise ValueError(f"LLaDA-MoE config: shared_expert_intermediate_size {shared} is not a multiple of "
+                         f"expert_intermediate_size {expert}")
+    return Architecture(hidden_size=h, num_layers=layers, num_heads=heads,
+                        num_kv_heads=_int(config, "num_key_value_heads") or heads, head_dim=h // heads,
+                        intermediate_size=_int(config, "dense_intermediate_size") or expert,
+                        vocab_size=_required(config, ("vocab_size",), "LLaDA-MoE config"),
+                        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+                        num_experts=_required(config, ("num_experts",), "LLaDA-MoE config"),
+                        experts_per_token=_required(config, ("num_experts_per_tok",), "LLaDA-MoE config"),
+                        moe_intermediate_size=expert, shared_experts=shared // expert, dense_layers=dense,
+                        attention_bias=bool(config.get("attention_bias", False)),
+                        qk_norm=bool(config.get("qk_layernorm", False)), source=source)
 
 
 def _diffusion_gemma_architecture(config: Mapping, source: str) -> Architecture:

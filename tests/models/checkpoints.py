@@ -30,6 +30,8 @@ REMOTE_CODE = Path(__file__).parent / "remote_code"
 ALPHABET = "0123456789=+ abc"
 LLADA_VOCAB = 126464  # LLaDA-8B's embedding size; its mask id 126336 lies inside
 LLADA_MASK = 126336
+ILLADA_VOCAB = 155136  # iLLaDA-8B's vocabulary (its model card); its mask id is 5
+ILLADA_MASK = 5
 
 
 def char_tokenizer(specials: list[str], **roles: str) -> PreTrainedTokenizerFast:
@@ -251,6 +253,75 @@ def save_llada2_like(path: Path) -> Path:
         "tie_word_embeddings": False,
     }
     return _save_remote(path, "llada2", config, tok, auto_class="AutoModelForCausalLM")
+
+
+def save_llada_moe_like(path: Path, mask_in_vocabulary: bool = True) -> Path:
+    """A LLaDA-MoE-like masked-diffusion mixture-of-experts checkpoint (``AutoModel``): ``config.json`` with the
+    release's fields (``model_type "llada"`` as dense LLaDA's, told apart by ``architectures`` / ``auto_map``; no
+    ``mask_token_id``), 2 layers of 4 experts (2 per token), width 16. The tokenizer names no mask token but holds
+    ``<|mask|>`` (id 1; the real one's is 156895), from which dlmrl reads the mask id; ``mask_in_vocabulary=False``
+    leaves it out (such a checkpoint names its mask nowhere)."""
+    specials = ["<|endoftext|>", "<|mask|>" if mask_in_vocabulary else "<|pad|>", "<|role_end|>", "<|unk|>"]
+    tok = char_tokenizer(specials, eos_token="<|endoftext|>", pad_token="<|endoftext|>", unk_token="<|unk|>")
+    config = {
+        "model_type": "llada",
+        "architectures": ["LLaDAMoEModelLM"],
+        "auto_map": {
+            "AutoConfig": "configuration_lladamoe.LLaDAConfig",
+            "AutoModel": "modeling_lladamoe.LLaDAMoEModelLM",
+            "AutoModelForCausalLM": "modeling_lladamoe.LLaDAMoEModelLM",
+        },
+        "vocab_size": len(tok),
+        "hidden_size": 16,
+        "dense_intermediate_size": 32,
+        "expert_intermediate_size": 8,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "moe_layer_freq": [1, 1],
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_router_enable_expert_bias": True,
+        "qk_layernorm": True,
+        "partial_rotary_factor": 1.0,
+        "rope_theta": 50000,
+        "rms_norm_eps": 1e-5,
+        "initializer_range": 0.5,  # (LLaDA-MoE: 0.02; larger here so that the random model's predictions are not uniform)
+        "attention_dropout": 0.0,
+        "pad_token_id": 0,
+        "eos_token_id": 0,
+        "use_cache": False,
+        "tie_word_embeddings": False,
+    }
+    return _save_remote(path, "llada_moe", config, tok)
+
+
+def save_illada_like(path: Path, mask_in_config: bool = True) -> Path:
+    """An iLLaDA-like checkpoint: LLaDA's code (the ``llada`` stand-in) with iLLaDA's vocabulary of 155,136 and mask id 5
+    (ML-GSAI/LLaDA's README: iLLaDA reuses LLaDA's inference code with ``mask_id=5``), in ``config.json`` unless
+    ``mask_in_config`` is False. The tokenizer declares no mask token, as LLaDA's; its id 5 is ``<|mask|>`` (the
+    real token's name is not known here)."""
+    tok = char_tokenizer(["<|startoftext|>", "<|endoftext|>", "<|unk|>", "<|start_header_id|>", "<|end_header_id|>",
+                          "<|mask|>", "<|eot_id|>"], bos_token="<|startoftext|>", eos_token="<|endoftext|>",
+                         pad_token="<|endoftext|>", unk_token="<|unk|>")
+    config = {
+        "model_type": "llada",
+        "architectures": ["LLaDAModelLM"],
+        "auto_map": {
+            "AutoConfig": "configuration_llada.LLaDAConfig",
+            "AutoModel": "modeling_llada.LLaDAModelLM",
+            "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM",
+        },
+        "vocab_size": ILLADA_VOCAB,
+        "d_model": 16,
+        "n_heads": 2,
+        "n_layers": 1,
+        **({"mask_token_id": ILLADA_MASK} if mask_in_config else {}),
+        "eos_token_id": 1,
+        "pad_token_id": 1,
+        "use_cache": False,
+    }
+    return _save_remote(path, "llada", config, tok)
 
 
 BUILDERS = {
