@@ -78,6 +78,9 @@ def refuse_claimed_checkpoint(cfg) -> None:
         check_key(name == cfg.model.kind or not other.claims_config(config), "model.kind",
                   f"{cfg.model.name_or_path!r} is a {other.checkpoint_description}; model.kind {cfg.model.kind!r} "
                   f"cannot run it: set model.kind {name}")
+    from dlmrl.models.nemotron_diffusion import check_paradigm
+
+    check_paradigm(cfg)  # (a Nemotron-Labs-Diffusion config.json's dlm_paradigm against model.kind)
 
 
 #: the keys :meth:`PolicyKind.memory_shapes` returns

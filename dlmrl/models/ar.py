@@ -493,6 +493,15 @@ def load_ar_policy(name_or_path: str = TINY_AR_DEFAULT, trust_remote_code: bool 
         raise FileNotFoundError(f"model path {path!r} does not exist")
     if local.is_dir() and not any(local.glob("*.safetensors")):
         raise ValueError(f"{path}: no *.safetensors weights; only safetensors checkpoints are loaded")
+    from dlmrl.models.nemotron_diffusion import load_nemotron_causal, nemotron_config
+
+    if nemotron_config(path) is not None:  # (the same weights as the block kind, run causally)
+        if not trust_remote_code:
+            raise ValueError(f"{path}: this Nemotron-Labs-Diffusion checkpoint ships its own model code, and loading it "
+                             "runs that code: set model.trust_remote_code=true if you trust its source")
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        model = load_nemotron_causal(path, trust_remote_code, DTYPES[dtype]).to(device)
+        return ar_policy_from_model(model, tokenizer, label=path)
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=trust_remote_code, dtype=DTYPES[dtype],
                                                  use_safetensors=True).to(device)

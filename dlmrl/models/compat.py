@@ -284,7 +284,7 @@ def checkpoint_model_class(config, path: str, auto_class: str = "AutoModel",
 
 
 def load_checkpoint_model(path: str, trust_remote_code: bool, dtype: torch.dtype,
-                          auto_class: str = "AutoModel") -> nn.Module:
+                          auto_class: str = "AutoModel", config_overrides: dict | None = None) -> nn.Module:
     """``auto_class.from_pretrained(path)`` with the patches of this module for checkpoint-shipped code.
 
     The config is :func:`load_checkpoint_config`'s, the class :func:`checkpoint_model_class`'s, and
@@ -294,11 +294,16 @@ def load_checkpoint_model(path: str, trust_remote_code: bool, dtype: torch.dtype
     Raises:
         CheckpointCodeError: the checkpoint's code fails in a way none of the patches covers (the message
             names the class, the installed ``transformers`` and the original error).
+
+    ``config_overrides``: attributes set on the loaded config before the model is built (e.g. Nemotron-Labs-Diffusion's
+    ``dlm_paradigm``, :mod:`dlmrl.models.nemotron_diffusion`); ``None`` = the checkpoint's own.
     """
     import transformers
 
     ensure_default_rope()
     config = load_checkpoint_config(path, trust_remote_code)
+    for key, value in (config_overrides or {}).items():
+        setattr(config, key, value)
     cls = checkpoint_model_class(config, path, auto_class, trust_remote_code)
     remote = cls.__module__.startswith("transformers_modules")
     try:

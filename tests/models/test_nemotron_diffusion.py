@@ -1,0 +1,433 @@
+"""The ``nemotron_diffusion`` family (Nemotron-Labs-Diffusion on its own ``modeling_nemotron_labs_diffusion.py``) on
+the offline stand-in ``tests/models/remote_code/nemotron_diffusion`` (see its README): detection, loading through
+``auto_map`` + ``trust_remote_code`` only when asked, the mask id and block size from the checkpoint, the
+``dlm_paradigm`` check against ``model.kind``, greedy block decoding against the code's ``generate`` and the AR kind
+against its ``ar_generate`` (their semantics re-implemented below as oracles, through the code's own calling
+conventions), likelihoods against the code's own forward, and two training steps of the block and AR kinds with LoRA
+and with every weight."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+
+from dlmrl import Trainer
+from dlmrl.models.ar import load_ar_policy
+from dlmrl.models.families import FAMILIES, detect_family
+from dlmrl.models.loading import checkpoint_block_size, load_block_policy, load_policy
+from dlmrl.models.nemotron_diffusion import (
+    NEMOTRON_BLOCK_SIZE,
+    NEMOTRON_MASK_TOKEN_ID,
+    adapt_model,
+    check_explicit_mask,
+)
+from tests.models.block_helpers import ATOL
+from tests.models.checkpoints import (
+    ALPHABET,
+    REMOTE_CODE,
+    build_remote_model,
+    char_tokenizer,
+    isolated_remote_code,
+)
+
+BLOCK = 4
+MASK = 3  # (the stand-in's <mask>; the released configs' mask_token_id is 100)
+PROMPTS = ["12+3=", "1234+56=", "7="]  # left-padded by 3, 0 and 6
+CONFIG = {
+    "model_type": "nemotron_labs_diffusion",
+    "architectures": ["NemotronLabsDiffusionModel"],
+    "auto_map": {"AutoConfig": "configuration_nemotron_labs_diffusion.NemotronLabsDiffusionConfig",
+                 "AutoModel": "modeling_nemotron_labs_diffusion.NemotronLabsDiffusionModel"},
+    "vocab_size": 128,  # (above the family's default mask id 100)
+    "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 8, "rms_norm_eps": 1e-5, "max_position_embeddings": 512,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "llama_4_scaling_beta": 0.1,
+                        "original_max_position_embeddings": 16384},
+    "initializer_range": 0.5,  # (0.02 in the release; larger so that the random model's predictions are not uniform)
+    "attention_dropout": 0.0, "dlm_paradigm": "bidirectional", "block_size": BLOCK, "mask_token_id": MASK,
+    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "tie_word_embeddings": False,
+}
+
+
+def save_nemotron_like(path: Path, **changes) -> Path:
+    """A tiny Nemotron-Labs-Diffusion-like checkpoint (``AutoModel``): :data:`CONFIG` with ``changes`` (a value
+    ``None`` drops the key), the stand-in's code, a character tokenizer as wide as the head without a mask token
+    (filler tokens ``<t0>``... between the specials and the characters), random weights."""
+    config = {k: v for k, v in {**CONFIG, **changes}.items() if v is not None}
+    path.mkdir(parents=True, exist_ok=True)
+    for source in (REMOTE_CODE / "nemotron_diffusion").glob("*.py"):
+        shutil.copy(source, path / source.name)
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    fillers = [f"<t{i}>" for i in range(config["vocab_size"] - 5 - len(ALPHABET))]  # (a tokenizer as wide as the head)
+    char_tokenizer(["<pad>", "<s>", "</s>", "<mask>", "<unk>", *fillers], bos_token="<s>", eos_token="</s>",
+                   pad_token="<pad>", unk_token="<unk>").save_pretrained(path)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        build_remote_model(path, "AutoModel").save_pretrained(path, safe_serialization=True)
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    return path
+
+
+def _copy_with(path: Path, dest: Path, **changes) -> Path:
+    shutil.copytree(path, dest)
+    config = json.loads((dest / "config.json").read_text())
+    config.update(changes)
+    (dest / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+    return dest
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("nemotron")
+    with isolated_remote_code(root / "hf_modules"):
+        yield root
+
+
+@pytest.fixture(scope="module")
+def nemotron_path(root):
+    return save_nemotron_like(root / "nemotron")
+
+
+def _quiet(fn, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (transformers' deprecations; dlmrl's paradigm notes)
+        return fn(*args, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def block(nemotron_path):
+    policy = _quiet(load_block_policy, str(nemotron_path), trust_remote_code=True)
+    assert not policy.model.training
+    return policy
+
+
+@pytest.fixture(scope="module")
+def ar(nemotron_path):
+    return _quiet(load_ar_policy, str(nemotron_path), trust_remote_code=True)
+
+
+def _encode(policy, texts):
+    enc = policy.tokenizer(texts, add_special_tokens=False, padding=True, return_tensors="pt")
+    return enc["input_ids"], enc["attention_mask"].bool()
+
+
+def _tokens(shape, seed):
+    """Random tokens (ids >= 5: no special token, so no mask token)."""
+    return torch.randint(5, CONFIG["vocab_size"], shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _diffusion_mode(model, on: bool):
+    for layer in model.encoder.layers:
+        layer.self_attn.diffusion_lm = on
+
+
+# ------------------------------------------------------------------------------------ detection and loading
+
+
+def test_both_classes_are_detected_and_a_plain_ministral_is_not():
+    assert detect_family(CONFIG) == "nemotron_diffusion"
+    assert detect_family({"auto_map": CONFIG["auto_map"]}) == "nemotron_diffusion"
+    assert detect_family({"architectures": ["MinistralDiffEncoderModel"]}) == "nemotron_diffusion"
+    assert detect_family({"auto_map": {"AutoModel": "modeling_ministral_dlm.MinistralDiffEncoderModel"}}) \
+        == "nemotron_diffusion"
+    with pytest.raises(ValueError, match="cannot detect"):  # (the AR model it starts from)
+        detect_family({"model_type": "ministral3", "architectures": ["Ministral3ForCausalLM"]})
+    fam = FAMILIES.get("nemotron_diffusion")
+    assert fam.default_block_size == NEMOTRON_BLOCK_SIZE == 32 and fam.default_mask_token_id == NEMOTRON_MASK_TOKEN_ID
+
+
+def test_the_code_runs_only_when_trusted(nemotron_path):
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        load_block_policy(str(nemotron_path))
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        load_ar_policy(str(nemotron_path))
+
+
+def test_mask_id_and_block_size_come_from_the_checkpoint(nemotron_path, block, root):
+    assert block.family == "nemotron_diffusion" and block.kind == "block" and not block.prompt_blocks
+    assert block.mask_token_id == MASK and block.block_size == BLOCK
+    assert checkpoint_block_size(str(nemotron_path)) == BLOCK
+    assert type(block.model).__name__ == "NemotronLabsDiffusionModel"
+    assert type(block.model).__module__.startswith("transformers_modules")
+    bare = _copy_with(nemotron_path, root / "bare", mask_token_id=None, block_size=None)
+    assert checkpoint_block_size(str(bare)) == NEMOTRON_BLOCK_SIZE
+    policy = _quiet(load_policy, str(bare), trust_remote_code=True)
+    assert policy.mask_token_id == NEMOTRON_MASK_TOKEN_ID == 100
+
+
+def test_the_stand_in_breaks_on_transformers_5_without_the_mask_keyword_patch(nemotron_path):
+    """The code's causal path (``ar_generate``'s) calls ``create_causal_mask`` with 4.5x keywords: a ``TypeError`` on
+    the unpatched module, fine after :func:`~dlmrl.models.nemotron_diffusion.patch_mask_keywords`."""
+    import sys
+
+    from dlmrl.models.compat import load_checkpoint_model
+
+    model = _quiet(load_checkpoint_model, str(nemotron_path), True, torch.float32, "AutoModel")
+    module = sys.modules[type(model.encoder).__module__]
+    _diffusion_mode(model, False)
+    original = module.create_causal_mask
+    if getattr(original, "_dlmrl_translates", False):  # (patched by an earlier load in this process)
+        module.create_causal_mask = original.__kwdefaults__["_fn"]
+    try:
+        with pytest.raises(TypeError, match="input_embeds"):
+            model(input_ids=_tokens((1, 5), 0))
+    finally:
+        module.create_causal_mask = original
+    adapt_model(model)
+    assert model(input_ids=_tokens((1, 5), 0)).logits.shape == (1, 5, CONFIG["vocab_size"])
+
+
+# ------------------------------------------------------------------------------------ the paradigm check
+
+
+def _validate(path, kind, *extra):
+    from dlmrl.config import Config, apply_overrides, validate
+
+    cfg = Config()
+    apply_overrides(cfg, [f"model.name_or_path={path}", f"model.kind={kind}", "model.trust_remote_code=true",
+                          "task.answer_mode=text", "sampling.gen_length=8", "sampling.steps=8", *extra])
+    validate(cfg, for_training=False)
+    return cfg
+
+
+@pytest.mark.parametrize("kind", ["block", "diffusion"])
+def test_a_diffusion_kind_on_an_autoregressive_declaration_is_refused_naming_the_key(nemotron_path, root, kind):
+    from dlmrl.config import ConfigError
+
+    path = root / f"declared_ar_{kind}"
+    if not path.exists():
+        _copy_with(nemotron_path, path, dlm_paradigm="autoregressive")
+    extra = ["sampling.block_length=8"] if kind == "diffusion" else []
+    with pytest.raises(ConfigError, match=r"model\.kind.*dlm_paradigm 'autoregressive'.*set dlm_paradigm to "
+                                          r"'bidirectional'.*set model.kind ar") as err:
+        _validate(path, kind, *extra)
+    assert str(path / "config.json") in str(err.value)
+    with pytest.raises(ValueError, match="dlm_paradigm 'autoregressive'"):  # (the load refuses it too: hub ids)
+        _quiet(load_block_policy, str(path), trust_remote_code=True)
+    # not vacuous: the code really builds causal attention for that declaration
+    from dlmrl.models.compat import load_checkpoint_model
+
+    model = adapt_model(_quiet(load_checkpoint_model, str(path), True, torch.float32, "AutoModel"))
+    ids = _tokens((1, 6), 1)
+    other = ids.clone()
+    other[0, -1] += 1
+    assert torch.equal(model(input_ids=ids).logits[:, :-1], model(input_ids=other).logits[:, :-1])
+
+
+@pytest.mark.parametrize("kind", ["block", "ar"])
+def test_an_unknown_paradigm_is_refused_for_every_kind(nemotron_path, root, kind):
+    from dlmrl.config import ConfigError
+
+    path = root / f"unknown_{kind}"
+    _copy_with(nemotron_path, path, dlm_paradigm="sbd_block_diff")
+    with pytest.raises(ConfigError, match="dlm_paradigm 'sbd_block_diff'.*does not know"):
+        _validate(path, kind)
+
+
+def test_the_ar_kind_on_a_bidirectional_declaration_is_explained_and_runs_causally(nemotron_path, ar):
+    with pytest.warns(UserWarning, match="dlm_paradigm 'bidirectional'.*causal mask"):
+        _validate(nemotron_path, "ar")
+    # the code's own forward attends both ways; the AR kind's does not
+    ids = _tokens((1, 6), 2)
+    other = ids.clone()
+    other[0, -1] += 1
+    model = ar.model
+    own = lambda x: type(model).forward(model, input_ids=x).logits[:, :-1]
+    assert not torch.equal(own(ids), own(other))
+    assert torch.equal(model(input_ids=ids).logits[:, :-1], model(input_ids=other).logits[:, :-1])
+
+
+def test_an_autoregressive_declaration_runs_the_ar_kind_without_a_note(nemotron_path, root):
+    path = _copy_with(nemotron_path, root / "declared_ar_for_ar", dlm_paradigm="autoregressive")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*dlm_paradigm")
+        _validate(path, "ar")
+
+
+def test_block_diff_loads_the_same_weights_with_the_mask_taking_class(nemotron_path, root, block):
+    """``block_diff`` would build the flex class (its own mask, which ignores dlmrl's: the probe refuses it); dlmrl
+    builds the ``bidirectional`` class, keeps the declared value in the config, and gets the same logits."""
+    from dlmrl.models.compat import load_checkpoint_model
+
+    path = _copy_with(nemotron_path, root / "block_diff", dlm_paradigm="block_diff")
+    with pytest.warns(UserWarning, match="dlm_paradigm 'block_diff'.*flex attention"):
+        _validate(path, "block")
+    policy = _quiet(load_block_policy, str(path), trust_remote_code=True)
+    assert policy.model.config.dlm_paradigm == "block_diff"
+    assert type(policy.model.encoder.layers[0].self_attn).__name__ == "Ministral3Attention"
+    ids, pm = _encode(policy, PROMPTS)
+    canvas = _tokens((3, 8), 3)
+    torch.testing.assert_close(policy.completion_logits(ids, pm, canvas), block.completion_logits(ids, pm, canvas),
+                               atol=0, rtol=0)
+    flex = adapt_model(_quiet(load_checkpoint_model, str(path), True, torch.float32, "AutoModel"))
+    assert type(flex.encoder.layers[0].self_attn).__name__ == "NemotronLabsDiffusionFlexAttention"
+    with pytest.raises(ValueError, match="does not follow an explicit mask"):
+        check_explicit_mask(flex, "flex")
+
+
+# ------------------------------------------------------------------------------------ oracles: the code's decoders
+
+
+def nemotron_generate(model, prompt: torch.Tensor, gen_length: int, block_length: int, mask_id: int) -> torch.Tensor:
+    """Test oracle: ``NemotronLabsDiffusionModel.generate(prompt, max_new_tokens=gen_length, block_length,
+    threshold=None, causal_context=False, temperature=0)`` re-implemented from its semantics through the code's own
+    calls: one prompt ``(1, P)`` prefilled with ``model(prompt, use_cache=True, use_causal_mask=False)``; per block,
+    ``block_length`` masks appended and ``block_length`` steps (``_get_num_transfer_tokens``: one token per step) of
+    ``model(block, past_key_values=cache, use_cache=False)``, the argmax and its softmax probability, the most
+    confident masked position revealed (``_get_transfer_index``); then ``model(block, past_key_values=cache,
+    use_cache=True)`` extends the cache. Its EOS stop is left out (``generate`` returns the prefix of this output up to
+    the first EOS)."""
+    out = model(prompt, use_cache=True, use_causal_mask=False)
+    cache = out.past_key_values
+    x = prompt.clone()
+    for _ in range(gen_length // block_length):
+        blk = torch.full((1, block_length), mask_id, dtype=torch.long)
+        for _step in range(block_length):
+            active = blk[0] == mask_id
+            if not active.any():
+                break
+            logits = model(blk, past_key_values=cache, use_cache=False).logits[0]
+            x0 = logits.argmax(-1)
+            conf = torch.where(active, torch.softmax(logits.float(), -1).gather(-1, x0[:, None])[:, 0], -math.inf)
+            pick = conf.argmax()
+            blk[0, pick] = x0[pick]
+        cache = model(blk, past_key_values=cache, use_cache=True, use_causal_mask=False).past_key_values
+        x = torch.cat([x, blk], 1)
+    return x[0, prompt.shape[1]:]
+
+
+def nemotron_ar_generate(model, prompt: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """Test oracle: ``ar_generate(prompt, max_new_tokens, temperature=0)`` re-implemented from its semantics: every
+    attention layer switched to ``diffusion_lm=False`` (the code's causal path), the encoder called directly with an
+    explicit ``DynamicCache``, ``cache_position`` and ``position_ids``, the head on the last hidden state, argmax; its EOS
+    stop left out. The layers are switched back after (``ar_generate`` leaves them causal)."""
+    from transformers import DynamicCache
+
+    p = prompt.shape[1]
+    _diffusion_mode(model, False)
+    try:
+        out = model.encoder(input_ids=prompt, position_ids=torch.arange(p)[None], past_key_values=DynamicCache(),
+                            use_cache=True, cache_position=torch.arange(p))
+        tokens = []
+        for step in range(max_new_tokens):
+            token = model.diffusion_head(out.last_hidden_state[:, -1]).argmax(-1, keepdim=True)
+            tokens.append(token)
+            pos = torch.tensor([p + step])
+            out = model.encoder(input_ids=token, position_ids=pos[None], past_key_values=out.past_key_values,
+                                use_cache=True, cache_position=pos)
+    finally:
+        _diffusion_mode(model, True)
+    return torch.cat(tokens, 1)[0]
+
+
+@pytest.mark.parametrize("gen_length", [8, 12])
+@torch.no_grad()
+def test_greedy_block_decoding_equals_the_codes_generate(block, gen_length):
+    ids, pm = _encode(block, PROMPTS)
+    ours = block.sample_blocks(ids, pm, gen_length=gen_length, steps=gen_length, temperature=0.0)
+    for row in range(ids.shape[0]):
+        prompt = ids[row:row + 1, pm[row]]
+        theirs = nemotron_generate(block.model, prompt, gen_length, BLOCK, block.mask_token_id)
+        assert torch.equal(ours.canvas[row], theirs), (row, ours.canvas[row], theirs)
+    assert len(set(map(tuple, ours.canvas.tolist()))) == 3  # (not vacuous: the rows differ)
+
+
+@torch.no_grad()
+def test_ar_greedy_decoding_equals_the_codes_ar_generate(ar):
+    ids, pm = _encode(ar, PROMPTS)
+    ours = ar.generate(ids, pm, max_new_tokens=6, temperature=0.0)
+    for row in range(ids.shape[0]):
+        prompt = ids[row:row + 1, pm[row]]
+        theirs = nemotron_ar_generate(ar.model, prompt, 6)
+        n = int(ours.completion_mask[row].sum())  # (up to its first stop token)
+        assert n >= 1 and torch.equal(ours.completion[row, :n], theirs[:n]), (row, ours.completion[row], theirs)
+
+
+# ------------------------------------------------------------------------------------ likelihoods vs the code's forward
+
+
+@torch.no_grad()
+def test_the_composite_pass_equals_the_codes_cached_calls(block):
+    """Block ``b``'s noisy logits of dlmrl's composite pass equal the code's own call of that block against a cache of
+    the prompt and the clean blocks before it (``generate``'s calls), per unpadded row."""
+    ids, pm = _encode(block, PROMPTS)
+    length = 9  # (the last block has 1 token)
+    clean = _tokens((3, length), 4)
+    noisy = clean.masked_fill(torch.rand(3, length, generator=torch.Generator().manual_seed(5)) < 0.5, MASK)
+    ours = block.completion_logits(ids, pm, noisy, clean=clean)
+    model = block.model
+    for row in range(3):
+        cache = model(ids[row:row + 1, pm[row]], use_cache=True).past_key_values
+        for lo in range(0, length, BLOCK):
+            hi = min(lo + BLOCK, length)
+            theirs = model(noisy[row:row + 1, lo:hi], past_key_values=cache, use_cache=False).logits[0].float()
+            torch.testing.assert_close(ours[row, lo:hi], theirs, atol=ATOL, rtol=0)
+            cache = model(clean[row:row + 1, lo:hi], past_key_values=cache, use_cache=True).past_key_values
+
+
+@torch.no_grad()
+def test_ar_token_logprobs_equal_the_codes_causal_forward(ar):
+    ids, pm = _encode(ar, PROMPTS)
+    completion = _tokens((3, 5), 6)
+    cmask = torch.ones_like(completion, dtype=torch.bool)
+    logp, _ = ar.token_logprobs(ids, pm, completion, cmask)
+    model = ar.model
+    _diffusion_mode(model, False)
+    try:
+        for row in range(3):
+            seq = torch.cat([ids[row, pm[row]], completion[row]])[None]
+            logits = type(model).forward(model, input_ids=seq).logits[0, -6:-1].float()
+            theirs = torch.log_softmax(logits, -1).gather(-1, completion[row, :, None])[:, 0]
+            torch.testing.assert_close(logp[row], theirs, atol=ATOL, rtol=0)
+    finally:
+        _diffusion_mode(model, True)
+
+
+# ------------------------------------------------------------------------------------ training: block and AR kinds
+
+
+def digit_sum(prompts, completions, **columns):
+    """A reward that differs between completions: the sum of their digits, scaled."""
+    return [sum(int(c) for c in text if c.isdigit()) / 50 for text in completions]
+
+
+@pytest.mark.parametrize("kind,lora", [("block", True), ("block", False), ("ar", True), ("ar", False)])
+def test_two_training_steps(nemotron_path, tmp_path, kind, lora):
+    data = Dataset.from_dict({"prompt": ["12+3=", "7*8=", "1+1=", "9-4="]})
+    config = {"model.kind": kind, "model.trust_remote_code": True, "model.use_peft": lora,
+              "model.lora_target_modules": "q_proj,k_proj,v_proj,o_proj", "model.lora_dropout": 0.0,
+              "train.max_steps": 2, "train.prompts_per_step": 2, "train.num_generations": 2,
+              "sampling.gen_length": 8, "train.learning_rate": 1e-2, "train.warmup_steps": 0,
+              "output_dir": str(tmp_path / "run")}
+    if kind == "block":
+        config.update({"sampling.steps": 8, "train.algorithm": "tracerl", "estimator.name": "trajectory",
+                       "estimator.merge": 1})
+    else:
+        config.update({"train.algorithm": "grpo", "task.answer_mode": "text"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = Trainer(str(nemotron_path), reward_funcs=[digit_sum], train_dataset=data, config=config)
+        before = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+        trainer.train(progress=False)
+    after = {k.replace("base_model.model.", "").replace(".base_layer", ""): v
+             for k, v in trainer.model.state_dict().items()}
+    moved = [k for k in before if not torch.equal(before[k], after[k])]
+    if lora:  # (the base frozen, the adapter trained: lora_B starts at 0)
+        assert not moved, moved
+        assert any("lora_B" in k and v.abs().max() > 0 for k, v in after.items())
+    else:
+        assert any("encoder.layers.0.mlp" in k for k in moved) and any("diffusion_head" in k for k in moved), moved
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert math.isfinite(r["loss"]) and r["grad_norm"] > 0
+        if kind == "block":  # (the exact old-policy scores are the log-probs the cached sampler drew with)
+            assert r["rollout_logp_gap_max"] <= ATOL, r
