@@ -31,7 +31,14 @@ from collections.abc import Callable
 
 import torch
 
-from dlmrl.models.block_attention import check_block_size, composite_mask, composite_position_ids
+from dlmrl.models.block_attention import (
+    check_block_size,
+    check_logit_shift,
+    composite_mask,
+    composite_position_ids,
+    gather_positions,
+    shifted_sources,
+)
 
 #: ``(input_ids (B, T) long, mask4d (B, 1, T, T) bool, position_ids (B, T) long) -> logits (B, T, V)``, position
 #: ``i`` predicting token ``i``; e.g. ``functools.partial(dlmrl.models.block_attention.block_logits, model)``
@@ -39,7 +46,8 @@ ModelFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def composite_logits(model_fn: ModelFn, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, noisy: torch.Tensor,
-                     clean: torch.Tensor, block_size: int, prompt_blocks: bool = False) -> torch.Tensor:
+                     clean: torch.Tensor, block_size: int, prompt_blocks: bool = False,
+                     logit_shift: int = 0) -> torch.Tensor:
     """The noisy half's logits of one composite pass.
 
     Position ``i`` of block ``b`` is predicted from the noisy tokens of block ``b`` (``noisy``), the clean blocks
@@ -52,10 +60,14 @@ def composite_logits(model_fn: ModelFn, prompt_ids: torch.Tensor, prompt_mask: t
         block_size: tokens per block.
         prompt_blocks: the prompt cut into blocks too
             (:func:`~dlmrl.models.block_attention.prompt_block_ids`; the SDAR family), else one clean block.
+        logit_shift: 1 for a family whose output at ``j`` predicts token ``j + 1`` (Fast-dLLM v2): position ``i`` then
+            takes the output at :func:`~dlmrl.models.block_attention.shifted_sources` (the noisy ``i − 1`` inside a
+            block, the clean last position of the previous block, or the prompt's last, for a block's first token);
+            0 (default) takes the noisy half as it is.
     Returns:
         ``(B, L, V)`` logits (float32, float64 for a float64 model).
     Raises:
-        ValueError: on mismatched shapes or a block size below 1.
+        ValueError: on mismatched shapes, a block size below 1, or a ``logit_shift`` other than 0 or 1.
     Reference: BD3-LM arXiv 2503.09573 §3.2.
     """
     if noisy.shape != clean.shape or noisy.shape[0] != prompt_ids.shape[0] or prompt_mask.shape != prompt_ids.shape:
@@ -63,10 +75,14 @@ def composite_logits(model_fn: ModelFn, prompt_ids: torch.Tensor, prompt_mask: t
                          f"B = {prompt_ids.shape[0]}, with prompt_mask shaped like prompt_ids {tuple(prompt_ids.shape)}")
     length, p = noisy.shape[1], prompt_ids.shape[1]
     check_block_size(length, block_size)
+    check_logit_shift(logit_shift)
     ids = torch.cat([prompt_ids, noisy, clean], dim=1)  # (B, P + 2L)
     mask4d = composite_mask(prompt_mask, length, block_size, prompt_blocks)
     logits = model_fn(ids, mask4d, composite_position_ids(prompt_mask, length))
-    logits = logits[:, p : p + length]  # (B, L, V): the noisy half
+    if logit_shift:  # (B, L, V): each position's predicting output
+        logits = gather_positions(logits, shifted_sources(prompt_mask, length, block_size, composite=True))
+    else:
+        logits = logits[:, p : p + length]  # (B, L, V): the noisy half
     return logits if logits.dtype == torch.float64 else logits.float()
 
 

@@ -65,7 +65,10 @@ class BlockDiffusionKind(MaskedDiffusionKind):
 
     def adopt_model_settings(self, cfg, model) -> None:
         inner = getattr(model, "model", model)  # (a dlmrl policy holds the transformers model)
-        recorded = getattr(getattr(inner, "config", None), "block_size", None)  # (a loaded block model's own size)
+        config = getattr(inner, "config", None)
+        recorded = getattr(config, "block_size", None)  # (a loaded block model's own size)
+        if recorded is None:  # (Fast-dLLM v2's config calls it bd_size)
+            recorded = getattr(config, "bd_size", None)
         if cfg.model.block_size is None and isinstance(recorded, int):
             cfg.model.block_size = getattr(model, "block_size", None) or recorded
 

@@ -47,7 +47,10 @@ Layouts of the published checkpoints (read for this module; none of their code i
 
 This module implements the dlmrl layout above (prompt = one clean block 0, completion blocks aligned to the
 completion's start, no shift) for the ``tiny`` family; a checkpoint family with another layout needs its own ids and
-a parity script against its forward (dlmrl interpretation of how the layouts map).
+a parity script against its forward (dlmrl interpretation of how the layouts map). A family whose outputs are shifted
+by one (Fast-dLLM v2, ``logit_shift = 1``) reads each position's logits at :func:`shifted_sources`: the position
+before it, and for a block's first token the previous block's last *clean* position, as that family's sampler does
+(its SFT loss reads the noisy one; :mod:`dlmrl.models.fast_dllm_v2`).
 
 The mask reaches a ``transformers`` model as a 4-D ``attention_mask``: ``masking_utils`` returns a 4-D mask as it is
 (``_preprocess_mask_arguments``: "If the mask is already 4D, simply return as-is"), whatever ``config.is_causal`` says,
@@ -141,6 +144,52 @@ def block_ids(prompt_mask: torch.Tensor, length: int, block_size: int, prompt_bl
     pm = prompt_mask.bool()
     comp = completion_block_ids(length, block_size, pm.device).expand(pm.shape[0], length)  # (B, L)
     return torch.cat([prompt_block_ids(pm, block_size, prompt_blocks), comp], dim=1)
+
+
+def shifted_sources(prompt_mask: torch.Tensor, length: int, block_size: int, composite: bool = False) -> torch.Tensor:
+    """``(B, L)`` long: for each completion position ``i``, the input position whose output predicts token ``i`` under a
+    one-position logit shift (a family whose outputs sit one position before the token they predict, ``logit_shift =
+    1``: Fast-dLLM v2, :mod:`dlmrl.models.fast_dllm_v2`).
+
+    Over ``[prompt (P) | canvas (L)]`` (``composite=False``): ``P + i − 1``. Over the composite input ``[prompt |
+    noisy (L) | clean (L)]``: ``P + i − 1`` (the noisy half) inside a block, and for the first position of block
+    ``b > 1`` the *clean* copy of block ``b − 1``'s last position, ``P + L + i − 1``: the output that predicts a block's
+    first token is the previous block's last one, which the sampler computes on the finished (clean) block (dlmrl
+    interpretation of the sampler's layout; see :mod:`dlmrl.models.fast_dllm_v2`). Completion position 0 is predicted
+    by the prompt's last position ``P − 1`` when it holds a real token (prompts are left-padded, so it does unless a
+    row has no prompt), else by its own output (``P``), as :func:`dlmrl.models.families.shift_logits_right` keeps a
+    row's first position.
+
+    Args:
+        prompt_mask: ``(B, P)`` bool, True on real tokens. length: ``L``. block_size: tokens per block.
+        composite: the composite layout, else ``[prompt | canvas]``.
+    Raises:
+        ValueError: on ``length`` or ``block_size`` below 1.
+    """
+    check_block_size(length, block_size)
+    pm = prompt_mask.bool()
+    batch, p = pm.shape
+    i = torch.arange(length, device=pm.device)
+    src = p + i - 1  # (L,)
+    if composite:
+        src = torch.where((i % block_size == 0) & (i > 0), p + length + i - 1, src)
+    src = src.expand(batch, length).clone()  # (B, L)
+    prompt_last = pm[:, -1] if p > 0 else torch.zeros(batch, dtype=torch.bool, device=pm.device)  # (B,)
+    src[:, 0] = torch.where(prompt_last, p - 1, p)
+    return src
+
+
+def gather_positions(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``logits[b, index[b, i]]``: ``(B, T, V)`` and ``(B, L)`` long -> ``(B, L, V)``."""
+    rows = torch.arange(logits.shape[0], device=logits.device)[:, None]
+    return logits[rows, index.to(logits.device)]
+
+
+def check_logit_shift(logit_shift: int) -> int:
+    """``logit_shift`` if it is 0 or 1 (the shifts block-diffusion families have), else ``ValueError``."""
+    if isinstance(logit_shift, bool) or logit_shift not in (0, 1):
+        raise ValueError(f"logit_shift must be 0 or 1 for a block-diffusion policy, got {logit_shift!r}")
+    return logit_shift
 
 
 def _with_self(allowed: torch.Tensor) -> torch.Tensor:
@@ -380,11 +429,14 @@ __all__ = [
     "block_position_ids",
     "bool_mask_block_forward",
     "check_block_size",
+    "check_logit_shift",
     "completion_block_ids",
     "composite_mask",
     "composite_position_ids",
     "full_attention_logits",
+    "gather_positions",
     "hf_block_forward",
     "model_attention_mask",
     "prompt_block_ids",
+    "shifted_sources",
 ]

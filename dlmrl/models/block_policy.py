@@ -28,7 +28,10 @@ from dlmrl.models.block_attention import (
     block_causal_mask,
     block_position_ids,
     check_block_size,
+    check_logit_shift,
+    gather_positions,
     hf_block_forward,
+    shifted_sources,
 )
 from dlmrl.models.block_sampler import block_generate
 from dlmrl.models.policy import MaskedDiffusionPolicy
@@ -46,16 +49,23 @@ class BlockDiffusionPolicy(MaskedDiffusionPolicy):
         prompt_blocks: the prompt is cut into blocks of ``block_size`` too, attended block-causally
             (:func:`~dlmrl.models.block_attention.prompt_block_ids`: SDAR/TraDo's layout); ``False`` = the prompt is
             one clean block (the ``tiny`` family).
+        logit_shift: 1 when the model's output at ``j`` predicts token ``j + 1`` (the family's ``logit_shift``;
+            Fast-dLLM v2 keeps its AR head): the logits of a completion position are taken from the position before
+            (:func:`~dlmrl.models.block_attention.shifted_sources`), a block's first token from the previous block's
+            last (clean) position or the prompt's last, and the sampler reveals a block's first token first
+            (:func:`~dlmrl.models.block_sampler.block_generate`). 0 (default): position ``i`` predicts token ``i``.
         kind: ``"block"``.
     """
 
     block_size: int = 1
     forward: BlockForwardFn = hf_block_forward
     prompt_blocks: bool = False
+    logit_shift: int = 0
     kind: str = field(default="block", init=False)
 
     def __post_init__(self) -> None:
         check_block_size(1, self.block_size)
+        check_logit_shift(self.logit_shift)
 
     def model_fn(self, input_ids: torch.Tensor, mask4d: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """``(B, T, V)`` logits of one uncached pass under ``mask4d`` ``(B, 1, T, T)`` bool."""
@@ -77,12 +87,16 @@ class BlockDiffusionPolicy(MaskedDiffusionPolicy):
         """
         pm = prompt_mask.bool()
         if clean is not None:
-            return composite_logits(self.model_fn, prompt_ids, pm, canvas, clean, self.block_size, self.prompt_blocks)
+            return composite_logits(self.model_fn, prompt_ids, pm, canvas, clean, self.block_size, self.prompt_blocks,
+                                    self.logit_shift)
         length, p = canvas.shape[1], prompt_ids.shape[1]
         ids = torch.cat([prompt_ids, canvas], dim=1)
         mask4d = block_causal_mask(pm, length, self.block_size, self.prompt_blocks)
         logits = self.model_fn(ids, mask4d, block_position_ids(pm, length))
-        logits = logits[:, p:]
+        if self.logit_shift:
+            logits = gather_positions(logits, shifted_sources(pm, length, self.block_size))
+        else:
+            logits = logits[:, p:]
         return logits if logits.dtype == torch.float64 else logits.float()
 
     def sample_blocks(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, gen_length: int, steps: int,
@@ -108,7 +122,8 @@ class BlockDiffusionPolicy(MaskedDiffusionPolicy):
                               steps_per_block=None if adaptive else steps // blocks, temperature=temperature,
                               remasking=remasking, threshold=threshold, threshold_factor=threshold_factor,
                               canvas=canvas, generator=generator, cache=cache, forward=self.forward, rows=rows,
-                              prompt_blocks=self.prompt_blocks, eos_token_id=eos_token_id, stop_at_eos=stop_at_eos)
+                              prompt_blocks=self.prompt_blocks, eos_token_id=eos_token_id, stop_at_eos=stop_at_eos,
+                              logit_shift=self.logit_shift)
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         raise TypeError("a block-diffusion policy needs to know where its prompt ends: call "
@@ -116,12 +131,20 @@ class BlockDiffusionPolicy(MaskedDiffusionPolicy):
 
 
 def block_policy_from(policy: MaskedDiffusionPolicy, block_size: int, forward: BlockForwardFn = hf_block_forward,
-                      prompt_blocks: bool = False) -> BlockDiffusionPolicy:
-    """The block-diffusion policy over ``policy``'s model and tokenizer (the same weights, block-causal attention)."""
+                      prompt_blocks: bool = False, logit_shift: int | None = None) -> BlockDiffusionPolicy:
+    """The block-diffusion policy over ``policy``'s model and tokenizer (the same weights, block-causal attention).
+
+    ``logit_shift`` (:attr:`BlockDiffusionPolicy.logit_shift`): ``None`` = the ``logit_shift`` of ``policy.family``
+    when it is a registered family (:data:`dlmrl.models.families.FAMILIES`; Fast-dLLM v2: 1), else 0."""
+    if logit_shift is None:
+        from dlmrl.models.families import FAMILIES
+
+        family = policy.family
+        logit_shift = FAMILIES.get(family).logit_shift if family in FAMILIES else 0
     return BlockDiffusionPolicy(model=policy.model, tokenizer=policy.tokenizer, mask_token_id=policy.mask_token_id,
                                 family=policy.family, logits_fn=policy.logits_fn, eos_token_id=policy.eos_token_id,
                                 pad_token_id=policy.pad_token_id, block_size=block_size, forward=forward,
-                                prompt_blocks=prompt_blocks)
+                                prompt_blocks=prompt_blocks, logit_shift=logit_shift)
 
 
 __all__ = ["BlockDiffusionPolicy", "block_policy_from"]

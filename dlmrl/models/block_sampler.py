@@ -18,6 +18,14 @@ float tolerance — unlike the approximate prefix/dual caches of :mod:`dlmrl.mod
 model. ``cache=False`` is the uncached reference: every step is a full pass over ``[prompt | canvas]`` under
 :func:`~dlmrl.models.block_attention.block_causal_mask`.
 
+**Logit shift** (``logit_shift=1``, Fast-dLLM v2's kept AR head: the output at ``j`` predicts token ``j + 1``). A
+block's logits are the outputs one position earlier; its first token is predicted by the previous block's last
+position (or the prompt's last), which the cache keeps from the pass that stored that block (the prompt's pass for
+the first block), and is revealed first: at the block's first step with a schedule (its confidence set to ``+inf``,
+the other ``k − 1`` of the step by confidence), alone at that step with a threshold. Fast-dLLM v2's ``generate``
+decodes it the same way, greedily, from the pass that stores the previous block, before the block's denoising steps
+(``modeling.py`` of the checkpoint; :mod:`dlmrl.models.fast_dllm_v2`).
+
 Reference: SDAR arXiv 2510.06303 (JetAstra/SDAR ``generate.py``, ``block_diffusion_generate``: prefill, denoise the
 block against the cache without storing, store the finished block); BD3-LM arXiv 2503.09573 (kuleshov-group/bd3lms
 ``models/dit.py``, sampling with ``kv_cache``); LLaDA arXiv 2502.09992 (``generate``); Fast-dLLM arXiv 2505.22618
@@ -36,7 +44,10 @@ from dlmrl.models.block_attention import (
     block_bounds,
     block_causal_mask,
     block_position_ids,
+    check_logit_shift,
+    gather_positions,
     hf_block_forward,
+    shifted_sources,
 )
 from dlmrl.models.gumbel import _gumbel, _uniform, add_gumbel_noise
 from dlmrl.models.policy import position_ids_from_mask
@@ -75,9 +86,14 @@ class _ExactBlockForward:
     decoded block's keys and values."""
 
     def __init__(self, model, forward: BlockForwardFn, prompt_ids, prompt_mask, length: int, block_size: int,
-                 cache: bool, prompt_blocks: bool = False):
+                 cache: bool, prompt_blocks: bool = False, logit_shift: int = 0):
         self.model, self.forward, self.cache = model, forward, cache
-        self.prompt_blocks = prompt_blocks
+        self.prompt_blocks, self.shift = prompt_blocks, logit_shift
+        # (logit_shift: the output predicting the block's first token, (B, V), and whether a row has one; from the
+        # pass that stored the previous block or the prompt)
+        self.prev: torch.Tensor | None = None
+        self.prev_real = prompt_mask[:, -1].clone() if prompt_mask.shape[1] > 0 else prompt_mask.new_zeros(
+            prompt_mask.shape[0])
         self.prompt_ids, self.prompt_mask = prompt_ids, prompt_mask
         self.length, self.block_size = length, block_size
         self.n_real = prompt_mask.long().sum(-1)  # (B,): real prompt tokens (the completion's first position id)
@@ -88,8 +104,10 @@ class _ExactBlockForward:
         if cache:
             self.key_real = prompt_mask.clone()
             if prompt_ids.shape[1] > 0:  # (an empty prompt leaves the cache empty)
-                _, self.past = forward(model, prompt_ids, _prompt_mask4d(prompt_mask, block_size, prompt_blocks),
-                                       position_ids_from_mask(prompt_mask), None, True)
+                out, self.past = forward(model, prompt_ids, _prompt_mask4d(prompt_mask, block_size, prompt_blocks),
+                                         position_ids_from_mask(prompt_mask), None, True)
+                self.prev = out[:, -1].clone() if logit_shift else None
+                del out
                 self.cache_passes = 1
 
     def start_block(self, lo: int, hi: int) -> None:
@@ -111,13 +129,21 @@ class _ExactBlockForward:
         if self.cache:
             tokens = canvas[:, self.lo : self.hi]
             mask, pos, past = self._block_inputs(tokens, rows)
-            return self.forward(self.model, tokens, mask, pos, past, False)[0]
+            out = self.forward(self.model, tokens, mask, pos, past, False)[0]  # (n, Lb, V)
+            if not self.shift:
+                return out
+            real = self.prev_real if rows is None else self.prev_real[rows]  # (n,)
+            first = out[:, 0] if self.prev is None else torch.where(
+                real[:, None], (self.prev if rows is None else self.prev[rows]).to(out.dtype), out[:, 0])
+            return torch.cat([first[:, None], out[:, :-1]], dim=1)
         pids = self.prompt_ids if rows is None else self.prompt_ids[rows]
         pmask = self.prompt_mask if rows is None else self.prompt_mask[rows]
         ids = torch.cat([pids, canvas], dim=1)  # (n, P + L)
         mask = block_causal_mask(pmask, self.length, self.block_size, self.prompt_blocks)
         out = self.forward(self.model, ids, mask, block_position_ids(pmask, self.length), None, False)[0]
         p = pids.shape[1]
+        if self.shift:
+            return gather_positions(out, shifted_sources(pmask, self.length, self.block_size)[:, self.lo : self.hi])
         return out[:, p + self.lo : p + self.hi]
 
     def finish_block(self, x: torch.Tensor) -> None:
@@ -126,7 +152,10 @@ class _ExactBlockForward:
             return
         tokens = x[:, self.lo : self.hi]
         mask, pos, past = self._block_inputs(tokens, None)
-        _, self.past = self.forward(self.model, tokens, mask, pos, past, True)
+        out, self.past = self.forward(self.model, tokens, mask, pos, past, True)
+        if self.shift:  # (the finished block's last output predicts the next block's first token)
+            self.prev, self.prev_real = out[:, -1].clone(), torch.ones_like(self.prev_real)
+        del out
         self.key_real = torch.cat([self.key_real, self.key_real.new_ones(tokens.shape)], dim=1)
         self.cache_passes += 1
 
@@ -200,6 +229,7 @@ def block_generate(
     prompt_blocks: bool = False,
     eos_token_id: int | None = None,
     stop_at_eos: bool = False,
+    logit_shift: int = 0,
 ) -> BlockSampleOutput:
     """Decode ``gen_length`` tokens after each prompt with a block-causal denoiser, block by block.
 
@@ -240,6 +270,8 @@ def block_generate(
         prompt_blocks: the prompt cut into blocks too (:func:`~dlmrl.models.block_attention.prompt_block_ids`; the
             SDAR family), else one clean block.
         eos_token_id: the token a row ends at (``stop_at_eos``). stop_at_eos: stop rows at EOS (above).
+        logit_shift: 1 for a family whose output at ``j`` predicts token ``j + 1`` (see the module docstring: shifted
+            logits, a block's first token revealed first); 0 (default) for position ``i`` predicting token ``i``.
     Returns:
         :class:`BlockSampleOutput`: ``canvas`` ``(B, L)`` long, ``token_logprobs`` ``(B, L)`` float32 (the log-prob of
         each revealed token under ``log_softmax(logits / T)`` with the mask token excluded, ``T = 1`` when greedy; 0
@@ -249,8 +281,8 @@ def block_generate(
     Raises:
         ValueError: on mismatched shapes, a prompt mask that is not left-padded, ``gen_length`` or ``block_size``
             below 1, a missing ``steps_per_block``, an unknown ``remasking``, a threshold outside its range, both
-            threshold rules, a negative temperature, ``stop_at_eos`` without ``eos_token_id``, or a policy without
-            ``mask_token_id``.
+            threshold rules, a negative temperature, ``stop_at_eos`` without ``eos_token_id``, a ``logit_shift`` other
+            than 0 or 1, or a policy without ``mask_token_id``.
     Reference: SDAR arXiv 2510.06303 (``block_diffusion_generate``); LLaDA arXiv 2502.09992 (``generate``);
     Fast-dLLM arXiv 2505.22618 (``get_transfer_index``).
     """
@@ -261,6 +293,7 @@ def block_generate(
     if stop_at_eos and eos_token_id is None:
         raise ValueError("stop_at_eos=True needs eos_token_id")
     _check_token_ids(policy, prompt_ids)
+    check_logit_shift(logit_shift)
     mask_id = int(policy.mask_token_id)
     prompt_mask = prompt_mask.bool()
     total = prompt_ids.shape[0]
@@ -278,7 +311,7 @@ def block_generate(
     token_logprobs = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # (B, L)
     score_t = temperature if temperature > 0 else 1.0  # (greedy rows are scored at T = 1, as generate records them)
     fwd = _ExactBlockForward(policy.model, forward, prompt_ids, prompt_mask, gen_length, block_size, cache,
-                             prompt_blocks)
+                             prompt_blocks, logit_shift)
     record = (x, reveal_step, token_logprobs)
     ends = EosStop(eos_token_id if stop_at_eos else None, x.shape[0], gen_length, x.device)
     if threshold is None and threshold_factor is None:
@@ -326,6 +359,9 @@ def _decode_scheduled(fwd: _ExactBlockForward, record, x_all, start: int, mask_i
                 conf = _uniform(x0.shape, generator, x0.device, noise_rows)
             else:  # left_to_right
                 conf = -torch.arange(hi - lo, device=x0.device, dtype=torch.float64).expand(x0.shape)
+            if fwd.shift:  # (a block's first token, predicted from the previous block, is revealed first)
+                conf = conf.clone()
+                conf[:, 0] = float("inf")
             masked = x[:, lo:hi] == mask_id  # (B, Lb)
             conf = conf.masked_fill(~masked, float("-inf"))
             order = conf.argsort(dim=1, descending=True, stable=True)
@@ -379,6 +415,10 @@ def _decode_threshold(fwd: _ExactBlockForward, record, mask_id: int, block_size:
             rows = slice(None) if idx is None else idx
             m = masked[rows]
             reveal = threshold_reveal(_confidence(logits, x0), m, threshold, factor)  # (n, Lb)
+            if fwd.shift:  # (a masked first token of the block is revealed alone, before the others)
+                alone = torch.zeros_like(reveal)
+                alone[:, 0] = True
+                reveal = torch.where(m[:, :1], alone, reveal)
             x[rows, lo:hi] = torch.where(reveal, x0, x[rows, lo:hi])
             reveal_step[rows, lo:hi] = torch.where(reveal, block * block_size + step, reveal_step[rows, lo:hi])
             token_logprobs[rows, lo:hi] += _revealed_logprobs(logits, x0, reveal, mask_id, score_t)

@@ -113,7 +113,15 @@ def canvas_token_logprobs(
     raw_target = target.new_zeros(target.shape[0], total)
     raw_scored = scored.new_zeros(scored.shape[0], total)
     raw_target[:, p:p + length], raw_scored[:, p:p + length] = target, scored
-    if split.shift:  # (the output at t scores the token at t + shift)
+    if split.shift and composite and getattr(policy, "logit_shift", 0):
+        # (a shifted block policy's composite pass: position i is scored by the output at shifted_sources, the clean
+        # copy of the previous block's last position for a block's first token)
+        from dlmrl.models.block_attention import shifted_sources
+
+        src = shifted_sources(prompt_mask, length, policy.block_size, composite=True)  # (n, L), distinct per row
+        raw_target = raw_target.new_zeros(raw_target.shape).scatter_(1, src, target)
+        raw_scored = raw_scored.new_zeros(raw_scored.shape).scatter_(1, src, scored)
+    elif split.shift:  # (the output at t scores the token at t + shift)
         raw_target = torch.cat([raw_target[:, split.shift:], raw_target.new_zeros(len(raw_target), split.shift)], 1)
         raw_scored = torch.cat([raw_scored[:, split.shift:], raw_scored.new_zeros(len(raw_scored), split.shift)], 1)
     request = HeadRequest(raw_target, raw_scored, logits_chunk, temperature, exclude_token, entropy)

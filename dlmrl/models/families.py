@@ -18,6 +18,14 @@ Every adapter returns ``(B, T, V)`` logits in which position ``i`` predicts toke
 - ``llada_moe`` (``inclusionAI/LLaDA-MoE-7B-A1B-Base``, ``-Instruct``): masked diffusion on LLaDA-MoE's own
   ``modeling_lladamoe.py`` (:mod:`dlmrl.models.llada_moe`); its ``config.json`` says ``model_type "llada"`` like dense
   LLaDA's, so it is told apart by ``architectures`` / ``auto_map``; the mask id is the tokenizer's ``<|mask|>``.
+- ``nemotron_diffusion`` (``nvidia/Nemotron-Labs-Diffusion-3B``, ``-8B``, ``-14B``): block diffusion on the release's
+  ``modeling_nemotron_labs_diffusion.py`` (:mod:`dlmrl.models.nemotron_diffusion`); mask id 100 unless the checkpoint
+  names one, block size from ``config.json`` (32 unless set), ``dlm_paradigm`` checked against ``model.kind``; the same
+  weights run as ``model.kind: ar``.
+- ``fast_dllm_v2`` (``Efficient-Large-Model/Fast_dLLM_v2_1.5B``, ``_7B``): block diffusion on Fast-dLLM v2's own
+  ``modeling.py`` (:mod:`dlmrl.models.fast_dllm_v2`); mask id 151665 (``|<MASK>|``), block size from ``bd_size`` (32),
+  the prompt cut into blocks, logits shifted by one (the AR head kept: a block's first token is predicted by the
+  previous block's last position).
 - ``tiny``: the shipped default, a Llama with ``is_causal=False`` (``dlmrl.models.tiny``), and any ``transformers``
   ``*ForCausalLM`` whose config sets ``is_causal: false`` (Qwen2, Mistral, ... run bidirectionally).
 
@@ -40,6 +48,15 @@ from torch import nn
 from dlmrl.models.block_attention import BlockForwardFn, bool_mask_block_forward, hf_block_forward
 from dlmrl.models.block_cache import CachedLogitsFn, hf_cached_logits
 from dlmrl.models.compat import load_checkpoint_model
+from dlmrl.models.fast_dllm_v2 import (
+    FAST_DLLM_V2_BLOCK_SIZE,
+    FAST_DLLM_V2_MASK_TOKEN_ID,
+    fast_dllm_v2_block_forward,
+    fast_dllm_v2_logits,
+    fast_dllm_v2_mask_token_id,
+    is_fast_dllm_v2,
+    load_fast_dllm_v2,
+)
 from dlmrl.models.forward_agreement import agreed_forwards
 from dlmrl.models.llada2 import (
     LLADA2_BLOCK_SIZE,
@@ -48,6 +65,14 @@ from dlmrl.models.llada2 import (
     load_llada2,
 )
 from dlmrl.models.llada_moe import is_llada_moe, llada_moe_logits, llada_moe_mask_token_id, load_llada_moe
+from dlmrl.models.nemotron_diffusion import (
+    NEMOTRON_BLOCK_SIZE,
+    NEMOTRON_MASK_TOKEN_ID,
+    is_nemotron_diffusion,
+    load_nemotron_diffusion,
+    nemotron_block_forward,
+    nemotron_logits,
+)
 from dlmrl.models.sdar import SDAR_MASK_TOKEN_ID, load_sdar, sdar_block_forward, sdar_logits
 from dlmrl.models.token_scores import hf_output_head, narrowed_request, unwrap_model
 from dlmrl.registry import Registry
@@ -459,6 +484,23 @@ FAMILIES.register("llada_moe")(
            no_cache_reason="LLaDA-MoE's modeling_lladamoe.py refuses a key/value cache (its forward asserts use_cache "
                            "is off)")
 )
+FAMILIES.register("nemotron_diffusion")(
+    Family(load=load_nemotron_diffusion, logits=nemotron_logits, detect=is_nemotron_diffusion,
+           default_mask_token_id=NEMOTRON_MASK_TOKEN_ID, block_forward=nemotron_block_forward,
+           default_block_size=NEMOTRON_BLOCK_SIZE, output_head=hf_output_head,
+           no_cache_reason="Nemotron-Labs-Diffusion checkpoints are block-diffusion models: run them with model.kind "
+                           "block, whose key/value cache is exact (or model.kind ar, the same weights left to right)")
+)
+
+FAMILIES.register("fast_dllm_v2")(
+    Family(load=load_fast_dllm_v2, logits=fast_dllm_v2_logits, detect=is_fast_dllm_v2,
+           default_mask_token_id=FAST_DLLM_V2_MASK_TOKEN_ID, checkpoint_mask_token_id=fast_dllm_v2_mask_token_id,
+           block_forward=fast_dllm_v2_block_forward, prompt_blocks=True, default_block_size=FAST_DLLM_V2_BLOCK_SIZE,
+           output_head=hf_output_head, logit_shift=1,
+           no_cache_reason="Fast-dLLM v2 checkpoints are block-diffusion models: run them with model.kind block, whose "
+                           "key/value cache is exact")
+)
+
 
 def cached_logits_of(family: str | None, mode: str) -> CachedLogitsFn:
     """The block-cache forward of the registered ``family``, for ``sampling.cache = mode``.

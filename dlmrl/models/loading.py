@@ -93,9 +93,9 @@ def checkpoint_kind(name_or_path: str, known=None) -> str | None:
 
 def checkpoint_block_size(name_or_path: str, family: str = "auto") -> int | None:
     """The block size a block-diffusion checkpoint records: its ``config.json`` ``block_size`` (SDAR's configs and
-    dlmrl's tiny block model carry one), else its family's default (``llada2``: 32; ``family`` ``auto`` = detected
-    from the config), following a LoRA adapter folder to its base model; ``None`` when there is none or the config
-    cannot be read (a hub id is looked up like any config).
+    dlmrl's tiny block model carry one) or ``bd_size`` (Fast-dLLM v2's), else its family's default (``llada2``: 32;
+    ``family`` ``auto`` = detected from the config), following a LoRA adapter folder to its base model; ``None`` when
+    there is none or the config cannot be read (a hub id is looked up like any config).
 
     Raises:
         ValueError: ``config.json`` records a ``block_size`` that is not an integer >= 1 (``0``, ``16.0``,
@@ -118,6 +118,8 @@ def checkpoint_block_size(name_or_path: str, family: str = "auto") -> int | None
     except (OSError, ValueError):
         return None
     value = config.get("block_size")
+    if value is None:  # (Fast-dLLM v2's config.json calls it bd_size)
+        value = config.get("bd_size")
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
         return value
     if value is not None:  # (a bad recorded size is the checkpoint's mistake: refused, not silently replaced)

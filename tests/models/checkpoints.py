@@ -324,6 +324,41 @@ def save_illada_like(path: Path, mask_in_config: bool = True) -> Path:
     return _save_remote(path, "llada", config, tok)
 
 
+def save_fast_dllm_v2_like(path: Path) -> Path:
+    """A Fast-dLLM v2-like block-diffusion checkpoint (``AutoModelForCausalLM``, code in ``modeling.py`` /
+    ``configuration.py``): ``config.json`` with the release's fields (the block size as ``bd_size``, 4 here; no
+    ``mask_token_id``), a tokenizer that lists ``|<MASK>|`` as an additional special token, not as ``mask_token`` (as
+    the release's), width 16."""
+    tok = char_tokenizer(["<|endoftext|>", "<|im_end|>", "|<MASK>|", "<|unk|>"], eos_token="<|im_end|>",
+                         pad_token="<|endoftext|>", unk_token="<|unk|>", additional_special_tokens=["|<MASK>|"])
+    config = {
+        "model_type": "Fast_dLLM_Qwen",
+        "architectures": ["Fast_dLLM_QwenForCausalLM"],
+        "auto_map": {
+            "AutoConfig": "configuration.Fast_dLLM_QwenConfig",
+            "AutoModel": "modeling.Fast_dLLM_QwenModel",
+            "AutoModelForCausalLM": "modeling.Fast_dLLM_QwenForCausalLM",
+        },
+        "vocab_size": len(tok),
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "initializer_range": 0.5,  # (the release: 0.02; larger so that the random model's predictions are not uniform)
+        "attention_dropout": 0.0,
+        "bd_size": 4,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "pad_token_id": 1,
+        "use_cache": True,
+        "tie_word_embeddings": False,
+    }
+    return _save_remote(path, "fast_dllm_v2", config, tok, auto_class="AutoModelForCausalLM")
+
+
 BUILDERS = {
     "bert": save_bert,
     "roberta": save_roberta,
