@@ -176,8 +176,12 @@ class BlockDiffusionKind(MaskedDiffusionKind):
                   if family in FAMILIES and FAMILIES.get(family).prompt_blocks else
                   "the prompt is one clean block every block attends" if family in FAMILIES else
                   "the prompt's layout is the detected family's: one clean block (tiny) or cut into blocks (sdar)")
-        return {"block_size": b, "attention": f"block-causal: blocks of {b} tokens, bidirectional inside a block, "
+        plan = {"block_size": b, "attention": f"block-causal: blocks of {b} tokens, bidirectional inside a block, "
                                               f"causal across blocks ({prompt})"}
+        if family in FAMILIES and FAMILIES.get(family).logit_shift:
+            plan["logit_shift"] = ("1: the output at i - 1 predicts token i (the family's AR head); a block's first "
+                                   "token comes from the previous block's last position and is revealed first")
+        return plan
 
     def plan_sampler(self, cfg, preset, written) -> dict:
         """The block-diffusion sampler: blocks of ``model.block_size`` left to right, each denoised against the exact

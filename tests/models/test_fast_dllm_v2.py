@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -427,3 +428,34 @@ def test_two_tracerl_steps_and_dlmrl_eval(fast_path, tmp_path, monkeypatch, caps
         assert main(["eval", "--model", str(final)]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["num_examples"] == 2 and result["mean_reward"] is not None
+
+
+# ------------------------------------------------------------------------------------ the recipe
+
+RECIPE = Path(__file__).resolve().parents[2] / "configs" / "fast_dllm_v2_tracerl_gsm8k.yaml"
+
+
+@pytest.mark.parametrize(("processes", "overrides"), [("8", ["model.use_peft=false", "train.sharding=fsdp2"]),
+                                                      ("1", ["model.use_peft=true", "train.sharding=none"])])
+def test_the_recipe_dry_runs_offline_and_fits_80gb_by_its_own_plan(tmp_path, capsys, monkeypatch, processes,
+                                                                     overrides):
+    """``--dry-run --num-processes N`` of the 7B recipe: the family, its block size, mask id and shift, and a per-GPU
+    plan within the 80 GB budget with a 10% margin (8 GPUs every weight with FSDP2; one GPU with LoRA)."""
+    import transformers
+    import yaml
+
+    from dlmrl import cli
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"--dry-run tried to load {args[:1]}")
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
+    assert cli.main(["train", "--config", str(RECIPE), "--dry-run", "--output-dir", str(tmp_path / "run"),
+                     "--num-processes", processes, *overrides]) == 0
+    plan = yaml.safe_load(capsys.readouterr().out)
+    assert plan["model"]["family"] == "fast_dllm_v2" and plan["model"]["block_size"] == FAST_DLLM_V2_BLOCK_SIZE
+    assert plan["model"]["mask_token_id"].startswith("151665") and plan["model"]["logit_shift"].startswith("1:")
+    assert plan["memory"]["memory_budget"].endswith("fits")
+    assert float(plan["memory"]["peak"].split(" GB")[0]) <= 80 * 0.9
