@@ -33,6 +33,9 @@ def doc(default: Any, help: str, **kw) -> Any:
     return field(default=default, metadata={"help": help}, **kw)
 
 
+#: the collapse monitor's directions (``train.collapse_direction``; :mod:`dlmrl.training.collapse`)
+COLLAPSE_DIRECTIONS = ("rise", "both")
+
 @dataclass
 class ModelConfig:
     kind: str = doc("diffusion", "Policy kind: diffusion (masked-diffusion LM: sampler + ELBO estimator) | block "
@@ -400,6 +403,10 @@ class TrainConfig:
             "collapse_ratio x its baseline logs collapse: true and warns once, naming the step.")
     collapse_ratio: float = doc(3.0, "The collapse monitor's threshold: a value above this many times its running "
                                      "baseline fires (> 1; ours, NVIDIA's report gives none).")
+    collapse_direction: str = doc(
+        "rise", "The collapse monitor's direction: rise (sample_nll or kl above collapse_ratio x its baseline: the "
+                "entropy blow-up NVIDIA reports) | both (also sample_nll below its baseline / collapse_ratio: the "
+                "policy's entropy collapsing, arXiv 2505.22617).")
     stop_on_collapse: bool = doc(False, "Stop the run after the step the collapse monitor fires on, its checkpoint "
                                         "saved (summary.json stop_reason: collapse; --resume continues).")
     logging_steps: int = doc(1, "Write metrics every this many steps.")

@@ -34,6 +34,7 @@ from dlmrl.config.resolve import (
     use_the_algorithms_estimator,
 )
 from dlmrl.config.schema import (
+    COLLAPSE_DIRECTIONS,
     SCHEDULERS,
     Config,
     ModelConfig,
@@ -250,6 +251,8 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
     _check(isinstance(tr.collapse_ratio, (int, float)) and not isinstance(tr.collapse_ratio, bool)
            and tr.collapse_ratio > 1, "train.collapse_ratio",
            f"must be a number > 1 (a value above this many times its running baseline fires), got {tr.collapse_ratio!r}")
+    _check(tr.collapse_direction in COLLAPSE_DIRECTIONS, "train.collapse_direction",
+           f"must be one of {', '.join(COLLAPSE_DIRECTIONS)}, got {tr.collapse_direction!r}")
     _check(isinstance(tr.stop_on_collapse, bool), "train.stop_on_collapse", "must be true or false")
     _check(not tr.stop_on_collapse or tr.collapse_window > 0, "train.stop_on_collapse",
            "needs the collapse monitor (train.collapse_window > 0)")

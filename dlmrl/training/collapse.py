@@ -16,7 +16,13 @@ two series the trainer logs every step:
 baseline, the median of the previous ``window`` steps' values (robust to single spikes; nothing fires before
 ``window`` steps are seen), and the baseline is above its series' floor (:data:`FLOORS`: a KL grows from 0 as any
 run starts to move, so a KL baseline below 0.05 nats per token is not one to multiply).
-It detects an onset: a rise that lasts becomes the baseline after about ``window / 2`` steps. The warning names
+It detects an onset: a rise that lasts becomes the baseline after about ``window / 2`` steps.
+
+``direction`` ``"both"`` (``train.collapse_direction``) also fires when ``sample_nll`` falls below its baseline
+divided by ``ratio``: the opposite failure, the policy's entropy collapsing onto a few outputs (Cui et al., "The
+Entropy Mechanism of Reinforcement Learning for Reasoning Language Models", arXiv 2505.22617), which is what the
+shipped tiny diffusion model does under full fine-tuning at a high learning rate (``benchmarks/collapse.py``).
+A KL that falls is no failure, so ``kl`` is watched for rises only. The warning names
 the step and the series once per episode (consecutive firing steps); with ``stop`` the trainer
 ends the run after that step's checkpoint (``summary.json``'s ``stop_reason`` ``collapse``), which ``--resume``
 continues.
@@ -27,8 +33,12 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from dlmrl.config.schema import COLLAPSE_DIRECTIONS
+
 #: the series the monitor watches, in the order it reports them
 SERIES = ("sample_nll", "kl")
+#: the directions :class:`CollapseMonitor` watches (``train.collapse_direction``)
+DIRECTIONS = COLLAPSE_DIRECTIONS
 #: per series, a baseline below this is not multiplied: a KL starts at 0 and grows while the first steps move the
 #: policy (0.004 -> 0.08 nats per token over steps 3-5 of the tiny AR recipe), which is no collapse; the collapses of
 #: our probes went from 0.1-0.4 to 7-13 (ours)
@@ -43,13 +53,23 @@ class CollapseMonitor:
         window: steps in the running baseline (``train.collapse_window``; 0 = off).
         ratio: a value above ``ratio`` x its baseline fires (``train.collapse_ratio``, > 1).
         stop: stop the run after a firing step's checkpoint (``train.stop_on_collapse``).
+        direction: ``"rise"`` (NVIDIA's failure), or ``"both"``: ``sample_nll`` below ``baseline / ratio`` fires too
+            (``train.collapse_direction``; module docstring).
+
+    Raises:
+        ValueError: ``direction`` is not one of :data:`DIRECTIONS`.
     """
 
     window: int = 20
     ratio: float = 3.0
     stop: bool = False
+    direction: str = "rise"
     history: dict = field(default_factory=dict)
     firing: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"collapse direction must be one of {DIRECTIONS}, got {self.direction!r}")
 
     def observe(self, step: int, record: dict) -> tuple[dict, str | None]:
         """Update with step ``step``'s metrics ``record``. Returns ``(fields, warning)``: the fields to log
@@ -65,11 +85,14 @@ class CollapseMonitor:
             baseline = statistics.median(past) if len(past) >= self.window else None
             if baseline is not None:
                 fields[f"{name}_baseline"] = baseline
-            now = (value is not None and baseline is not None and baseline > FLOORS[name]
-                   and value > self.ratio * baseline)
+            usable = value is not None and baseline is not None and baseline > FLOORS[name]
+            rose = usable and value > self.ratio * baseline
+            fell = usable and name == "sample_nll" and self.direction == "both" and value * self.ratio < baseline
+            now = rose or fell
             if now and not self.firing.get(name):
                 started.append(f"{name} {value:.4g} is {value / baseline:.2f}x its running baseline {baseline:.4g} "
-                               f"(median of the previous {self.window} steps)")
+                               f"(median of the previous {self.window} steps"
+                               + ("; a fall: the policy's entropy collapsing)" if fell else ")"))
             self.firing[name] = now
             fired = fired or now
             if value is not None:

@@ -100,7 +100,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, *, policy=No
         state.eval_before = held_out()
         accelerator.print(f"held-out {run.metric} before: {state.eval_before[run.metric]:.4f}")
 
-    monitor = CollapseMonitor(tr.collapse_window, tr.collapse_ratio, tr.stop_on_collapse)
+    monitor = CollapseMonitor(tr.collapse_window, tr.collapse_ratio, tr.stop_on_collapse, tr.collapse_direction)
     monitor.load_state_dict(state.collapse)
     collapsed = False  # (train.stop_on_collapse: the monitor fired; the run ends after this step's checkpoint)
     # Ctrl-C / SIGTERM: finish the current step, save a checkpoint, exit resumable.

@@ -111,3 +111,20 @@ def test_a_diffusion_run_takes_sample_nll_from_the_samplers_record(tmp_path, mon
                                       f"output_dir={tmp_path / 'run'}"]), progress=False)
     ((logged, expected),) = seen
     assert logged == expected and logged > 0
+
+
+def test_direction_both_also_fires_when_sample_nll_falls_below_baseline_over_ratio_and_kl_only_rises():
+    rise, both = CollapseMonitor(window=3, ratio=2.0), CollapseMonitor(window=3, ratio=2.0, direction="both")
+    series = [(1.0, 0.2), (1.2, 0.3), (0.9, 0.2), (0.45, 0.2), (0.55, 0.01)]
+    # step 4: baseline median(1.0, 1.2, 0.9) = 1.0, 0.45 < 1.0 / 2 fires under "both" only; the kl 0.2 vs its
+    # baseline 0.2 is no fall. Step 5: baseline median(1.2, 0.9, 0.45) = 0.9, 0.55 > 0.45: no fire; the kl 0.01
+    # falls 20x under its baseline 0.2 and never fires (a falling KL is no failure).
+    out_rise = [rise.observe(s, {"sample_nll": v, "kl": k}) for s, (v, k) in enumerate(series, start=1)]
+    out_both = [both.observe(s, {"sample_nll": v, "kl": k}) for s, (v, k) in enumerate(series, start=1)]
+    assert [f["collapse"] for f, _ in out_rise] == [False] * 5
+    assert [f["collapse"] for f, _ in out_both] == [False, False, False, True, False]
+    assert "step 4" in out_both[3][1] and "a fall" in out_both[3][1]
+    with pytest.raises(ValueError, match="direction"):
+        CollapseMonitor(direction="down")
+    with pytest.raises(ConfigError, match="train.collapse_direction"):
+        validate(default_job_config(["train.collapse_direction=fall"]), data=False)
