@@ -64,6 +64,11 @@ what dlmrl assumes of it is listed below and checked on every load):
   ``transformers`` 5 renamed and dropped; :func:`patch_mask_keywords` wraps the module's mask functions to translate
   them where the installed signature lacks them.
 
+The code's ``generate`` takes its argmax over the whole vocabulary, so where a model's most likely token is the mask
+token it "reveals" the mask token and the position stays masked to the end of the block; dlmrl's sampler never writes
+it (its argmax excludes the mask token; the confidence is the full softmax's, as the code's). A trained checkpoint
+gives the mask token no mass; the random parity checkpoint hit it at 2 positions of one row (reported there).
+
 Not covered: ``causal_context=True`` decoding and ``linear_spec_generate`` (self-speculation); the code's threshold rule
 (every masked token above it, else the most confident) is not compared token for token (only the fixed schedule,
 ``threshold=None``); the Llama-4 query scale is the code's own, computed from absolute cache positions (exactly 1 below
