@@ -470,7 +470,9 @@ def load_ar_policy(name_or_path: str = TINY_AR_DEFAULT, trust_remote_code: bool 
         dtype: ``float32``, ``bfloat16`` or ``float16``.
         adapter_kinds: the policy kinds whose LoRA adapters this call loads (default ``ar``; a kind of your own
             that runs causal LMs passes its name).
-    The tokenizer is switched to left padding; a tokenizer without a pad token pads with EOS.
+    The tokenizer is switched to left padding; a tokenizer without a pad token pads with EOS. A Nemotron-Labs-Diffusion
+    checkpoint (``config.json`` read first) loads its own code through
+    :func:`dlmrl.models.nemotron_diffusion.load_nemotron_causal`: the same weights run causally.
     Raises:
         ValueError: unknown dtype, a local folder without safetensors weights (only safetensors are
             loaded), a tokenizer with neither pad nor EOS token, or an adapter trained as a kind not in

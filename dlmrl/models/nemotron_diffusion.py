@@ -398,7 +398,7 @@ def _load(path: str, trust_remote_code: bool, dtype: torch.dtype, kind: str) -> 
     _, paradigm = _read_paradigm(path)
     problem = paradigm_problem(paradigm, kind, _where(path))
     if problem:
-        raise ValueError(f"model.kind {kind!r}: {problem}")
+        raise ValueError(f"model.kind {'block or diffusion' if kind == 'block' else kind}: {problem}")
     overrides = {PARADIGM_KEY: "bidirectional"} if paradigm == "block_diff" else None
     model = load_checkpoint_model(path, trust_remote_code, dtype, "AutoModel", config_overrides=overrides)
     if overrides:
