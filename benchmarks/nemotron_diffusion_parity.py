@@ -243,8 +243,8 @@ def compare_rows(ours: torch.Tensor, theirs: torch.Tensor, head: str, tail: str)
     differ = ours != theirs
     at_mask = int((differ & (theirs == MASK_ID)).sum())
     other = int((differ & (theirs != MASK_ID)).sum())
-    note = ("" if not differ.any() else f"; elsewhere generate left the mask token {at_mask}x (the random model's argmax "
-            f"there is the mask id; dlmrl never writes it) and differs at {other} other positions")
+    note = ("" if not differ.any() else f"; elsewhere generate left the mask token {at_mask}x (the random model's "
+            f"argmax there is the mask id; dlmrl never writes it) and differs at {other} other positions")
     return other == 0, f"{head}{same}/{len(ours)} rows token-identical{note} {tail}"
 
 
@@ -282,7 +282,8 @@ def check_ar_greedy(path: Path, new: int = 12):
 # ------------------------------------------------------------------------------------------ likelihoods
 
 
-def replay(model, prompt: torch.Tensor, canvas: torch.Tensor, reveal_step: torch.Tensor, block_size: int) -> torch.Tensor:
+def replay(model, prompt: torch.Tensor, canvas: torch.Tensor, reveal_step: torch.Tensor,
+           block_size: int) -> torch.Tensor:
     """``(L,)`` log-probs of one row's revealed tokens through the code's own calls: the prompt prefilled, each block's
     steps called against the cache with the tokens revealed before that step, ``log_softmax`` with the mask token
     excluded (dlmrl's sampler's convention), the finished block cached."""
@@ -480,10 +481,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{clone} holds no {' + '.join(CODE)}")
         commit = clone_commit(clone)
         label = f"{clone.name}@{commit[:7]}"
+        ministral = args.ministral.resolve()
         code[label] = {"commit": commit, **{name: len((clone / name).read_text(encoding="utf-8")) for name in CODE},
                        "modeling_ministral.py": "clone" if (clone / "modeling_ministral.py").is_file()
-                       else str(args.ministral.resolve().relative_to(ROOT) if args.ministral.resolve().is_relative_to(ROOT)
-                                else args.ministral)}
+                       else str(ministral.relative_to(ROOT) if ministral.is_relative_to(ROOT) else ministral)}
         check_clone(report, label, clone, args.ministral.resolve(), work, env, args.skip_train)
     record = {"transformers": transformers.__version__, "torch": torch.__version__, "code": code, "source": args.source,
               "seconds": round(time.time() - t0)}

@@ -17,8 +17,8 @@ from abc import ABC, abstractmethod
 from dlmrl.errors import ConfigError
 from dlmrl.registry import Registry
 
-__all__ = ["KINDS", "PolicyKind", "check_key", "find_kind", "is_policy", "kind_names", "kind_of", "policy_kind",
-           "refuse_claimed_checkpoint", "refuse_other_kinds_keys", "warn_key"]
+__all__ = ["KINDS", "PolicyKind", "check_key", "check_nemotron_paradigm", "find_kind", "is_policy", "kind_names",
+           "kind_of", "policy_kind", "refuse_claimed_checkpoint", "refuse_other_kinds_keys", "warn_key"]
 
 def check_key(cond: bool, key: str, msg: str) -> None:
     """Raise ``ConfigError("config key '<key>': <msg>")`` unless ``cond`` (the config check's one refusal form; the
@@ -56,7 +56,8 @@ def refuse_other_kinds_keys(cfg) -> None:
 def refuse_claimed_checkpoint(cfg) -> None:
     """Refuse a local (or shipped) checkpoint whose ``config.json`` another registered kind claims
     (:meth:`PolicyKind.claims_config`: e.g. a DiffusionGemma, which has no mask token and is no causal LM: it would
-    fail at load, or be trained as something it is not); unreadable configs and hub ids are left to the load.
+    fail at load, or be trained as something it is not); unreadable configs and hub ids are left to the load. Then
+    a Nemotron-Labs-Diffusion ``config.json``'s ``dlm_paradigm`` against ``model.kind`` (:func:`check_nemotron_paradigm`).
 
     Raises:
         ConfigError: naming ``model.kind``.
@@ -78,9 +79,35 @@ def refuse_claimed_checkpoint(cfg) -> None:
         check_key(name == cfg.model.kind or not other.claims_config(config), "model.kind",
                   f"{cfg.model.name_or_path!r} is a {other.checkpoint_description}; model.kind {cfg.model.kind!r} "
                   f"cannot run it: set model.kind {name}")
-    from dlmrl.models.nemotron_diffusion import check_paradigm
+    check_nemotron_paradigm(cfg, config, file)
 
-    check_paradigm(cfg)  # (a Nemotron-Labs-Diffusion config.json's dlm_paradigm against model.kind)
+
+def check_nemotron_paradigm(cfg, config: dict, file) -> None:
+    """A local Nemotron-Labs-Diffusion ``config.json`` (``config``, read from ``file``) whose ``dlm_paradigm``
+    ``model.kind`` cannot run is refused, naming the key and the file
+    (:func:`dlmrl.models.nemotron_diffusion.paradigm_problem`); a paradigm dlmrl runs differently from the code's own
+    forward is explained in a warning (:func:`~dlmrl.models.nemotron_diffusion.paradigm_note`). Other checkpoints pass.
+
+    Raises:
+        ConfigError: naming ``model.kind``.
+    """
+    import warnings
+
+    from dlmrl.models.nemotron_diffusion import (
+        checkpoint_paradigm,
+        is_nemotron_diffusion,
+        paradigm_note,
+        paradigm_problem,
+    )
+
+    if not is_nemotron_diffusion(config):
+        return
+    paradigm, kind = checkpoint_paradigm(config), cfg.model.kind
+    problem = paradigm_problem(paradigm, kind, str(file))
+    check_key(problem is None, "model.kind", f"model.kind {kind!r} on {cfg.model.name_or_path!r}: {problem}")
+    note = paradigm_note(paradigm, kind)
+    if note:
+        warnings.warn(f"{cfg.model.name_or_path}: {note}", UserWarning, stacklevel=4)
 
 
 #: the keys :meth:`PolicyKind.memory_shapes` returns

@@ -7,27 +7,32 @@ block-diffusion model, as an autoregressive model, or as both (self-speculation)
 loaded with ``AutoModel``), ``configuration_nemotron_labs_diffusion.py`` and ``modeling_ministral.py``; NVIDIA's
 internal version of the same model is ``MinistralDiffEncoderModel`` in ``modeling_ministral_dlm.py``.
 
-How dlmrl runs that code (read from linyewei526/Nemotron-Labs-Diffusion, a copy of the hub files quoted through the
-search index: ``modeling_nemotron_labs_diffusion.py`` and ``configuration_nemotron_labs_diffusion.py``; the hub
-repository itself is not reachable from this project's machines, and no reachable copy holds ``modeling_ministral.py``:
-what dlmrl assumes of it is listed below and checked on every load):
+How dlmrl runs that code (read from the release's ``modeling_nemotron_labs_diffusion.py`` and
+``configuration_nemotron_labs_diffusion.py`` as the search index stores them, 36,264 and 8,268 characters, with no
+repository or commit named; the 8B's ``config.json`` as public ports of the checkpoint embed it. The hub repository
+is not reachable from this project's machines, and no reachable copy holds ``modeling_ministral.py``: what dlmrl
+assumes of it is listed below and checked on every load):
 
 - **The paradigm** (``config.json``'s ``dlm_paradigm``, read in ``NemotronLabsDiffusionModel.__init__``):
   ``block_diff`` builds ``NemotronLabsDiffusionFlexAttention`` (compiled flex attention over a ``[noisy | clean]``
   input with its own mask: noisy block-diagonal, noisy to earlier clean blocks, the clean half *fully causal*;
   ``attention_mask`` is ignored), ``bidirectional`` builds ``Ministral3Attention`` with ``diffusion_lm=True``
   (attends both ways; the released 8B's value), ``autoregressive`` the same class with ``diffusion_lm=False``: plain
-  causal attention. NVIDIA's RL code (NeMo RL's diffusion policy worker, ``_validate_attention_paradigm``) refuses the
-  last for diffusion training, since it "converges on the wrong objective with no error".
-  :func:`paradigm_problem` is dlmrl's version of that check, run by the config check (a local ``config.json``) and at
-  load (any checkpoint): ``model.kind: block`` and ``diffusion`` refuse ``autoregressive`` (and unknown values) naming
+  causal attention. NVIDIA's RL code (zyzhou5/RL@52a6bd45, a NeMo RL fork:
+  ``nemo_rl/models/policy/workers/diffusion_dtensor_policy_worker.py``, ``_validate_attention_paradigm``) refuses the
+  last for diffusion training, since it "converges on the wrong objective with no error"; it requires a flex
+  paradigm because its training drives the flex class's own mask (``set_attention_mode``), while dlmrl supplies its
+  masks itself and needs only a class that honours them (which the load verifies).
+  :func:`paradigm_problem` is dlmrl's version of that check, run by the config check (a local ``config.json``;
+  :func:`dlmrl.kinds.base.check_nemotron_paradigm`) and at load (any checkpoint): ``model.kind: block`` and ``diffusion`` refuse ``autoregressive`` (and unknown values) naming
   the key, the file and what to set; ``block_diff`` loads with the ``bidirectional`` class (the same parameters: the
   flex class subclasses ``Ministral3Attention``; the config keeps its declared value), because compiled flex attention
   with a mask fixed by the code can take neither dlmrl's block masks nor a key/value cache (and needs a GPU compiler).
 - **The forward pass** (:func:`nemotron_block_forward`, the family's block forward): the release's
-  ``Ministral3Attention`` hands ``attention_mask=None`` to its attention kernel in diffusion mode (the axolotl
-  integration of these checkpoints, ``enable_nemotron_explicit_attention_mask``: "The native remote source sends
-  ``None`` to its attention interface in diffusion mode"), so no mask argument reaches it. dlmrl therefore runs the
+  ``Ministral3Attention`` hands ``attention_mask=None`` to its attention kernel in diffusion mode (an axolotl
+  integration of these checkpoints in the search index, no repository named,
+  ``enable_nemotron_explicit_attention_mask``: "The native remote source sends ``None`` to its attention interface
+  in diffusion mode"), so no mask argument reaches it. dlmrl therefore runs the
   code's own modules (embedding, projections, RoPE at ``position_ids``, Llama-4 query scaling, MLP, norms, head) and
   registers one attention kernel with ``transformers``' ``AttentionInterface`` (:data:`ATTENTION_NAME`:
   scaled-dot-product attention under the explicit ``(B, 1, T, S + T)`` mask of the pass, which replaces whatever mask
@@ -81,7 +86,6 @@ import contextlib
 import contextvars
 import sys
 import types
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -135,8 +139,8 @@ def checkpoint_paradigm(config) -> str:
 
 
 def paradigm_problem(paradigm, kind: str, where: str = "config.json") -> str | None:
-    """Why ``model.kind`` ``kind`` cannot run a checkpoint whose ``where`` declares ``dlm_paradigm = paradigm``, with what
-    to set; ``None`` when it can.
+    """Why ``model.kind`` ``kind`` cannot run a checkpoint whose ``where`` declares ``dlm_paradigm = paradigm``, with
+    what to set; ``None`` when it can.
 
     ``block`` / ``diffusion``: ``autoregressive`` is refused (the code builds plain causal attention: NVIDIA's check);
     ``ar``: any known paradigm runs (dlmrl runs the weights causally itself). Unknown values are refused for every kind
@@ -174,32 +178,15 @@ def _where(name_or_path: str) -> str:
     return str(path / "config.json") if path.is_dir() else f"the config.json of {name_or_path}"
 
 
-def check_paradigm(cfg) -> None:
-    """The config check: a local Nemotron-Labs-Diffusion ``config.json`` whose ``dlm_paradigm`` ``model.kind`` cannot run
-    is refused naming the key and the file (:func:`paradigm_problem`); a paradigm dlmrl runs differently from the
-    code's own forward is explained in a warning (:func:`paradigm_note`). Hub ids are checked at load.
+def read_config(name_or_path: str) -> dict:
+    """``config.json`` as a plain dict, read without running checkpoint code (a hub id is fetched like any config).
 
     Raises:
-        ConfigError: naming ``model.kind``.
+        OSError: no ``config.json`` there.
     """
-    from dlmrl.kinds.base import check_key
-    from dlmrl.models.loading import read_checkpoint_config, resolve_model_path
+    from transformers import PretrainedConfig
 
-    path = Path(resolve_model_path(cfg.model.name_or_path))
-    if not (path / "config.json").is_file():
-        return
-    try:
-        config = read_checkpoint_config(str(path))
-    except (OSError, ValueError):
-        return
-    if not is_nemotron_diffusion(config):
-        return
-    paradigm, kind = checkpoint_paradigm(config), cfg.model.kind
-    problem = paradigm_problem(paradigm, kind, str(path / "config.json"))
-    check_key(problem is None, "model.kind", f"model.kind {kind!r} on {cfg.model.name_or_path!r}: {problem}")
-    note = paradigm_note(paradigm, kind)
-    if note:
-        warnings.warn(f"{cfg.model.name_or_path}: {note}", UserWarning, stacklevel=3)
+    return PretrainedConfig.get_config_dict(name_or_path)[0]
 
 
 # ------------------------------------------------------------------------------------------ the attention kernel
@@ -249,8 +236,8 @@ def explicit_mask(mask4d: torch.Tensor):
 
 def patch_mask_keywords(module) -> bool:
     """Translate ``transformers`` 4.5x's ``create_causal_mask`` keywords (``input_embeds=`` -> ``inputs_embeds=``,
-    ``past_key_values=`` -> ``cache=``; ``cache_position=`` dropped) in the checkpoint code's ``module`` when the installed function has no such
-    parameters; returns whether anything was patched."""
+    ``past_key_values=`` -> ``cache=``; ``cache_position=`` dropped) in the checkpoint code's ``module`` when the
+    installed function has no such parameters; returns whether anything was patched."""
     import inspect
 
     patched = False
@@ -386,9 +373,7 @@ def check_explicit_mask(model: nn.Module, label: str = "the checkpoint") -> None
 
 
 def _read_paradigm(path: str) -> tuple[dict, str]:
-    from dlmrl.models.loading import read_checkpoint_config
-
-    config = read_checkpoint_config(path)
+    config = read_config(path)
     return config, checkpoint_paradigm(config)
 
 
@@ -407,8 +392,9 @@ def _load(path: str, trust_remote_code: bool, dtype: torch.dtype, kind: str) -> 
 
 
 def load_nemotron_diffusion(path: str, trust_remote_code: bool, dtype: torch.dtype) -> nn.Module:
-    """The family's ``load`` (``model.kind: block`` and ``diffusion``): ``AutoModel`` from the checkpoint's own code with
-    :mod:`dlmrl.models.compat`'s patches, ``block_diff`` built with the ``bidirectional`` class, :func:`adapt_model`,
+    """The family's ``load`` (``model.kind: block`` and ``diffusion``): ``AutoModel`` from the checkpoint's own code
+    with :mod:`dlmrl.models.compat`'s patches, ``block_diff`` built with the ``bidirectional`` class,
+    :func:`adapt_model`,
     then :func:`check_explicit_mask`.
 
     Raises:
@@ -477,8 +463,9 @@ def check_causal(model: nn.Module, label: str = "the checkpoint") -> None:
     finally:
         model.train(was)
     if not torch.equal(a, b):
-        raise ValueError(f"{label}: model.kind ar's forward of this Nemotron-Labs-Diffusion checkpoint sees later tokens "
-                         "(its attention does not follow dlmrl's causal mask); it cannot be trained left to right here")
+        raise ValueError(f"{label}: model.kind ar's forward of this Nemotron-Labs-Diffusion checkpoint sees later "
+                         "tokens (its attention does not follow dlmrl's causal mask); it cannot be trained left to "
+                         "right here")
 
 
 def make_causal(model: nn.Module) -> nn.Module:
@@ -508,10 +495,8 @@ def load_nemotron_causal(path: str, trust_remote_code: bool, dtype: torch.dtype)
 def nemotron_config(name_or_path: str) -> dict | None:
     """``config.json`` of ``name_or_path`` when it is a Nemotron-Labs-Diffusion checkpoint, else ``None`` (unreadable
     configs included)."""
-    from dlmrl.models.loading import read_checkpoint_config
-
     try:
-        config = read_checkpoint_config(name_or_path)
+        config = read_config(name_or_path)
     except (OSError, ValueError):
         return None
     return config if is_nemotron_diffusion(config) else None
@@ -527,7 +512,6 @@ __all__ = [
     "adapt_model",
     "check_causal",
     "check_explicit_mask",
-    "check_paradigm",
     "checkpoint_paradigm",
     "explicit_mask",
     "is_nemotron_diffusion",
@@ -540,5 +524,6 @@ __all__ = [
     "paradigm_note",
     "paradigm_problem",
     "patch_mask_keywords",
+    "read_config",
     "register_attention",
 ]

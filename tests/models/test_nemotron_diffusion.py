@@ -307,8 +307,8 @@ def nemotron_generate(model, prompt: torch.Tensor, gen_length: int, block_length
 def nemotron_ar_generate(model, prompt: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
     """Test oracle: ``ar_generate(prompt, max_new_tokens, temperature=0)`` re-implemented from its semantics: every
     attention layer switched to ``diffusion_lm=False`` (the code's causal path), the encoder called directly with an
-    explicit ``DynamicCache``, ``cache_position`` and ``position_ids``, the head on the last hidden state, argmax; its EOS
-    stop left out. The layers are switched back after (``ar_generate`` leaves them causal)."""
+    explicit ``DynamicCache``, ``cache_position`` and ``position_ids``, the head on the last hidden state, argmax; its
+    EOS stop left out. The layers are switched back after (``ar_generate`` leaves them causal)."""
     from transformers import DynamicCache
 
     p = prompt.shape[1]

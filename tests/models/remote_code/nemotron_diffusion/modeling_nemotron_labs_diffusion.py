@@ -3,8 +3,8 @@ shift for the diffusion logits.
 
 Its interface is the release's ``NemotronLabsDiffusionModel``: an ``encoder`` (``Ministral3Model`` of
 ``modeling_ministral.py``, built from a deep copy of the config with ``diffusion_lm`` and ``attn_class`` set) and a
-``diffusion_head``; ``config.dlm_paradigm`` picks the attention: ``block_diff`` -> ``NemotronLabsDiffusionFlexAttention``
-(its own ``[noisy | clean]`` mask over the whole input, ``attention_mask`` ignored; the release compiles flex
+``diffusion_head``; ``config.dlm_paradigm`` picks the attention: ``block_diff`` ->
+``NemotronLabsDiffusionFlexAttention`` (its own ``[noisy | clean]`` mask over the whole input, ``attention_mask`` ignored; the release compiles flex
 attention, this stand-in computes the same mask densely), ``bidirectional`` -> ``Ministral3Attention`` with
 ``diffusion_lm=True``, ``autoregressive`` -> ``Ministral3Attention`` with ``diffusion_lm=False`` (plain causal
 attention), anything else a ``ValueError``. ``forward(input_ids, attention_mask=None, position_ids=None, labels=None,
@@ -122,4 +122,5 @@ class NemotronLabsDiffusionModel(Ministral3PreTrainedModel, GenerationMixin):
     @torch.no_grad()
     def generate(self, prompt_ids, max_new_tokens, block_length, threshold=None, causal_context=True,
                  temperature=0.0, eos_token_id=None, max_thinking_tokens=None, end_think_token_id=None):
-        raise NotImplementedError("the stand-in does not mimic the release's block decoding (the tests re-implement it)")
+        raise NotImplementedError("the stand-in does not mimic the release's block decoding (the tests "
+                                  "re-implement it)")
