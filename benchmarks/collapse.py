@@ -15,9 +15,10 @@ per step, 80 steps, held-out cell accuracy every 5 steps; the settings differ in
 
 Every run logs the collapse monitor's series (``sample_nll``: negative log-likelihood per token of the step's own
 samples; ``kl``) and its verdict under the defaults (window 20, ratio 3, rises). The script replays the logged
-series through :class:`dlmrl.training.collapse.CollapseMonitor` with ``direction="both"`` (a fall of
-``sample_nll`` below baseline / 3 fires too) and reports, per run, the first step each rule fires, the first
-evaluation at which held-out accuracy is 5 points or more below the base model's, and the final accuracy.
+series through :class:`dlmrl.training.collapse.CollapseMonitor` under :data:`RULES` (the defaults;
+``direction="both"``, where a fall of ``sample_nll`` below baseline / 3 fires too; and a short window, 5 steps at
+ratio 1.5, both directions) and reports, per run, the first step each rule fires, the first evaluation at which
+held-out accuracy is 5 points or more below the base model's, and the final accuracy.
 
     python benchmarks/collapse.py                        # 4 settings x seeds 0 1 2 (about 15 min alone on 2 cores)
     python benchmarks/collapse.py --finished-only        # the table and figure from finished runs
@@ -72,9 +73,13 @@ def run(name: str, seed: int, runs_dir: Path) -> Path:
     return out
 
 
-def replay(rows: list[dict], direction: str) -> int | None:
-    """The first step the monitor (train defaults: window 20, ratio 3) fires on the logged series, or None."""
-    monitor = CollapseMonitor(direction=direction)
+#: the rules replayed on the logged series: name -> (window, ratio, direction); "default" is the trainer's own
+RULES = {"default": (20, 3.0, "rise"), "both": (20, 3.0, "both"), "short": (5, 1.5, "both")}
+
+
+def replay(rows: list[dict], window: int, ratio: float, direction: str) -> int | None:
+    """The first step the monitor (``window``, ``ratio``, ``direction``) fires on the logged series, or None."""
+    monitor = CollapseMonitor(window, ratio, direction=direction)
     for r in rows:
         fields, _ = monitor.observe(r["step"], {"sample_nll": r.get("sample_nll"), "kl": r.get("kl")})
         if fields.get("collapse"):
@@ -90,8 +95,8 @@ def read(out: Path) -> dict:
     fallen = next((s for s, a in evals if a <= base - DROP), None)
     logged = next((r["step"] for r in rows if r.get("collapse")), None)
     return {"base": base, "final": evals[-1][1], "min": min(a for _, a in evals), "evals": evals,
-            "fallen_step": fallen, "monitor_rise": logged, "monitor_rise_replayed": replay(rows, "rise"),
-            "monitor_both": replay(rows, "both"),
+            "fallen_step": fallen, "monitor_logged": logged,
+            **{f"monitor_{name}": replay(rows, *rule) for name, rule in RULES.items()},
             "sample_nll": [r.get("sample_nll") for r in rows], "kl": [r.get("kl") for r in rows],
             "reward": [r.get("reward_mean") for r in rows]}
 
@@ -106,8 +111,7 @@ def summarise(runs: dict[str, list[dict]]) -> list[dict]:
             "setting": name, "label": SETTINGS[name][0], "seeds": len(results),
             "gain_mean": statistics.mean(gains), "gain_min": min(gains), "gain_max": max(gains),
             "fallen_steps": [r["fallen_step"] for r in results],
-            "monitor_rise_steps": [r["monitor_rise"] for r in results],
-            "monitor_both_steps": [r["monitor_both"] for r in results],
+            **{f"monitor_{name}_steps": [r[f"monitor_{name}"] for r in results] for name in RULES},
             "sample_nll_first10": statistics.mean(statistics.mean(v for v in r["sample_nll"][:10]) for r in results),
             "sample_nll_last10": statistics.mean(statistics.mean(v for v in r["sample_nll"][-10:]) for r in results),
         })
@@ -127,7 +131,7 @@ def plot(runs: dict[str, list[dict]], path: Path) -> None:
             top.plot(steps, acc, color=color, alpha=0.8, label=SETTINGS[name][0] if i == 0 else None)
             nll = r["sample_nll"]
             bottom.plot(range(1, len(nll) + 1), nll, color=color, alpha=0.6, lw=0.9)
-            for key, marker in (("monitor_rise", "^"), ("monitor_both", "v")):
+            for key, marker in (("monitor_default", "^"), ("monitor_both", "v"), ("monitor_short", "o")):
                 if r[key] is not None:
                     bottom.plot(r[key], nll[r[key] - 1], marker, color=color, ms=8)
     top.axhline(runs[next(iter(runs))][0]["base"] - DROP, color="grey", ls=":", lw=0.8)
@@ -135,7 +139,8 @@ def plot(runs: dict[str, list[dict]], path: Path) -> None:
     top.legend(fontsize=8)
     bottom.set_ylabel("sample_nll (nats / token)")
     bottom.set_xlabel("step (16 prompts x G 8)")
-    bottom.set_title("▲ monitor fires (rises), ▼ fires with direction both", fontsize=9)
+    bottom.set_title("monitor fires: ▲ defaults (window 20, x3, rises), ▼ direction both, ● window 5, x1.5, both",
+                     fontsize=9)
     fig.suptitle("tiny diffusion, diffu_grpo, every weight, lr 2e-3 (3 seeds each)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -161,16 +166,17 @@ def main() -> None:
             if (out / "summary.json").exists():
                 runs[name].append(read(out))
     table = summarise(runs)
-    print(f"{'setting':46s} {'seeds':>5s} {'gain':>7s} {'fell at':>14s} {'fires (rise)':>14s} {'fires (both)':>14s}")
+    print(f"{'setting':46s} {'seeds':>5s} {'gain':>7s} {'fell at':>14s} " + " ".join(f"{'fires ' + n:>18s}" for n in RULES))
     for row in table:
         print(f"{row['label']:46s} {row['seeds']:5d} {row['gain_mean']:+7.3f} {str(row['fallen_steps']):>14s} "
-              f"{str(row['monitor_rise_steps']):>14s} {str(row['monitor_both_steps']):>14s}")
+              + " ".join(f"{str(row[f'monitor_{n}_steps']):>18s}" for n in RULES))
     output = ROOT / args.output
     commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     write_result(output, finite({
         "benchmark": "collapse", "config": CONFIG, "common_overrides": list(COMMON),
         "settings": {k: {"label": v[0], "overrides": list(v[1])} for k, v in SETTINGS.items()},
-        "drop": DROP, "table": table, "runs": runs, "commit": commit,
+        "drop": DROP, "rules": {k: {"window": w, "ratio": r, "direction": d} for k, (w, r, d) in RULES.items()},
+        "table": table, "runs": runs, "commit": commit,
         "command": "benchmarks/collapse.py" + (" --finished-only" if args.finished_only else ""),
         "machine": {"cpus": torch.get_num_threads(), "platform": platform.platform(), "torch": torch.__version__}}))
     plot({k: v for k, v in runs.items() if v}, output.with_suffix(".png"))
