@@ -30,7 +30,8 @@ query scaling; plain RoPE instead of YaRN, vocabulary 256 instead of 131,072). T
   trajectory replayed through the code's own cached calls; the AR kind's token log-probs against the code's causal
   forward (``diffusion_lm=False``);
 - ``train`` (unless ``--skip-train``): ``dlmrl train --dry-run``, 2 steps with LoRA and with every weight of
-  ``tracerl`` (block kind) and ``grpo`` (AR kind), and ``dlmrl eval`` of each saved adapter / model.
+  ``tracerl`` (block kind) and ``grpo`` (AR kind), gradient checkpointing on, and ``dlmrl eval`` of each saved
+  adapter / model.
 
 Prints a table (PASS, FAIL, or INFO) and writes ``benchmarks/results/nemotron_diffusion_parity.json``. Exit status 1
 if any check fails. CPU, about a minute (the CLI runs most of it).
@@ -353,7 +354,7 @@ def write_run(kind: str, ckpt: Path, work: Path, lora: bool) -> Path:
 
     model = {"kind": kind, "name_or_path": str(ckpt), "trust_remote_code": True, "dtype": "float32",
              "use_peft": lora, "lora_r": 8, "lora_alpha": 4, "lora_dropout": 0.0,
-             "lora_target_modules": "q_proj,k_proj,v_proj,o_proj"}
+             "lora_target_modules": "q_proj,k_proj,v_proj,o_proj", "gradient_checkpointing": True}
     if kind == "block":
         model["block_size"] = 4
         sampling = {"gen_length": 8, "steps": 8, "temperature": 1.0}

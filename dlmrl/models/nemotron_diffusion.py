@@ -264,6 +264,21 @@ def patch_mask_keywords(module) -> bool:
     return patched
 
 
+def _checkpoint_contexts():
+    """``torch.utils.checkpoint``'s ``context_fn``: the recomputation of a checkpointed layer (in the backward pass,
+    after :func:`explicit_mask` has exited) runs under the explicit mask its forward ran under."""
+    mask = _EXPLICIT_MASK.get()
+    return contextlib.nullcontext(), (contextlib.nullcontext() if mask is None else explicit_mask(mask))
+
+
+def _checkpointing_with_mask(self, activation_checkpointing_kwargs=None, *args, **kwargs):
+    """The model's ``activation_checkpointing_enable`` with :func:`_checkpoint_contexts` as ``context_fn``
+    (non-reentrant checkpointing, transformers' default)."""
+    merged = {"use_reentrant": False, **(activation_checkpointing_kwargs or {})}
+    merged.setdefault("context_fn", _checkpoint_contexts)
+    return type(self).activation_checkpointing_enable(self, merged, *args, **kwargs)
+
+
 def _encoder(model: nn.Module) -> nn.Module:
     from dlmrl.models.token_scores import unwrap_model
 
@@ -277,7 +292,10 @@ def _encoder(model: nn.Module) -> nn.Module:
 def adapt_model(model: nn.Module) -> nn.Module:
     """Make the loaded model take dlmrl's explicit masks: the mask-keyword patch on its ``modeling_ministral`` module,
     :data:`ATTENTION_NAME` registered and set on the encoder's config (and every attention module's, where each
-    holds its own). Returns ``model``."""
+    holds its own), and activation checkpointing that recomputes a layer under the mask its forward ran under
+    (``context_fn``; without it the backward's recomputation, which runs after the pass's :func:`explicit_mask` has
+    exited, attends without the mask: torch's checkpoint refuses it when the recomputation saves other tensors, as
+    on the test stand-in, and the gradients would be wrong where it does not notice). Returns ``model``."""
     register_attention()
     encoder = _encoder(model)
     patch_mask_keywords(sys.modules[type(encoder).__module__])
@@ -288,6 +306,12 @@ def adapt_model(model: nn.Module) -> nn.Module:
             configs[id(config)] = config
     for config in configs.values():
         config._attn_implementation = ATTENTION_NAME
+    from dlmrl.models.token_scores import unwrap_model
+
+    inner = unwrap_model(model)
+    if hasattr(type(inner), "activation_checkpointing_enable"):  # (the mask must hold in the backward's recompute)
+        # (transformers' deprecated gradient_checkpointing_enable calls self.activation_checkpointing_enable)
+        inner.activation_checkpointing_enable = types.MethodType(_checkpointing_with_mask, inner)
     return model
 
 

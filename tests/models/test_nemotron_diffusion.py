@@ -391,6 +391,73 @@ def test_ar_token_logprobs_equal_the_codes_causal_forward(ar):
         _diffusion_mode(model, True)
 
 
+# ------------------------------------------------------------------------------------ activation checkpointing
+
+
+def _composite_grads(policy, ids, pm, noisy, clean):
+    policy.model.zero_grad(set_to_none=True)
+    logits = policy.completion_logits(ids, pm, noisy, clean=clean)
+    torch.log_softmax(logits, -1).gather(-1, clean[..., None]).sum().backward()
+    return {n: p.grad.detach().clone() for n, p in policy.model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("own", [False, True])
+def test_activation_checkpointing_recomputes_under_the_explicit_mask(nemotron_path, own):
+    """dlmrl's checkpointing (``dlmrl.models.lora.enable_gradient_checkpointing``) gives the gradients of the plain
+    backward: the recomputation runs under the pass's mask (``context_fn``). The class's own checkpointing, without
+    it, recomputes every layer without the mask (bidirectionally), which torch's checkpoint catches here only because
+    the recomputation saves one tensor fewer (the mask)."""
+    from dlmrl.models.lora import enable_gradient_checkpointing
+
+    policy = _quiet(load_block_policy, str(nemotron_path), trust_remote_code=True)
+    ids, pm = _encode(policy, PROMPTS)
+    clean = _tokens((3, 8), 8)
+    noisy = clean.masked_fill(torch.arange(8) % 3 == 0, MASK)
+    policy.model.train()
+    plain = _composite_grads(policy, ids, pm, noisy, clean)
+    calls = []
+    policy.model.encoder.layers[0].self_attn.register_forward_pre_hook(lambda *_: calls.append(1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        if own:
+            type(policy.model).activation_checkpointing_enable(policy.model, {"use_reentrant": False})
+        else:
+            enable_gradient_checkpointing(policy.model)
+    if own:
+        with pytest.raises(torch.utils.checkpoint.CheckpointError, match="different number of tensors"):
+            _composite_grads(policy, ids, pm, noisy, clean)
+        return
+    checkpointed = _composite_grads(policy, ids, pm, noisy, clean)
+    assert len(calls) == 2  # (not vacuous: the layer ran again in the backward pass)
+    assert set(checkpointed) == set(plain)
+    gap = max(float((checkpointed[n] - g).abs().max()) for n, g in plain.items())
+    assert gap <= ATOL, gap
+
+
+def test_ar_activation_checkpointing_gives_the_plain_gradients(nemotron_path):
+    from dlmrl.models.lora import enable_gradient_checkpointing
+
+    policy = _quiet(load_ar_policy, str(nemotron_path), trust_remote_code=True)
+    ids, pm = _encode(policy, PROMPTS)
+    completion = _tokens((3, 5), 9)
+    cmask = torch.ones_like(completion, dtype=torch.bool)
+    policy.model.train()
+
+    def grads():
+        policy.model.zero_grad(set_to_none=True)
+        policy.token_logprobs(ids, pm, completion, cmask, entropy=False)[0].sum().backward()
+        return {n: p.grad.detach().clone() for n, p in policy.model.named_parameters() if p.grad is not None}
+
+    plain = grads()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        enable_gradient_checkpointing(policy.model)
+    assert policy.model.encoder.layers[0].gradient_checkpointing
+    checkpointed = grads()
+    assert set(checkpointed) == set(plain)
+    assert max(float((checkpointed[n] - g).abs().max()) for n, g in plain.items()) <= ATOL
+
+
 # ------------------------------------------------------------------------------------ training: block and AR kinds
 
 
@@ -403,6 +470,7 @@ def digit_sum(prompts, completions, **columns):
 def test_two_training_steps(nemotron_path, tmp_path, kind, lora):
     data = Dataset.from_dict({"prompt": ["12+3=", "7*8=", "1+1=", "9-4="]})
     config = {"model.kind": kind, "model.trust_remote_code": True, "model.use_peft": lora,
+              "model.gradient_checkpointing": True,
               "model.lora_target_modules": "q_proj,k_proj,v_proj,o_proj", "model.lora_dropout": 0.0,
               "train.max_steps": 2, "train.prompts_per_step": 2, "train.num_generations": 2,
               "sampling.gen_length": 8, "train.learning_rate": 1e-2, "train.warmup_steps": 0,

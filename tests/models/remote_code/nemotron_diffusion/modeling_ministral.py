@@ -10,7 +10,9 @@ diffusion model drives:
 - ``Ministral3Model.forward(..., is_training=False, use_causal_mask=False)``: the causal mask is built when
   ``use_causal_mask`` or when the attention is causal;
 - a ``past_key_values`` cache extended with ``update`` when ``use_cache``, read (concatenated, not changed) otherwise;
-- the attention kernel looked up as ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`` (eager otherwise).
+- the attention kernel looked up as ``ALL_ATTENTION_FUNCTIONS[config._attn_implementation]`` (eager otherwise);
+- activation checkpointing as transformers' Ministral-3 (which the release's file adapts) has it: decoder layers are
+  ``GradientCheckpointingLayer`` s.
 
 Written as the real file is for transformers 4.5x: ``create_causal_mask`` is called with ``input_embeds=`` and
 ``cache_position=`` (transformers 5 renamed the first and dropped the second: a ``TypeError``), which
@@ -21,6 +23,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -152,7 +155,7 @@ class Ministral3MLP(nn.Module):
         return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class Ministral3DecoderLayer(nn.Module):
+class Ministral3DecoderLayer(GradientCheckpointingLayer):
     def __init__(self, config, layer_idx):
         super().__init__()
         attn_class = getattr(config, "attn_class", None) or Ministral3Attention
@@ -169,7 +172,7 @@ class Ministral3DecoderLayer(nn.Module):
 
 class Ministral3PreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = True
     _supports_sdpa = True
     _supports_attention_backend = True
     _no_split_modules = ("Ministral3DecoderLayer",)
