@@ -54,6 +54,9 @@ class BlockDiffusionPolicy(MaskedDiffusionPolicy):
             (:func:`~dlmrl.models.block_attention.shifted_sources`), a block's first token from the previous block's
             last (clean) position or the prompt's last, and the sampler reveals a block's first token first
             (:func:`~dlmrl.models.block_sampler.block_generate`). 0 (default): position ``i`` predicts token ``i``.
+        sub_block_size: the sampler decodes each block in sub-blocks of this many positions, left to right
+            (Fast-dLLM v2's ``small_block_size``, 8 in its ``generate``; :func:`~dlmrl.models.block_sampler.block_generate`);
+            ``None`` (default): the whole block at once. Set on the policy (no config key yet).
         kind: ``"block"``.
     """
 
@@ -61,6 +64,7 @@ class BlockDiffusionPolicy(MaskedDiffusionPolicy):
     forward: BlockForwardFn = hf_block_forward
     prompt_blocks: bool = False
     logit_shift: int = 0
+    sub_block_size: int | None = None
     kind: str = field(default="block", init=False)
 
     def __post_init__(self) -> None:
@@ -123,7 +127,7 @@ class BlockDiffusionPolicy(MaskedDiffusionPolicy):
                               remasking=remasking, threshold=threshold, threshold_factor=threshold_factor,
                               canvas=canvas, generator=generator, cache=cache, forward=self.forward, rows=rows,
                               prompt_blocks=self.prompt_blocks, eos_token_id=eos_token_id, stop_at_eos=stop_at_eos,
-                              logit_shift=self.logit_shift)
+                              logit_shift=self.logit_shift, sub_block_size=self.sub_block_size)
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         raise TypeError("a block-diffusion policy needs to know where its prompt ends: call "

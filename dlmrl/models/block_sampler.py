@@ -26,6 +26,13 @@ the other ``k − 1`` of the step by confidence), alone at that step with a thre
 decodes it the same way, greedily, from the pass that stores the previous block, before the block's denoising steps
 (``modeling.py`` of the checkpoint; :mod:`dlmrl.models.fast_dllm_v2`).
 
+**Sub-blocks** (``sub_block_size``, Fast-dLLM v2's ``small_block_size``): a block's positions are grouped in runs of
+``sub_block_size`` from its start and decoded group by group, left to right. A threshold step chooses only among the
+masked positions of the row's first group that still has one (every one above the threshold, at least the most
+confident: ``generate``'s rule inside its current sub-block); a scheduled step reveals its ``k`` positions in the order
+(group, then confidence), so at one token per step it is the most confident one of that group. ``None``: the block is
+one group.
+
 Reference: SDAR arXiv 2510.06303 (JetAstra/SDAR ``generate.py``, ``block_diffusion_generate``: prefill, denoise the
 block against the cache without storing, store the finished block); BD3-LM arXiv 2503.09573 (kuleshov-group/bd3lms
 ``models/dit.py``, sampling with ``kv_cache``); LLaDA arXiv 2502.09992 (``generate``); Fast-dLLM arXiv 2505.22618
@@ -166,6 +173,18 @@ def _prompt_mask4d(prompt_mask: torch.Tensor, block_size: int = 1, prompt_blocks
     return block_causal_mask(prompt_mask, 1, block_size, prompt_blocks)[..., :-1, :-1]
 
 
+def _groups(width: int, sub_block_size: int | None, device) -> torch.Tensor | None:
+    """``(width,)`` long: each block position's sub-block (``j // sub_block_size``), or ``None`` without sub-blocks."""
+    return None if sub_block_size is None else torch.arange(width, device=device) // sub_block_size
+
+
+def _first_group(masked: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """``(n, Lb)`` bool: the masked positions of each row's first sub-block that still holds one."""
+    big = torch.iinfo(torch.long).max
+    current = torch.where(masked, groups, big).min(dim=1, keepdim=True).values  # (n, 1)
+    return masked & (groups == current)
+
+
 def _validate(prompt_ids, prompt_mask, canvas, gen_length, block_size, steps_per_block, temperature, remasking,
               threshold, threshold_factor) -> None:
     """Check :func:`block_generate`'s arguments (``ValueError`` naming the argument)."""
@@ -230,6 +249,7 @@ def block_generate(
     eos_token_id: int | None = None,
     stop_at_eos: bool = False,
     logit_shift: int = 0,
+    sub_block_size: int | None = None,
 ) -> BlockSampleOutput:
     """Decode ``gen_length`` tokens after each prompt with a block-causal denoiser, block by block.
 
@@ -272,6 +292,8 @@ def block_generate(
         eos_token_id: the token a row ends at (``stop_at_eos``). stop_at_eos: stop rows at EOS (above).
         logit_shift: 1 for a family whose output at ``j`` predicts token ``j + 1`` (see the module docstring: shifted
             logits, a block's first token revealed first); 0 (default) for position ``i`` predicting token ``i``.
+        sub_block_size: decode each block in sub-blocks of this many positions, left to right (see the module
+            docstring; Fast-dLLM v2's ``small_block_size``); ``None`` (default): the whole block at once.
     Returns:
         :class:`BlockSampleOutput`: ``canvas`` ``(B, L)`` long, ``token_logprobs`` ``(B, L)`` float32 (the log-prob of
         each revealed token under ``log_softmax(logits / T)`` with the mask token excluded, ``T = 1`` when greedy; 0
@@ -282,7 +304,7 @@ def block_generate(
         ValueError: on mismatched shapes, a prompt mask that is not left-padded, ``gen_length`` or ``block_size``
             below 1, a missing ``steps_per_block``, an unknown ``remasking``, a threshold outside its range, both
             threshold rules, a negative temperature, ``stop_at_eos`` without ``eos_token_id``, a ``logit_shift`` other
-            than 0 or 1, or a policy without ``mask_token_id``.
+            than 0 or 1, a ``sub_block_size`` that is not an integer >= 1, or a policy without ``mask_token_id``.
     Reference: SDAR arXiv 2510.06303 (``block_diffusion_generate``); LLaDA arXiv 2502.09992 (``generate``);
     Fast-dLLM arXiv 2505.22618 (``get_transfer_index``).
     """
@@ -294,6 +316,9 @@ def block_generate(
         raise ValueError("stop_at_eos=True needs eos_token_id")
     _check_token_ids(policy, prompt_ids)
     check_logit_shift(logit_shift)
+    if sub_block_size is not None and (isinstance(sub_block_size, bool) or not isinstance(sub_block_size, int)
+                                       or sub_block_size < 1):
+        raise ValueError(f"sub_block_size must be an integer >= 1 or None, got {sub_block_size!r}")
     mask_id = int(policy.mask_token_id)
     prompt_mask = prompt_mask.bool()
     total = prompt_ids.shape[0]
@@ -316,11 +341,11 @@ def block_generate(
     ends = EosStop(eos_token_id if stop_at_eos else None, x.shape[0], gen_length, x.device)
     if threshold is None and threshold_factor is None:
         nfe = _decode_scheduled(fwd, record, x_all, start, mask_id, block_size, steps_per_block, temperature, score_t,
-                                remasking, generator, noise_rows, ends)
+                                remasking, generator, noise_rows, ends, sub_block_size)
         row_nfe = torch.full((x.shape[0],), nfe, dtype=torch.long, device=x.device)
     else:
         nfe, row_nfe = _decode_threshold(fwd, record, mask_id, block_size, temperature, score_t, generator,
-                                         threshold, threshold_factor, noise_rows, ends)
+                                         threshold, threshold_factor, noise_rows, ends, sub_block_size)
     ends.fill(x, reveal_step, token_logprobs)
     return BlockSampleOutput(canvas=x, nfe=nfe, reveal_step=reveal_step, token_logprobs=token_logprobs,
                              row_nfe=row_nfe, decoded_length=ends.decoded_length, cache_passes=fwd.cache_passes)
@@ -328,7 +353,7 @@ def block_generate(
 
 def _decode_scheduled(fwd: _ExactBlockForward, record, x_all, start: int, mask_id: int, block_size: int, steps: int,
                       temperature: float, score_t: float, remasking: str, generator, noise_rows,
-                      ends: EosStop) -> int:
+                      ends: EosStop, sub_block_size: int | None = None) -> int:
     """The block loop with LLaDA's schedule (as ``generate``'s): fills ``record`` in place; returns ``nfe``. Once
     every row has ended (``ends``) no pass runs; the remaining steps' numbers are drawn and dropped."""
     x, reveal_step, token_logprobs = record
@@ -365,6 +390,10 @@ def _decode_scheduled(fwd: _ExactBlockForward, record, x_all, start: int, mask_i
             masked = x[:, lo:hi] == mask_id  # (B, Lb)
             conf = conf.masked_fill(~masked, float("-inf"))
             order = conf.argsort(dim=1, descending=True, stable=True)
+            groups = _groups(hi - lo, sub_block_size, x.device)
+            if groups is not None:  # (sub-blocks left to right, by confidence inside one; unmasked positions last)
+                key = torch.where(masked, groups, torch.iinfo(torch.long).max).gather(1, order)
+                order = order.gather(1, key.argsort(dim=1, stable=True))
             rank = torch.empty_like(order).scatter_(1, order, torch.arange(order.shape[1], device=order.device)
                                                     .expand_as(order))  # (B, Lb)
             reveal = (rank < k[:, None]) & masked
@@ -382,7 +411,7 @@ def _decode_scheduled(fwd: _ExactBlockForward, record, x_all, start: int, mask_i
 
 def _decode_threshold(fwd: _ExactBlockForward, record, mask_id: int, block_size: int, temperature: float,
                       score_t: float, generator, threshold, factor, noise_rows,
-                      ends: EosStop) -> tuple[int, torch.Tensor]:
+                      ends: EosStop, sub_block_size: int | None = None) -> tuple[int, torch.Tensor]:
     """The block loop of threshold decoding (as ``generate``'s: one generator draw seeds every step's noise, rows
     whose block is decoded or that have ended at EOS leave the pass); returns ``(nfe, row_nfe (B,))``."""
     x, reveal_step, token_logprobs = record
@@ -414,7 +443,9 @@ def _decode_threshold(fwd: _ExactBlockForward, record, mask_id: int, block_size:
             x0 = choice.argmax(dim=-1)  # (n, Lb)
             rows = slice(None) if idx is None else idx
             m = masked[rows]
-            reveal = threshold_reveal(_confidence(logits, x0), m, threshold, factor)  # (n, Lb)
+            groups = _groups(hi - lo, sub_block_size, x.device)
+            candidates = m if groups is None else _first_group(m, groups)  # (the current sub-block's masks)
+            reveal = threshold_reveal(_confidence(logits, x0), candidates, threshold, factor)  # (n, Lb)
             if fwd.shift:  # (a masked first token of the block is revealed alone, before the others)
                 alone = torch.zeros_like(reveal)
                 alone[:, 0] = True

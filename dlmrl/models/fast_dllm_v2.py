@@ -44,9 +44,12 @@ holds that upstream commit; the hub is not reachable from this project's machine
   ``block_size`` is absent); :data:`FAST_DLLM_V2_BLOCK_SIZE` when neither is there; ``model.block_size`` overrides.
 - **Sub-blocks**: ``generate`` (``small_block_size=8``) and ``batch_sample`` denoise a block sub-block by sub-block,
   left to right, each step revealing the current sub-block's tokens above the threshold (at least its most confident
-  one). dlmrl's block sampler has no sub-block rule: its steps choose among every masked position of the block. The
-  two agree token for token when ``small_block_size`` equals the block size (the parity script compares so), and
-  ``sub_block_size`` (:data:`FAST_DLLM_V2_SUB_BLOCK_SIZE`, 8) is recorded here, not used.
+  one). dlmrl's block sampler does the same with ``sub_block_size``
+  (:attr:`~dlmrl.models.block_policy.BlockDiffusionPolicy.sub_block_size`,
+  :func:`~dlmrl.models.block_sampler.block_generate`); the parity script compares blocks of 32 in sub-blocks of 8
+  token for token. It is set on the policy
+  (``policy.sub_block_size = 8``, or ``dataclasses.replace``); no config key reaches it yet, so a ``dlmrl train`` run
+  decodes each block whole (``None``; :data:`FAST_DLLM_V2_SUB_BLOCK_SIZE` records the release's 8).
 - **Mask token**: the tokenizer's ``mask_token`` or ``config.json``'s ``mask_token_id`` when they name one (the
   released ones do not: the tokenizer lists ``|<MASK>|``, id 151665, among its additional special tokens), else
   ``|<MASK>|`` looked up in the tokenizer's vocabulary (:func:`fast_dllm_v2_mask_token_id`), else 151665
@@ -90,7 +93,7 @@ FAST_DLLM_V2_EOS_TOKEN_ID = 151645
 #: The block size. Source: ``"bd_size": 32`` in the checkpoints' ``config.json`` (``Fast_dLLM_QwenConfig(bd_size=32)``)
 #: and ``block_size=32`` in ``generate``.
 FAST_DLLM_V2_BLOCK_SIZE = 32
-#: ``generate``'s sub-block size (``small_block_size=8``); dlmrl's sampler has no sub-block rule (module docstring).
+#: ``generate``'s sub-block size (``small_block_size=8``; ``BlockDiffusionPolicy.sub_block_size``, module docstring).
 FAST_DLLM_V2_SUB_BLOCK_SIZE = 8
 #: Marks a class :func:`patch_fast_dllm_v2_classes` has patched.
 _PATCHED = "_dlmrl_fast_dllm_v2_patched"

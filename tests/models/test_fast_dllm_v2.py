@@ -230,47 +230,85 @@ def test_the_sampler_records_the_shifted_log_probs(fast):
 
 
 def fast_dllm_v2_generate(model, prompt: torch.Tensor, gen_length: int, block_size: int, threshold: float,
-                          mask_id: int) -> torch.Tensor:
-    """Test oracle: Fast-dLLM v2's ``Fast_dLLM_QwenForCausalLM.generate`` (``modeling.py``) at ``temperature=0`` with
-    ``small_block_size`` = ``block_size``, re-implemented from its semantics: one prompt ``(1, P)``, ``P`` a multiple
-    of the block size and above it; every pass is the model's own forward (its own mask, blocks aligned to position
-    0; uncached, which its block-causal mask makes equal to its cache); the prompt's last output's argmax is the first
-    block's first token, and each finished block's last output's argmax the next block's first; inside a block the
-    logits are shifted (``cat([logits[:, :1], logits[:, :-1]])``), and every step reveals the masked positions whose
-    softmax probability of the argmax exceeds ``threshold``, and at least the most probable one. Its stop-token exit is
-    left out (``generate`` returns the prefix of this output up to its first stop token)."""
+                          mask_id: int, small_block_size: int | None = None) -> torch.Tensor:
+    """Test oracle: Fast-dLLM v2's ``Fast_dLLM_QwenForCausalLM.generate`` (``modeling.py``) at ``temperature=0``,
+    re-implemented from its semantics: one prompt ``(1, P)``, ``P`` a multiple of the block size and above it; every
+    pass is the model's own forward (its own mask, blocks aligned to position 0; uncached, which its block-causal mask
+    makes equal to its cache); the prompt's last output's argmax is the first block's first token, and each finished
+    block's last output's argmax the next block's first; inside a block the logits are shifted (``cat([logits[:, :1],
+    logits[:, :-1]])``) and the block is decoded in sub-blocks of ``small_block_size`` (default: the block), left to
+    right: every step reveals the current sub-block's masked positions whose softmax probability of the argmax exceeds
+    ``threshold``, and at least its most probable one. Its stop-token exit is left out (``generate`` returns the prefix
+    of this output up to its first stop token). Every argmax leaves out the mask token (on this 20-token random model
+    it is sometimes the argmax; ``generate``'s loop would then never end: the position stays masked)."""
+    sub = small_block_size or block_size
+
+    def argmax(t):
+        return t.masked_fill(torch.arange(t.shape[-1]) == mask_id, -math.inf).argmax(-1)
+
     x = prompt
     logits = model(input_ids=x, block_size=block_size).logits[0]
-    x = torch.cat([x, logits[-1].argmax()[None, None]], 1)
+    x = torch.cat([x, argmax(logits[-1])[None, None]], 1)
     for _ in range(gen_length // block_size):
         x = torch.cat([x, torch.full((1, block_size - x.shape[1] % block_size), mask_id)], 1)
-        while (x[0, -block_size:] == mask_id).any():
-            logits = model(input_ids=x, block_size=block_size).logits[0]
-            logits = torch.cat([logits[:1], logits[:-1]])[-block_size:]
-            probs = torch.softmax(logits, -1)
-            x1 = probs.argmax(-1)
-            masked = x[0, -block_size:] == mask_id
-            confidence = torch.where(masked, probs.gather(-1, x1[:, None])[:, 0], -math.inf)
-            reveal = confidence > threshold
-            reveal[confidence.argmax()] = True
-            reveal &= masked
-            x[0, -block_size:] = torch.where(reveal, x1, x[0, -block_size:])
+        for start in range(0, block_size, sub):
+            window = slice(x.shape[1] - block_size + start, x.shape[1] - block_size + start + sub)
+            while (x[0, window] == mask_id).any():
+                logits = model(input_ids=x, block_size=block_size).logits[0]
+                logits = torch.cat([logits[:1], logits[:-1]])[window]
+                probs = torch.softmax(logits, -1)
+                x1 = argmax(probs)
+                masked = x[0, window] == mask_id
+                confidence = torch.where(masked, probs.gather(-1, x1[:, None])[:, 0], -math.inf)
+                reveal = confidence > threshold
+                reveal[confidence.argmax()] = True
+                reveal &= masked
+                x[0, window] = torch.where(reveal, x1, x[0, window])
         logits = model(input_ids=x, block_size=block_size).logits[0]
-        x = torch.cat([x, logits[-1].argmax()[None, None]], 1)
+        x = torch.cat([x, argmax(logits[-1])[None, None]], 1)
     return x[0, prompt.shape[1]:prompt.shape[1] + gen_length]
+
+
+@pytest.mark.parametrize("sub_block", [None, 2])
+@pytest.mark.parametrize("threshold", [None, 0.3])
+@torch.no_grad()
+def test_greedy_decoding_equals_fast_dllm_v2s_generate(fast, threshold, sub_block):
+    import dataclasses
+
+    ids, pm = _encode(fast, ALIGNED)
+    assert pm.all()  # (whole blocks: generate's layout and dlmrl's agree)
+    policy = dataclasses.replace(fast, sub_block_size=sub_block)
+    ours = policy.sample_blocks(ids, pm, gen_length=12, steps=12, temperature=0.0, threshold=threshold)
+    for row in range(ids.shape[0]):
+        theirs = fast_dllm_v2_generate(fast.model, ids[row:row + 1], 12, BLOCK, threshold or 1.0, fast.mask_token_id,
+                                       sub_block)
+        assert torch.equal(ours.canvas[row], theirs), (row, ours.canvas[row], theirs)
+    if threshold is not None:  # (not vacuous: some step revealed two tokens of a row)
+        assert any(len(r.unique()) < len(r) for r in ours.reveal_step)
+    if sub_block is not None:  # (not vacuous: without sub-blocks some row decodes differently)
+        whole = fast.sample_blocks(ids, pm, gen_length=12, steps=12, temperature=0.0, threshold=threshold)
+        assert not torch.equal(whole.reveal_step, ours.reveal_step)
 
 
 @pytest.mark.parametrize("threshold", [None, 0.3])
 @torch.no_grad()
-def test_greedy_decoding_equals_fast_dllm_v2s_generate(fast, threshold):
-    ids, pm = _encode(fast, ALIGNED)
-    assert pm.all()  # (whole blocks: generate's layout and dlmrl's agree)
-    ours = fast.sample_blocks(ids, pm, gen_length=12, steps=12, temperature=0.0, threshold=threshold)
-    for row in range(ids.shape[0]):
-        theirs = fast_dllm_v2_generate(fast.model, ids[row:row + 1], 12, BLOCK, threshold or 1.0, fast.mask_token_id)
-        assert torch.equal(ours.canvas[row], theirs), (row, ours.canvas[row], theirs)
-    if threshold is not None:  # (not vacuous: some step revealed two tokens of a row)
-        assert any(len(r.unique()) < len(r) for r in ours.reveal_step)
+def test_sub_blocks_decode_left_to_right_with_and_without_the_cache(fast, threshold):
+    """Sampled, left-padded: every position of a sub-block is revealed before any of the next one, the same with and
+    without the cache; a step reveals positions of one sub-block only (threshold) or in (sub-block, confidence)
+    order (schedule, 2 tokens per step here)."""
+    import dataclasses
+
+    policy = dataclasses.replace(fast, sub_block_size=2)
+    prompts = _encode(fast, PROMPTS)
+    steps = 8 if threshold is not None else 4
+    outs = [policy.sample_blocks(*prompts, gen_length=8, steps=steps, temperature=1.0, threshold=threshold,
+                                 cache=cache, generator=torch.Generator().manual_seed(11)) for cache in (True, False)]
+    assert torch.equal(outs[0].canvas, outs[1].canvas) and torch.equal(outs[0].reveal_step, outs[1].reveal_step)
+    torch.testing.assert_close(outs[0].token_logprobs, outs[1].token_logprobs, atol=ATOL, rtol=0)
+    step = outs[0].reveal_step.view(3, 4, 2)  # (row, sub-block, position)
+    assert (step[:, :-1].amax(-1) <= step[:, 1:].amin(-1)).all()
+    if threshold is not None:
+        assert (step[:, :-1].amax(-1) < step[:, 1:].amin(-1)).all()
 
 
 @torch.no_grad()
