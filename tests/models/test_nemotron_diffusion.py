@@ -374,6 +374,23 @@ def test_the_composite_pass_equals_the_codes_cached_calls(block):
 
 
 @torch.no_grad()
+def test_full_diffusion_logits_equal_the_codes_bidirectional_forward(nemotron_path):
+    """``model.kind: diffusion`` (full attention, :func:`~dlmrl.models.nemotron_diffusion.nemotron_logits`): an
+    unpadded row's logits are the code's own forward's (no mask: it attends both ways); a left-padded row's are those of
+    the row without its padding."""
+    policy = _quiet(load_policy, str(nemotron_path), trust_remote_code=True)
+    ids, pm = _encode(policy, PROMPTS)
+    canvas = _tokens((3, 6), 10)
+    canvas[:, ::2] = MASK
+    seq = torch.cat([ids, canvas], 1)
+    mask = torch.cat([pm, torch.ones_like(canvas, dtype=torch.bool)], 1)
+    ours = policy(seq, mask)
+    for row in range(3):
+        theirs = policy.model(seq[row:row + 1, mask[row]]).logits[0].float()
+        torch.testing.assert_close(ours[row, mask[row]], theirs, atol=ATOL, rtol=0)
+
+
+@torch.no_grad()
 def test_ar_token_logprobs_equal_the_codes_causal_forward(ar):
     ids, pm = _encode(ar, PROMPTS)
     completion = _tokens((3, 5), 6)
