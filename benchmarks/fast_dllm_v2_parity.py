@@ -20,12 +20,13 @@ special token (not ``mask_token``), as the release's. Then, with dlmrl and the i
 - ``forward``: dlmrl's shifted block-causal logits against one pass of the code's own ``forward`` (its own
   ``eval_mask``, ``block_size=``) shifted as its ``generate`` shifts them (prompts a multiple of the block size);
 - ``greedy vs generate``: dlmrl's exact-cache sampler (``temperature 0``, one token per step with the per-block
-  schedule, or threshold decoding) token for token against the code's own ``Fast_dLLM_QwenForCausalLM.generate``
-  (``temperature=0``, ``small_block_size`` = the block size, ``threshold=1``: the most confident token per step, or
-  the same threshold), several block sizes, 16-token prompts (``generate`` prefills only prompts longer than a block).
-  ``generate`` returns the completion up to its first stop token: that prefix is compared. Sub-blocks smaller than the
-  block and prompts that are not a multiple of the block size are INFO (dlmrl has no sub-block rule; the layouts
-  differ, see :mod:`dlmrl.models.fast_dllm_v2`);
+  schedule, or threshold decoding; the policy's ``sub_block_size`` set to ``generate``'s ``small_block_size``) token
+  for token against the code's own ``Fast_dLLM_QwenForCausalLM.generate`` (``temperature=0``, ``threshold=1``: the
+  most confident token per step, or the same threshold), several block and sub-block sizes (the release's blocks of 32
+  in sub-blocks of 8 among them), prompts a multiple of the block size and longer than one (``generate`` prefills
+  only prompts longer than a block). ``generate`` returns the completion up to its first stop token: that prefix is
+  compared. A prompt that is not a multiple of the block size is INFO (the layouts differ, see
+  :mod:`dlmrl.models.fast_dllm_v2`);
 - ``greedy vs batch_sample``: the same against NVlabs' ``v2/generation_functions.py`` ``batch_sample`` bound to the
   model, when a copy is given;
 - ``likelihood``: the block trajectory likelihood (one composite pass per step index, logits shifted) against the
@@ -55,8 +56,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "fast_dllm_v2_parity.json"
 PROMPT_TEXTS = ["12+7=34+5*6=30-1", "3*4=9-5=8+8=16-2", "8+8=16-2=14+1=15", "5*5=25+1=26*2=52"]  # 16 characters
-#: (gen_length, block_size, threshold or None) for the greedy comparison (one token per step without a threshold)
-GREEDY = [(16, 4, None), (16, 8, None), (16, 2, None), (12, 4, None), (16, 4, 0.3), (16, 8, 0.5)]
+#: (gen_length, block_size, sub-block size or None, threshold or None, prompt length) for the greedy comparison (one
+#: token per step without a threshold); the last two: the release's blocks of 32 in sub-blocks of 8
+GREEDY = [(16, 4, None, None, 16), (16, 8, None, None, 16), (16, 2, None, None, 16), (12, 4, None, None, 16),
+          (16, 4, None, 0.3, 16), (16, 8, None, 0.5, 16), (16, 8, 4, None, 16), (16, 8, 2, 0.3, 16),
+          (64, 32, 8, None, 64), (64, 32, 8, 0.3, 64)]
 LORA_TARGETS = "q_proj,k_proj,v_proj"
 CODE = ("configuration.py", "modeling.py")
 SHRINK = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -191,8 +195,12 @@ def check_forward(path: Path, block_size: int = 4):
                          "code's forward under its own eval_mask, shifted as its generate shifts")
 
 
-def greedy_rows(policy, gen_length: int, block_size: int, threshold: float | None, prompt_len: int):
-    texts = [t[:prompt_len] for t in PROMPT_TEXTS]
+def greedy_rows(policy, gen_length: int, block_size: int, threshold: float | None, prompt_len: int,
+                sub_block: int | None = None):
+    import dataclasses
+
+    policy = dataclasses.replace(policy, sub_block_size=sub_block)
+    texts = [(t * 4)[:prompt_len] for t in PROMPT_TEXTS]
     ids, pm = prompt_batch(policy, texts)
     blocks = -(-gen_length // block_size)
     with torch.no_grad():
@@ -212,10 +220,10 @@ def compare(ours: torch.Tensor, references: list[torch.Tensor]) -> tuple[int, li
     return same, first_diff
 
 
-def check_greedy(path: Path, gen_length: int, block_size: int, threshold: float | None, prompt_len: int = 16,
-                 sub_block: int | None = None):
+def check_greedy(path: Path, gen_length: int, block_size: int, sub_block: int | None, threshold: float | None,
+                 prompt_len: int = 16):
     policy = load(path, block_size)
-    ids, out = greedy_rows(policy, gen_length, block_size, threshold, prompt_len)
+    ids, out = greedy_rows(policy, gen_length, block_size, threshold, prompt_len, sub_block)
     refs = []
     for row in range(ids.shape[0]):
         with torch.no_grad():
@@ -230,15 +238,14 @@ def check_greedy(path: Path, gen_length: int, block_size: int, threshold: float 
                                                                 else ""))
     if prompt_len % block_size:
         return None, detail + " (prompt not a multiple of the block size: the layouts differ)"
-    if sub_block not in (None, block_size):
-        return None, detail + " (dlmrl has no sub-block rule)"
     if threshold is not None:  # (not vacuous: some step revealed several tokens of a row)
         several = any(len(r.unique()) < len(r) for r in out.reveal_step)
         detail += f"; a step revealed several tokens: {several}"
     return same == ids.shape[0], detail
 
 
-def check_batch_sample(path: Path, sampler_file: Path, gen_length: int, block_size: int, threshold: float | None):
+def check_batch_sample(path: Path, sampler_file: Path, gen_length: int, block_size: int, sub_block: int | None,
+                       threshold: float | None):
     """NVlabs' ``batch_sample`` (``v2/generation_functions.py``) bound to the model, on the 4 prompts at once."""
     import importlib.util
 
@@ -254,11 +261,12 @@ def check_batch_sample(path: Path, sampler_file: Path, gen_length: int, block_si
     finally:
         tu.auto_docstring = own
     policy = load(path, block_size)
-    ids, out = greedy_rows(policy, gen_length, block_size, threshold, 16)
+    ids, out = greedy_rows(policy, gen_length, block_size, threshold, 16, sub_block)
     sample = types.MethodType(module.Fast_dLLM_QwenForCausalLM.batch_sample, policy.model)
     seq_len = torch.full((ids.shape[0],), ids.shape[1])
     with torch.no_grad():
-        done = sample(ids.clone(), policy.tokenizer, block_size, gen_length, block_size, ids.shape[1], seq_len,
+        done = sample(ids.clone(), policy.tokenizer, block_size, gen_length, sub_block or block_size, ids.shape[1],
+                      seq_len,
                       mask_id=policy.mask_token_id, threshold=threshold or 1.0, stop_token=EOS, temperature=0.0)
     refs = []
     for row in range(ids.shape[0]):
@@ -267,7 +275,8 @@ def check_batch_sample(path: Path, sampler_file: Path, gen_length: int, block_si
         refs.append(full[: int(stops[0, 0]) + 1] if len(stops) else full)
     same, first_diff = compare(out.canvas, refs)
     return same == ids.shape[0], (
-        f"gen {gen_length}, block {block_size}, {'threshold ' + str(threshold) if threshold else 'one token per step'}"
+        f"gen {gen_length}, block {block_size}, sub-block {sub_block or block_size}, "
+        f"{'threshold ' + str(threshold) if threshold else 'one token per step'}"
         f": {same}/{ids.shape[0]} rows token-identical" + (f" (first difference at {first_diff})" if first_diff else ""))
 
 
@@ -377,14 +386,14 @@ def check_copy(report, label: str, folder: Path, work: Path, env: dict, skip_tra
     report.run(label, "load", lambda: check_load(ckpt))
     report.run(label, "refused without trust_remote_code", lambda: check_refused(ckpt, load_block_policy))
     report.run(label, "forward (shifted block-causal logits)", lambda: check_forward(ckpt))
-    for gen, block, threshold in GREEDY:
-        report.run(label, "greedy vs generate", lambda g=gen, b=block, t=threshold: check_greedy(ckpt, g, b, t))
-    report.run(label, "greedy vs generate", lambda: check_greedy(ckpt, 16, 8, None, sub_block=4))
-    report.run(label, "greedy vs generate", lambda: check_greedy(ckpt, 16, 4, None, prompt_len=14))
+    for gen, block, sub, threshold, plen in GREEDY:
+        report.run(label, "greedy vs generate",
+                   lambda g=gen, b=block, s=sub, t=threshold, n=plen: check_greedy(ckpt, g, b, s, t, n))
+    report.run(label, "greedy vs generate", lambda: check_greedy(ckpt, 16, 4, None, None, prompt_len=14))
     if sampler is not None:
-        for gen, block, threshold in [(16, 4, None), (16, 8, 0.5)]:
+        for gen, block, sub, threshold in [(16, 4, None, None), (16, 8, None, 0.5), (16, 8, 4, 0.3)]:
             report.run(label, "greedy vs batch_sample (NVlabs v2/generation_functions.py)",
-                       lambda g=gen, b=block, t=threshold: check_batch_sample(ckpt, sampler, g, b, t))
+                       lambda g=gen, b=block, s=sub, t=threshold: check_batch_sample(ckpt, sampler, g, b, s, t))
     report.run(label, "trajectory likelihood", lambda: check_likelihood(ckpt, 0.0))
     report.run(label, "trajectory likelihood", lambda: check_likelihood(ckpt, 1.0))
     report.run(label, "exact cache", lambda: check_cache(ckpt))
