@@ -103,7 +103,10 @@ LLADA2_CONFIG = {
 #: width 2048, 16 heads of 128, 64 experts of width 1024 with 8 per token, no shared expert, QK-norm and the
 #: vocabulary 157,184 (Ling's tokenizer: ``<|endoftext|>`` 156892, ``<|mask|>`` 156895, the model card's ``mask_id``)
 #: from published descriptions of the checkpoint; no ``mask_token_id`` (absent from its ``config.json``). The RoPE
-#: base, ``partial_rotary_factor``, ``dense_intermediate_size`` and the expert bias are our reading.
+#: base, ``partial_rotary_factor`` and ``dense_intermediate_size`` are our reading, and so is the expert bias being off:
+#: the code adds it to the router's softmax output in place, which makes every backward pass fail
+#: (``benchmarks/llada_moe_parity.py`` shows it), yet dllm fine-tunes LLaDA-MoE with that code and llama.cpp's
+#: converter maps no expert-bias tensor.
 LLADA_MOE_CONFIG = {
     "architectures": ["LLaDAMoEModelLM"],
     "auto_map": {"AutoConfig": "configuration_lladamoe.LLaDAConfig", "AutoModel": "modeling_lladamoe.LLaDAMoEModelLM",
@@ -111,7 +114,7 @@ LLADA_MOE_CONFIG = {
     "model_type": "llada", "attention_bias": False, "attention_dropout": 0.0, "clip_qkv": None,
     "dense_intermediate_size": 8192, "eos_token_id": 156892, "expert_intermediate_size": 1024, "hidden_act": "silu",
     "hidden_size": 2048, "initializer_range": 0.02, "max_position_embeddings": 8192,
-    "moe_layer_freq": [1] * 16, "moe_router_enable_expert_bias": True, "moe_router_score_function": "softmax",
+    "moe_layer_freq": [1] * 16, "moe_router_enable_expert_bias": False, "moe_router_score_function": "softmax",
     "norm_topk_prob": False, "num_attention_heads": 16, "num_experts": 64, "num_experts_per_tok": 8,
     "num_hidden_layers": 16, "num_key_value_heads": 16, "output_router_logits": False, "pad_token_id": 156892,
     "partial_rotary_factor": 1.0, "qk_layernorm": True, "rms_norm_eps": 1e-05, "rope_scaling": None,

@@ -64,6 +64,16 @@ that already works under ``transformers`` 5 runs untouched:
     level (``ImportError``) to decide whether to ``torch.fx.wrap`` its mask helper. The patch restores the 4.x
     function (True: ``torch.fx`` ships with every torch dlmrl supports) before any checkpoint code is imported.
 
+11. **Tied matrices the class does not declare** (:func:`declare_tied_parameters`): ``transformers`` 5's
+    ``save_pretrained`` drops a matrix shared under two names only when ``_tied_weights_keys`` names the copy
+    (``remove_tied_weights_from_state_dict``), else refuses ("shared tensors ... which are not properly defined").
+    LLaDA's ``tie_weights`` makes ``transformer.ff_out`` the ``wte`` module when ``weight_tying`` (iLLaDA's
+    configuration, tied embedding and head) and declares nothing, so a fully trained iLLaDA would not save. After
+    loading, each parameter reachable under several names gets its other names declared as tied to the input
+    embedding's (or the first) name, on the instance, where the class declares none; the saved file then holds the
+    matrix once, as a tied release does, and loading ties it again. Measured with 5.25.0 by
+    ``benchmarks/llada_moe_parity.py`` on NVlabs/Fast-dLLM@24cc59e's ``llada/model/``.
+
 What no patch can fix raises :class:`CheckpointCodeError` saying what is missing.
 """
 
@@ -324,7 +334,7 @@ def load_checkpoint_model(path: str, trust_remote_code: bool, dtype: torch.dtype
     cls.register_for_auto_class(auto_class)
     if type(config).__module__.startswith("transformers_modules"):
         type(config).register_for_auto_class("AutoConfig")
-    return restore_rotary_buffers(model)
+    return restore_rotary_buffers(declare_tied_parameters(model))
 
 
 def keep_generation_config(model: nn.Module, path: str | Path) -> None:
@@ -343,6 +353,33 @@ def keep_generation_config(model: nn.Module, path: str | Path) -> None:
                         _raise_exceptions_for_connection_errors=False)
     if found:
         shutil.copyfile(found, Path(path) / "generation_config.json")
+
+
+def declare_tied_parameters(model: nn.Module) -> nn.Module:
+    """Patch 11: declare the parameters ``model`` shares under several names (``named_parameters(remove_duplicate=
+    False)``) in an instance ``_tied_weights_keys`` ``{copy name: kept name}``, the kept name being the input
+    embedding weight's when it is one of them, else the first; only where the class declares no tied keys (a list
+    turned into a property by patch 5, or a mapping, is left alone). In place, returns ``model``."""
+    if getattr(type(model), "_tied_weights_keys", None):
+        return model
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    try:
+        embedding = model.get_input_embeddings().weight
+    except (AttributeError, NotImplementedError):
+        embedding = None
+    tied: dict[str, str] = {}
+    for param_id, group in names.items():
+        if len(group) < 2:
+            continue
+        keep = group[0]
+        if embedding is not None and id(embedding) == param_id:
+            keep = next(n for n, p in model.named_parameters(remove_duplicate=False) if p is embedding)
+        tied.update({n: keep for n in group if n != keep})
+    if tied:
+        model._tied_weights_keys = tied
+    return model
 
 
 def restore_rotary_buffers(model: nn.Module) -> nn.Module:
@@ -365,6 +402,7 @@ def restore_rotary_buffers(model: nn.Module) -> nn.Module:
 __all__ = [
     "CheckpointCodeError",
     "checkpoint_model_class",
+    "declare_tied_parameters",
     "default_rope_parameters",
     "ensure_default_rope",
     "ensure_torch_fx_available",

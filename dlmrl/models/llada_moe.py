@@ -8,7 +8,8 @@ checkpoints ship ``configuration_lladamoe.py`` and ``modeling_lladamoe.py`` (``L
 ``AutoModel``). No logit shift: the output at ``i`` predicts token ``i``.
 
 How dlmrl runs that code (read from two copies of the hub files: InfiniTensor/InfiniLM@b795b19
-``modeling_lladamoe.py`` / ``configuration_lladamoe.py``, the files as released, and ZHZisZZ/dllm@ca17675
+``modeling_lladamoe.py`` / ``configuration_lladamoe.py``, as far as we can tell the released files unmodified (dense
+LLaDA's ``model_type``, the attention mask discarded with the release's warning), and ZHZisZZ/dllm@ca17675
 ``dllm/pipelines/llada/models/``, which renames the config class and makes the attention mask work; the hub itself is
 not reachable from this project's machines, so ``benchmarks/llada_moe_parity.py`` takes any local copy):
 
@@ -30,9 +31,11 @@ not reachable from this project's machines, so ``benchmarks/llada_moe_parity.py`
   the experts in both modes (no ``moe_infer`` under ``torch.no_grad()`` as in LLaDA2's code,
   :mod:`dlmrl.models.llada2`), so gradients reach the routed experts whatever the mode and train- and eval-mode
   logits are the same computation. The only mode-dependent op is attention dropout (``config.attention_dropout``,
-  0.0 in the release; :func:`load_llada_moe` warns when it is not). Routing adds ``expert_bias`` (a buffer, when
-  ``moe_router_enable_expert_bias``) to the softmax probabilities before the top-k and weights each expert by the
-  biased value, as the code does; dlmrl changes nothing there.
+  0.0 in the release; :func:`load_llada_moe` warns when it is not). With ``moe_router_enable_expert_bias`` the code
+  adds an ``expert_bias`` buffer to the router's softmax output *in place* before the top-k, which makes every
+  backward pass fail (measured by ``benchmarks/llada_moe_parity.py``); we read the release as having it off (dllm
+  fine-tunes LLaDA-MoE with this code; llama.cpp's converter maps no such tensor), and :func:`load_llada_moe` warns
+  when a checkpoint turns it on. dlmrl does not rewrite the router.
 - **Activation checkpointing**: the code declares ``supports_gradient_checkpointing`` and recomputes each layer
   through ``self._gradient_checkpointing_func`` in training mode, which ``transformers``' own
   ``gradient_checkpointing_enable`` sets up (no family hook needed).
@@ -79,7 +82,10 @@ def load_llada_moe(path: str, trust_remote_code: bool, dtype: torch.dtype) -> nn
     (used only when ``trust_remote_code``; the loader refuses before otherwise).
 
     Warns when ``config.attention_dropout`` is not 0: the code applies it in training mode, so the trainer's scores
-    (and their importance ratios against the rollout's) would carry dropout noise.
+    (and their importance ratios against the rollout's) would carry dropout noise. Warns when
+    ``config.moe_router_enable_expert_bias`` is on: the code adds the bias to the router's softmax output in place
+    (``routing_weights += self.expert_bias``), so every backward pass through it fails (autograd's "modified by an
+    inplace operation"); rollouts and evaluation, which take no gradient, run.
 
     Raises:
         CheckpointCodeError: the code fails in a way no patch covers.
@@ -92,6 +98,10 @@ def load_llada_moe(path: str, trust_remote_code: bool, dtype: torch.dtype) -> nn
         warnings.warn(f"{path}: config.attention_dropout = {dropout}: LLaDA-MoE's code applies it in training mode, so "
                       "the trainer's scores carry dropout noise; set it to 0 in config.json for exact ratios",
                       stacklevel=2)
+    if getattr(model.config, "moe_router_enable_expert_bias", None):
+        warnings.warn(f"{path}: config.moe_router_enable_expert_bias is on: LLaDA-MoE's code adds the expert bias to the "
+                      "router's softmax output in place, so training (any backward pass) fails with autograd's 'modified "
+                      "by an inplace operation'; sampling and evaluation run", stacklevel=2)
     return model
 
 

@@ -108,11 +108,16 @@ def save_modernbert(path: Path) -> Path:
 def build_remote_model(path: Path, auto_class: str = "AutoModel"):
     """The random model of the checkpoint code in ``path`` (its ``config.json``'s ``auto_map[auto_class]``), built
     as ``dlmrl.models.compat`` loads such code under ``transformers`` 5 (the stand-ins are written for 4.x)."""
-    from dlmrl.models.compat import checkpoint_model_class, ensure_default_rope, load_checkpoint_config
+    from dlmrl.models.compat import (
+        checkpoint_model_class,
+        declare_tied_parameters,
+        ensure_default_rope,
+        load_checkpoint_config,
+    )
 
     ensure_default_rope()
     config = load_checkpoint_config(str(path), trust_remote_code=True)
-    return checkpoint_model_class(config, str(path), auto_class)(config)
+    return declare_tied_parameters(checkpoint_model_class(config, str(path), auto_class)(config))
 
 
 def _save_remote(path: Path, code: str, config: dict, tok, extra: dict | None = None,
@@ -255,12 +260,13 @@ def save_llada2_like(path: Path) -> Path:
     return _save_remote(path, "llada2", config, tok, auto_class="AutoModelForCausalLM")
 
 
-def save_llada_moe_like(path: Path, mask_in_vocabulary: bool = True) -> Path:
+def save_llada_moe_like(path: Path, mask_in_vocabulary: bool = True, expert_bias: bool = False) -> Path:
     """A LLaDA-MoE-like masked-diffusion mixture-of-experts checkpoint (``AutoModel``): ``config.json`` with the
     release's fields (``model_type "llada"`` as dense LLaDA's, told apart by ``architectures`` / ``auto_map``; no
     ``mask_token_id``), 2 layers of 4 experts (2 per token), width 16. The tokenizer names no mask token but holds
     ``<|mask|>`` (id 1; the real one's is 156895), from which dlmrl reads the mask id; ``mask_in_vocabulary=False``
-    leaves it out (such a checkpoint names its mask nowhere)."""
+    leaves it out (such a checkpoint names its mask nowhere); ``expert_bias=True`` turns on the router's expert bias,
+    which the code adds to the softmax output in place (every backward pass then fails, as the real code's)."""
     specials = ["<|endoftext|>", "<|mask|>" if mask_in_vocabulary else "<|pad|>", "<|role_end|>", "<|unk|>"]
     tok = char_tokenizer(specials, eos_token="<|endoftext|>", pad_token="<|endoftext|>", unk_token="<|unk|>")
     config = {
@@ -281,7 +287,7 @@ def save_llada_moe_like(path: Path, mask_in_vocabulary: bool = True) -> Path:
         "moe_layer_freq": [1, 1],
         "num_experts": 4,
         "num_experts_per_tok": 2,
-        "moe_router_enable_expert_bias": True,
+        "moe_router_enable_expert_bias": False,  # (as we read the release: the code's in-place add breaks backward)
         "qk_layernorm": True,
         "partial_rotary_factor": 1.0,
         "rope_theta": 50000,
@@ -293,13 +299,14 @@ def save_llada_moe_like(path: Path, mask_in_vocabulary: bool = True) -> Path:
         "use_cache": False,
         "tie_word_embeddings": False,
     }
+    config["moe_router_enable_expert_bias"] = expert_bias
     return _save_remote(path, "llada_moe", config, tok)
 
 
 def save_illada_like(path: Path, mask_in_config: bool = True) -> Path:
     """An iLLaDA-like checkpoint: LLaDA's code (the ``llada`` stand-in) with iLLaDA's vocabulary of 155,136 and mask id 5
     (ML-GSAI/LLaDA's README: iLLaDA reuses LLaDA's inference code with ``mask_id=5``), in ``config.json`` unless
-    ``mask_in_config`` is False. The tokenizer declares no mask token, as LLaDA's; its id 5 is ``<|mask|>`` (the
+    ``mask_in_config`` is False, and its tied embedding and head (``weight_tying``). The tokenizer declares no mask token, as LLaDA's; its id 5 is ``<|mask|>`` (the
     real token's name is not known here)."""
     tok = char_tokenizer(["<|startoftext|>", "<|endoftext|>", "<|unk|>", "<|start_header_id|>", "<|end_header_id|>",
                           "<|mask|>", "<|eot_id|>"], bos_token="<|startoftext|>", eos_token="<|endoftext|>",
@@ -317,6 +324,7 @@ def save_illada_like(path: Path, mask_in_config: bool = True) -> Path:
         "n_heads": 2,
         "n_layers": 1,
         **({"mask_token_id": ILLADA_MASK} if mask_in_config else {}),
+        "weight_tying": True,
         "eos_token_id": 1,
         "pad_token_id": 1,
         "use_cache": False,

@@ -201,6 +201,31 @@ def test_an_illada_checkpoint_decodes_and_scores_with_mask_5_never_126336(paths)
     assert policy.model.config.vocab_size == ILLADA_VOCAB
 
 
+def test_a_tied_illada_model_saves_once_and_reloads(paths, tmp_path):
+    """iLLaDA ties its embedding and head (LLaDA's ``weight_tying``: ``tie_weights`` shares the matrix as
+    ``transformer.ff_out``): ``save_pretrained`` under transformers 5 refuses an undeclared shared matrix; compat
+    patch 11 declares it, the file holds it once, and the reloaded model gives the same logits."""
+    from safetensors.torch import load_file
+
+    from dlmrl.models.compat import declare_tied_parameters
+
+    policy = _load(paths["illada"])
+    model = policy.model
+    assert model.model.transformer.ff_out.weight is model.model.transformer.wte.weight
+    assert model._tied_weights_keys == {"model.transformer.ff_out.weight": "model.transformer.wte.weight"}
+    model.save_pretrained(tmp_path / "saved", safe_serialization=True)
+    policy.tokenizer.save_pretrained(tmp_path / "saved")
+    assert set(load_file(str(tmp_path / "saved" / "model.safetensors"))) == {
+        n for n, _ in model.named_parameters()} - {"model.transformer.ff_out.weight"}
+    x = torch.tensor([[7, 8, 9, 5, 5, 5]])
+    with torch.no_grad():
+        torch.testing.assert_close(_load(tmp_path / "saved")(x), policy(x), atol=0, rtol=0)
+    del model._tied_weights_keys  # (without the declaration, transformers refuses: what patch 11 fixes)
+    with pytest.raises(RuntimeError, match="shared tensors"):
+        model.save_pretrained(tmp_path / "refused", safe_serialization=True)
+    assert declare_tied_parameters(model) is model and model._tied_weights_keys
+
+
 # ------------------------------------------------------------------------------------ logits, decoding, likelihood
 
 
@@ -282,6 +307,21 @@ def test_the_experts_get_gradients_in_training_and_eval_mode_alike(paths):
     assert set(eval_grads) == set(train_grads)
     for n, g in train_grads.items():
         torch.testing.assert_close(eval_grads[n], g, atol=0, rtol=0)
+
+
+def test_an_expert_bias_warns_and_breaks_backward_as_the_code_does(tmp_path):
+    """With ``moe_router_enable_expert_bias`` on, the code adds the bias to the router's softmax output in place:
+    loading warns, a no-grad pass runs, and a backward pass fails (the stand-in does what the release does)."""
+    with isolated_remote_code(tmp_path / "hf"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        path = save_llada_moe_like(tmp_path / "bias", expert_bias=True)
+    with pytest.warns(UserWarning, match="moe_router_enable_expert_bias"):
+        policy = load_policy(str(path), trust_remote_code=True)
+    x, clean = _noised(policy)
+    with torch.no_grad():
+        assert torch.isfinite(policy(x)).all()
+    with pytest.raises(RuntimeError, match="inplace operation"):
+        _grads(policy, x, clean)
 
 
 def test_activation_checkpointing_gives_the_same_gradients(paths):

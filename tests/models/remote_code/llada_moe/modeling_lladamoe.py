@@ -3,8 +3,9 @@
 Its interface is the released ``modeling_lladamoe.py`` (``LLaDAMoEModelLM`` with ``model`` and ``lm_head``, loaded with
 ``AutoModel``; ``q_proj``/``k_proj``/``v_proj``/``o_proj`` with QK-norm over each head, RoPE at positions ``0..T-1``
 from ``ROPE_INIT_FUNCTIONS["default"]``, full bidirectional attention; every layer a mixture of experts routed by
-softmax probabilities plus an ``expert_bias`` buffer, top-k weighted by the biased value, through one differentiable
-loop over the experts in training and eval mode alike). As that file: the ``attention_mask`` argument is discarded
+softmax probabilities plus an ``expert_bias`` buffer when ``moe_router_enable_expert_bias`` (added in place to the
+softmax output, so that a backward pass fails as the release's does), top-k weighted by the biased value, through one
+differentiable loop over the experts in training and eval mode alike). As that file: the ``attention_mask`` argument is discarded
 (the release sets it to ``None``), a cache is refused (``assert not use_cache``), ``_init_weights`` fills only
 ``nn.Linear`` / ``nn.Embedding`` (so the rotary ``inv_freq`` is left unfilled by ``transformers`` 5's meta-device
 loading), ``_tied_weights_keys`` is a list, and activation checkpointing goes through
@@ -105,7 +106,7 @@ class LLaDAMoESparseMoeBlock(nn.Module):
         x = hidden_states.view(-1, d)
         weights = F.softmax(self.gate(x), dim=1, dtype=torch.float)
         if self.expert_bias is not None:
-            weights = weights + self.expert_bias
+            weights += self.expert_bias  # (in place on the softmax output, as the release: backward then fails)
         weights, chosen = torch.topk(weights, self.top_k, dim=-1)
         weights = weights.to(x.dtype)
         out = torch.zeros_like(x)
