@@ -162,6 +162,11 @@ class SamplingConfig:
         None, "Fast-dLLM's factor rule instead of a fixed threshold: each step reveals the longest run of the most "
               "confident masked positions whose n-th has confidence >= 1 - f / (n + 1), at least one; null = off. "
               "> 0; not with threshold; same step count rules as threshold.")
+    sub_block_size: int | None = doc(
+        None, "model.kind block: decode each block in sub-blocks of this many positions, left to right (Fast-dLLM v2's "
+              "small_block_size, 8 in its generate): a threshold step chooses only among the current sub-block's "
+              "masked positions, a scheduled step reveals its tokens in (sub-block, confidence) order; rollouts and "
+              "evaluation. null = the whole block at once. An integer from 1 to model.block_size.")
     cache: str = doc(
         "none", "Block caching (Fast-dLLM, arXiv 2505.22618): none | prefix | dual. A block's first pass runs over "
                 "the whole sequence and keeps the keys/values before the block (prefix) or outside it (dual); its later "

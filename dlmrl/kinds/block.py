@@ -24,6 +24,7 @@ class BlockDiffusionKind(MaskedDiffusionKind):
     the finished blocks, the likelihood estimators per block."""
 
     name = "block"
+    sampling_keys = ("sub_block_size",)
     stops_at_eos_by_default = True
     turn_stops_at = "the end of the block where that line ends (model.block_size)"
 
@@ -76,6 +77,7 @@ class BlockDiffusionKind(MaskedDiffusionKind):
         if policy.block_size != cfg.model.block_size:
             raise ConfigError(f"config key 'model.block_size': the policy's block size is {policy.block_size} but "
                               f"model.block_size is {cfg.model.block_size}")
+        policy.sub_block_size = cfg.sampling.sub_block_size  # (the sampler's sub-blocks: the run's config decides)
 
     # ----- the config check ----------------------------------------------------------------------------------
     def check_model(self, cfg) -> None:
@@ -117,6 +119,9 @@ class BlockDiffusionKind(MaskedDiffusionKind):
                   f"remove it (got {s.block_length})")
         check_key(s.cfg_scale == 0, "sampling.cfg_scale",
                   "classifier-free guidance is not implemented for model.kind block (set it 0)")
+        sub = s.sub_block_size
+        check_key(sub is None or (isinstance(sub, int) and not isinstance(sub, bool) and 1 <= sub <= b),
+                  "sampling.sub_block_size", f"must be null or an integer from 1 to model.block_size {b}, got {sub!r}")
 
     def denoising_blocks(self, cfg) -> tuple[int, str]:
         # (the sampler decodes in the model's blocks; the last may be shorter)
@@ -195,6 +200,8 @@ class BlockDiffusionKind(MaskedDiffusionKind):
                "tokens_per_step": round((written[2] if written else length) / s.steps, 3),
                "temperature": s.temperature, "remasking": s.remasking, "threshold": s.threshold,
                "threshold_factor": s.threshold_factor,
+               **({"sub_block_size": f"{s.sub_block_size}: each block decoded in sub-blocks of {s.sub_block_size} "
+                                     "positions, left to right"} if s.sub_block_size else {}),
                "cache": "exact key/value cache of the prompt and the finished blocks (built once per block)",
                "nfe_per_completion": s.steps, "cache_passes_per_completion": blocks}
         if s.adaptive:

@@ -56,7 +56,8 @@ class BlockDiffusionPolicy(MaskedDiffusionPolicy):
             (:func:`~dlmrl.models.block_sampler.block_generate`). 0 (default): position ``i`` predicts token ``i``.
         sub_block_size: the sampler decodes each block in sub-blocks of this many positions, left to right
             (Fast-dLLM v2's ``small_block_size``, 8 in its ``generate``; :func:`~dlmrl.models.block_sampler.block_generate`);
-            ``None`` (default): the whole block at once. Set on the policy (no config key yet).
+            ``None`` (default): the whole block at once. A run's ``sampling.sub_block_size`` sets it when the policy
+            is loaded (``BlockDiffusionKind.check_loaded``).
         kind: ``"block"``.
     """
 

@@ -52,8 +52,8 @@ from dlmrl.models.fast_dllm_v2 import (
     FAST_DLLM_V2_BLOCK_SIZE,
     FAST_DLLM_V2_MASK_TOKEN_ID,
     fast_dllm_v2_block_forward,
-    fast_dllm_v2_logits,
     fast_dllm_v2_mask_token_id,
+    fast_dllm_v2_raw_logits,
     is_fast_dllm_v2,
     load_fast_dllm_v2,
 )
@@ -493,7 +493,9 @@ FAMILIES.register("nemotron_diffusion")(
 )
 
 FAMILIES.register("fast_dllm_v2")(
-    Family(load=load_fast_dllm_v2, logits=fast_dllm_v2_logits, detect=is_fast_dllm_v2,
+    Family(load=load_fast_dllm_v2, detect=is_fast_dllm_v2,  # (logits: the full pass shifted right, as Dream's)
+           logits=lambda model, ids, mask, pos: shift_logits_right(fast_dllm_v2_raw_logits(model, ids, mask, pos),
+                                                                   mask),
            default_mask_token_id=FAST_DLLM_V2_MASK_TOKEN_ID, checkpoint_mask_token_id=fast_dllm_v2_mask_token_id,
            block_forward=fast_dllm_v2_block_forward, prompt_blocks=True, default_block_size=FAST_DLLM_V2_BLOCK_SIZE,
            output_head=hf_output_head, logit_shift=1,

@@ -47,9 +47,8 @@ holds that upstream commit; the hub is not reachable from this project's machine
   one). dlmrl's block sampler does the same with ``sub_block_size``
   (:attr:`~dlmrl.models.block_policy.BlockDiffusionPolicy.sub_block_size`,
   :func:`~dlmrl.models.block_sampler.block_generate`); the parity script compares blocks of 32 in sub-blocks of 8
-  token for token. It is set on the policy
-  (``policy.sub_block_size = 8``, or ``dataclasses.replace``); no config key reaches it yet, so a ``dlmrl train`` run
-  decodes each block whole (``None``; :data:`FAST_DLLM_V2_SUB_BLOCK_SIZE` records the release's 8).
+  token for token. A run sets it with ``sampling.sub_block_size`` (the recipe
+  ``configs/fast_dllm_v2_tracerl_gsm8k.yaml``: 8, :data:`FAST_DLLM_V2_SUB_BLOCK_SIZE`); null decodes each block whole.
 - **Mask token**: the tokenizer's ``mask_token`` or ``config.json``'s ``mask_token_id`` when they name one (the
   released ones do not: the tokenizer lists ``|<MASK>|``, id 151665, among its additional special tokens), else
   ``|<MASK>|`` looked up in the tokenizer's vocabulary (:func:`fast_dllm_v2_mask_token_id`), else 151665
@@ -76,6 +75,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -86,9 +86,11 @@ from dlmrl.models.block_attention import bool_mask_block_forward, full_attention
 #: (``modeling.py``) and ``FAST_DLLM_MASK_ID = 151665`` in NVlabs/Fast-dLLM ``v2/generation_functions.py``; the
 #: checkpoints' ``added_tokens.json`` maps ``|<MASK>|`` to 151665.
 FAST_DLLM_V2_MASK_TOKEN_ID = 151665
-#: The name of that token in the tokenizer (``special_tokens_map.json``: an additional special token, not ``mask_token``).
+#: The name of that token in the tokenizer (``special_tokens_map.json``: an additional special token, not
+#: ``mask_token``).
 FAST_DLLM_V2_MASK_TOKEN = "|<MASK>|"
-#: The end token ``<|im_end|>``. Source: ``stop_token=151645`` in the same ``generate`` (``config.json``'s ``eos_token_id``).
+#: The end token ``<|im_end|>``. Source: ``stop_token=151645`` in the same ``generate`` (``config.json``'s
+#: ``eos_token_id``).
 FAST_DLLM_V2_EOS_TOKEN_ID = 151645
 #: The block size. Source: ``"bd_size": 32`` in the checkpoints' ``config.json`` (``Fast_dLLM_QwenConfig(bd_size=32)``)
 #: and ``block_size=32`` in ``generate``.
@@ -101,13 +103,19 @@ _PATCHED = "_dlmrl_fast_dllm_v2_patched"
 _PASS_MASK: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("fast_dllm_v2_mask", default=None)
 
 
+def _config_value(config, key: str):
+    return config.get(key) if isinstance(config, Mapping) else getattr(config, key, None)
+
+
 def is_fast_dllm_v2(config) -> bool:
     """Whether a ``config.json`` (dict or ``PretrainedConfig``) is Fast-dLLM v2's: ``model_type "Fast_dLLM_Qwen"``,
     ``architectures ["Fast_dLLM_QwenForCausalLM"]`` or an ``auto_map`` to ``modeling.Fast_dLLM_QwenForCausalLM``."""
-    from dlmrl.models.families import _architectures, _auto_map_targets, _model_type
-
-    return (_model_type(config) == "fast_dllm_qwen" or "Fast_dLLM_QwenForCausalLM" in _architectures(config)
-            or any(t.endswith(".Fast_dLLM_QwenForCausalLM") for t in _auto_map_targets(config)))
+    targets = []
+    for value in (_config_value(config, "auto_map") or {}).values():
+        targets.extend(v for v in (value if isinstance(value, list | tuple) else [value]) if isinstance(v, str))
+    return (str(_config_value(config, "model_type") or "").lower() == "fast_dllm_qwen"
+            or "Fast_dLLM_QwenForCausalLM" in list(_config_value(config, "architectures") or [])
+            or any(t.endswith(".Fast_dLLM_QwenForCausalLM") for t in targets))
 
 
 def fast_dllm_v2_mask_token_id(tokenizer, config) -> int | None:
@@ -201,14 +209,11 @@ def fast_dllm_v2_block_forward(model, input_ids, mask4d, position_ids, past=None
         _PASS_MASK.reset(token)
 
 
-def fast_dllm_v2_logits(model, input_ids, attention_mask, position_ids):
-    """Full-diffusion logits (``model.kind: diffusion``): one pass in which every real token attends every real token,
-    shifted right by one (:func:`dlmrl.models.families.shift_logits_right`); ``(B, T, V)``, position ``i`` predicting
-    token ``i``."""
-    from dlmrl.models.families import shift_logits_right
-
-    raw = full_attention_logits(fast_dllm_v2_block_forward, model, input_ids, attention_mask, position_ids)
-    return shift_logits_right(raw, attention_mask)
+def fast_dllm_v2_raw_logits(model, input_ids, attention_mask, position_ids):
+    """One pass in which every real token attends every real token (``model.kind: diffusion``), the raw outputs:
+    ``(B, T, V)``, the output at ``j`` predicting token ``j + 1``. The family's ``logits`` shift them right by one
+    (:func:`dlmrl.models.families.shift_logits_right`, as for Dream)."""
+    return full_attention_logits(fast_dllm_v2_block_forward, model, input_ids, attention_mask, position_ids)
 
 
 __all__ = [
@@ -218,8 +223,8 @@ __all__ = [
     "FAST_DLLM_V2_MASK_TOKEN_ID",
     "FAST_DLLM_V2_SUB_BLOCK_SIZE",
     "fast_dllm_v2_block_forward",
-    "fast_dllm_v2_logits",
     "fast_dllm_v2_mask_token_id",
+    "fast_dllm_v2_raw_logits",
     "is_fast_dllm_v2",
     "load_fast_dllm_v2",
     "patch_fast_dllm_v2_classes",

@@ -29,7 +29,6 @@ from dlmrl.models.fast_dllm_v2 import (
     FAST_DLLM_V2_BLOCK_SIZE,
     FAST_DLLM_V2_MASK_TOKEN_ID,
     fast_dllm_v2_block_forward,
-    fast_dllm_v2_logits,
 )
 from dlmrl.models.loading import checkpoint_block_size, load_block_policy
 from tests.models.block_helpers import ATOL
@@ -358,8 +357,31 @@ def test_the_diffusion_kind_logits_are_one_full_pass_shifted(fast):
     b, t = ids.shape
     keys = pm[:, None, None, :].expand(b, 1, t, t) | torch.eye(t, dtype=torch.bool)
     raw = _raw(fast, ids, keys, block_position_ids(pm, 0))
-    torch.testing.assert_close(fast_dllm_v2_logits(fast.model, ids, pm, block_position_ids(pm, 0)),
-                               shift_logits_right(raw, pm), atol=0, rtol=0)
+    family_logits = FAMILIES.get("fast_dllm_v2").logits(fast.model, ids, pm, block_position_ids(pm, 0))
+    torch.testing.assert_close(family_logits, shift_logits_right(raw, pm), atol=0, rtol=0)
+
+
+def test_sampling_sub_block_size_reaches_the_policy_and_is_checked(fast_path, tmp_path):
+    from dlmrl.config import Config, ConfigError, apply_overrides, validate
+    from dlmrl.training.run_setup import load_configured_policy
+
+    def config(*extra):
+        cfg = Config()
+        apply_overrides(cfg, [f"model.name_or_path={fast_path}", "model.trust_remote_code=true",
+                              "task.answer_mode=text", "sampling.gen_length=8", "sampling.steps=8", *extra])
+        return cfg
+
+    cfg = config("model.kind=block", "sampling.sub_block_size=2")
+    validate(cfg, for_training=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        policy = load_configured_policy(cfg)
+    assert policy.sub_block_size == 2  # (what the sampler reads: BlockDiffusionPolicy.sample_blocks)
+    with pytest.raises(ConfigError, match="sampling.sub_block_size.*from 1 to model.block_size 4"):
+        validate(config("model.kind=block", "sampling.sub_block_size=5"), for_training=False)
+    with pytest.raises(ConfigError, match="sampling.sub_block_size.*model.kind block"):
+        validate(config("model.kind=diffusion", "sampling.sub_block_size=2", "sampling.block_length=8"),
+                 for_training=False)
 
 
 # ------------------------------------------------------------------------------------ training mode
@@ -495,5 +517,6 @@ def test_the_recipe_dry_runs_offline_and_fits_80gb_by_its_own_plan(tmp_path, cap
     plan = yaml.safe_load(capsys.readouterr().out)
     assert plan["model"]["family"] == "fast_dllm_v2" and plan["model"]["block_size"] == FAST_DLLM_V2_BLOCK_SIZE
     assert plan["model"]["mask_token_id"].startswith("151665") and plan["model"]["logit_shift"].startswith("1:")
+    assert plan["sampler"]["sub_block_size"].startswith("8:")
     assert plan["memory"]["memory_budget"].endswith("fits")
     assert float(plan["memory"]["peak"].split(" GB")[0]) <= 80 * 0.9
