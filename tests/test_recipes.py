@@ -213,7 +213,8 @@ def test_resume_with_another_config_file_is_refused(tmp_path, capsys, offline):
 
 
 REAL_MODEL_RECIPES = [*LLADA, CONFIGS / "sdar_tracerl_math.yaml", CONFIGS / "llada2_tracerl_math.yaml",
-                      CONFIGS / "nemotron_diffusion_tracerl_math.yaml", CONFIGS / "nemotron_diffusion_ar_grpo_math.yaml"]
+                      CONFIGS / "nemotron_diffusion_tracerl_math.yaml", CONFIGS / "nemotron_diffusion_ar_grpo_math.yaml",
+                      CONFIGS / "lladamoe_gdpo_gsm8k.yaml", CONFIGS / "illada_gdpo_gsm8k.yaml"]
 #: the hardware each real-model recipe is planned for: 8 GPUs of 80 GB training every parameter with FSDP2, and one
 #: 80 GB GPU with LoRA (README, "Recipes on 8 x 80 GB and on one GPU")
 HARDWARE = {"8 GPUs, full parameters, FSDP2": ("8", ["model.use_peft=false", "train.sharding=fsdp2"]),
