@@ -441,8 +441,9 @@ REWARD = '''def digit_sum(prompts, completions, **columns):
 
 @pytest.mark.parametrize("lora", [True, False])
 def test_two_tracerl_steps_and_dlmrl_eval(fast_path, tmp_path, monkeypatch, capsys, lora):
-    """``dlmrl train`` (2 steps of ``tracerl`` on the block kind, LoRA on the attention projections or every weight)
-    then ``dlmrl eval`` of the saved model, in this process; the exact old-policy scores are the sampler's."""
+    """``dlmrl train`` (2 steps of ``tracerl`` on the block kind, LoRA on the attention projections or every weight;
+    token log-probs from the head in chunks) then ``dlmrl eval`` of the saved model, in this process; the exact
+    old-policy scores (the shifted composite pass) are the sampler's."""
     import yaml
     from safetensors.torch import load_file
 
@@ -460,7 +461,7 @@ def test_two_tracerl_steps_and_dlmrl_eval(fast_path, tmp_path, monkeypatch, caps
     run = tmp_path / "run"
     config = {"model": model, "task": {"name": "dataset", "train_file": str(data), "test_file": str(data)},
               "sampling": {"gen_length": 8, "steps": 8, "temperature": 1.0},
-              "estimator": {"name": "trajectory", "order": "sampled", "merge": 1},
+              "estimator": {"name": "trajectory", "order": "sampled", "merge": 1, "logits_chunk": 3},
               "train": {"algorithm": "tracerl", "max_steps": 2, "prompts_per_step": 2, "num_generations": 2,
                         "learning_rate": 1e-2, "warmup_steps": 0, "save_steps": 100,
                         "reward_funcs": ["fast_rewards:digit_sum"]},
