@@ -375,7 +375,9 @@ BUILDERS = {
     "dream": save_dream_like,
     "sdar": save_sdar_like,
     "llada2": save_llada2_like,
+    "llada_moe": save_llada_moe_like,
 }
 #: expected detected family of each checkpoint
 FAMILY_OF = {"bert": "masked_lm", "roberta": "masked_lm", "modernbert": "masked_lm", "llada": "llada",
-             "dream": "dream", "sdar": "sdar", "llada2": "llada2"}
+             "dream": "dream", "sdar": "sdar", "llada2": "llada2",
+             "llada_moe": "llada_moe"}

@@ -231,7 +231,7 @@ def stand_ins(tmp_path_factory):
     root = tmp_path_factory.mktemp("sharded_families")
     with isolated_remote_code(root / "hf_modules"):
         policies = {kind: load_policy(str(BUILDERS[kind](root / kind)), trust_remote_code=True, dtype="float64")
-                    for kind in ("llada", "dream", "sdar", "llada2")}
+                    for kind in ("llada", "dream", "sdar", "llada2", "llada_moe")}
         policies["tiny"] = load_policy("tiny-sudoku", dtype="float64")
         yield policies
 
@@ -240,7 +240,7 @@ def stand_ins(tmp_path_factory):
 #: code ``LLaDALlamaBlock``: both found as the model's one repeated block list; Dream's stand-in has no layer list,
 #: the real Dream is a Qwen2 with ``Qwen2DecoderLayer`` in ``_no_split_modules``)
 LAYER_CLASS = {"llada": "Block", "dream": None, "sdar": "SDARDecoderLayer", "llada2": "LLaDA2MoeDecoderLayer",
-               "tiny": "LlamaDecoderLayer"}
+               "llada_moe": "LLaDAMoEDecoderLayer", "tiny": "LlamaDecoderLayer"}
 
 
 @pytest.mark.parametrize("kind", list(LAYER_CLASS))
