@@ -138,6 +138,17 @@ def test_a_mask_id_in_config_json_wins_and_none_anywhere_is_refused(paths, tmp_p
         _load(bare)
 
 
+def test_the_config_check_asks_for_trust_remote_code_for_a_named_llada_moe_hub_id():
+    from dlmrl.config import Config, ConfigError, apply_overrides, validate
+
+    cfg = Config()
+    apply_overrides(cfg, ["model.name_or_path=inclusionAI/LLaDA-MoE-7B-A1B-Instruct", "model.family=llada_moe",
+                          "task.answer_mode=text", "sampling.gen_length=8", "sampling.block_length=8",
+                          "sampling.steps=8"])
+    with pytest.raises(ConfigError, match="model.trust_remote_code.*'llada_moe' checkpoints ship"):
+        validate(cfg, for_training=False)
+
+
 def test_the_config_check_refuses_a_cache(paths):
     from dlmrl.config import Config, ConfigError, apply_overrides, validate
 
