@@ -13,7 +13,7 @@ __all__ = ["CODE_SHIPPING_FAMILIES", "check_cache_family", "check_family_matches
            "local_families"]
 
 #: Families whose checkpoints always ship their own model code (``auto_map``): loading runs it.
-CODE_SHIPPING_FAMILIES = ("llada", "dream", "sdar", "llada2", "nemotron_diffusion", "llada_moe")
+CODE_SHIPPING_FAMILIES = ("llada", "dream", "sdar", "llada2", "nemotron_diffusion", "llada_moe", "fast_dllm_v2")
 
 
 def local_families(name_or_path: str) -> list[str] | None:

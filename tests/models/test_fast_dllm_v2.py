@@ -361,6 +361,19 @@ def test_the_diffusion_kind_logits_are_one_full_pass_shifted(fast):
     torch.testing.assert_close(family_logits, shift_logits_right(raw, pm), atol=0, rtol=0)
 
 
+def test_the_config_check_asks_for_trust_remote_code(fast_path):
+    """The family's checkpoints ship their code: a config naming the family (a hub id, nothing read) or a local
+    checkpoint of it without ``model.trust_remote_code`` is refused naming the key."""
+    from dlmrl.config import Config, ConfigError, apply_overrides, validate
+
+    for model in ("model.name_or_path=Efficient-Large-Model/Fast_dLLM_v2_7B", f"model.name_or_path={fast_path}"):
+        cfg = Config()
+        apply_overrides(cfg, [model, "model.family=fast_dllm_v2", "model.kind=block", "model.block_size=4",
+                              "task.answer_mode=text", "sampling.gen_length=8", "sampling.steps=8"])
+        with pytest.raises(ConfigError, match="model.trust_remote_code"):
+            validate(cfg, for_training=False)
+
+
 def test_sampling_sub_block_size_reaches_the_policy_and_is_checked(fast_path, tmp_path):
     from dlmrl.config import Config, ConfigError, apply_overrides, validate
     from dlmrl.training.run_setup import load_configured_policy
