@@ -57,7 +57,7 @@ from dlmrl.models.fast_dllm_v2 import (
     is_fast_dllm_v2,
     load_fast_dllm_v2,
 )
-from dlmrl.models.forward_agreement import agreed_forwards
+from dlmrl.models.llada import left_padding, llada_logits
 from dlmrl.models.llada2 import (
     LLADA2_BLOCK_SIZE,
     LLADA2_MASK_TOKEN_ID,
@@ -74,7 +74,7 @@ from dlmrl.models.nemotron_diffusion import (
     nemotron_logits,
 )
 from dlmrl.models.sdar import SDAR_MASK_TOKEN_ID, load_sdar, sdar_block_forward, sdar_logits
-from dlmrl.models.token_scores import hf_output_head, narrowed_request, unwrap_model
+from dlmrl.models.token_scores import hf_output_head, unwrap_model
 from dlmrl.registry import Registry
 
 #: LLaDA's mask token ``<|mdm_mask|>``. Source: LLaDA's ``generate.py`` (``mask_id=126336``, "The token id
@@ -130,6 +130,9 @@ class Family:
         checkpoint_mask_token_id: ``(tokenizer | None, config) -> int | None``, the family's own reading of the mask
             id from the checkpoint when neither the tokenizer's ``mask_token`` nor ``config.json``'s ``mask_token_id``
             names one (a named token in the tokenizer's vocabulary, ...); tried before ``default_mask_token_id``.
+        clean_context: how ``model.kind: block`` attends the prompt and the finished blocks
+            (:attr:`dlmrl.models.block_policy.BlockDiffusionPolicy.clean_context`): ``"block"`` (block-causally) or
+            ``"causal"`` (token-causally, a block's first token from the output before it: Nemotron-Labs-Diffusion).
     """
 
     load: Callable[[str, bool, torch.dtype], nn.Module]
@@ -145,6 +148,7 @@ class Family:
     output_head: Callable[[nn.Module], nn.Module | None] | None = None
     logit_shift: int = 0
     checkpoint_mask_token_id: Callable[[object, object], int | None] | None = None
+    clean_context: str = "block"
 
     def fallback_mask_token_id(self, tokenizer, config) -> int | None:
         """The mask id when neither the tokenizer's ``mask_token`` nor ``config.json``'s ``mask_token_id`` names one:
@@ -261,56 +265,6 @@ def _masked_lm_logits(model, input_ids, attention_mask, position_ids):
     offset, takes_positions = _masked_lm_facts(model)
     kwargs = {"position_ids": position_ids + offset} if takes_positions else {}
     return model(input_ids=input_ids, attention_mask=attention_mask.long(), **kwargs).logits
-
-
-def left_padding(attention_mask: torch.Tensor) -> torch.Tensor:
-    """``(B,)`` long: the number of padding positions before each row's first real token.
-
-    Raises:
-        ValueError: if a row's padding is not all on the left (a real token before a padded one).
-    """
-    pads = (~attention_mask).sum(-1)  # (B,)
-    left = torch.arange(attention_mask.shape[1], device=attention_mask.device)[None] >= pads[:, None]  # (B, T)
-    if not torch.equal(left, attention_mask):
-        raise ValueError("expected left padding: every row's padding before its first real token")
-    return pads
-
-
-def llada_logits(model, input_ids, attention_mask, position_ids):
-    """LLaDA logits: ``model(input_ids).logits`` (``(B, T, V)``, no shift), as LLaDA's ``generate.py`` calls it.
-
-    LLaDA's ``LLaDAModelLM.forward`` takes no ``position_ids``: rotary positions run 0..T-1 over the row. It takes
-    an ``attention_mask``, but the released code never applies it: ``LLaDAModel.forward`` turns it into an
-    attention bias that ``LLaDABlock.attention`` does not pass on (``_scaled_dot_product_attention(...,
-    attn_mask=None)``; ``llada/model/modeling_llada.py`` of NVlabs/Fast-dLLM@24cc59e, the checkpoint's code), so
-    left padding is attended to. A left-padded batch therefore runs as one forward per padding length, each row
-    without its padding: RoPE scores depend on relative positions only, so a row's logits are those of the row
-    alone, whatever its batch (measured by ``benchmarks/remote_code_check.py``). Padding positions get logits 0.
-    Unpadded batches take one forward.
-
-    Processes that shard the model (FSDP2, ZeRO-3) must all call it equally often: the count is agreed
-    (:func:`~dlmrl.models.forward_agreement.agreed_forwards`) and a process needing fewer calls makes the others as
-    one-token calls whose output enters the result times 0 (so their backward runs too).
-    """
-    pads = left_padding(attention_mask)  # (B,)
-    lengths = pads.unique().tolist()
-    extra = agreed_forwards(len(lengths)) - len(lengths)
-    if len(lengths) == 1 and lengths[0] == 0:
-        out = model(input_ids=input_ids).logits
-    else:
-        out = None
-        for pad in lengths:
-            rows = (pads == pad).nonzero()[:, 0]
-            with narrowed_request(rows, pad):  # (a tapped head scores these rows and positions: token_scores)
-                logits = model(input_ids=input_ids[rows, pad:]).logits  # (b, T - pad, V)
-            if out is None:
-                out = logits.new_zeros(*input_ids.shape, logits.shape[-1])  # (B, T, V)
-            out[rows, pad:] = logits
-    last = input_ids.shape[1] - 1
-    for _ in range(extra):  # (calls the other processes make: the same collectives, nothing added)
-        with narrowed_request(torch.zeros(1, dtype=torch.long, device=input_ids.device), last):
-            out = out + 0 * model(input_ids=input_ids[:1, last:]).logits.sum()
-    return out
 
 
 def llada_output_head(model: nn.Module) -> nn.Module | None:
@@ -487,7 +441,7 @@ FAMILIES.register("llada_moe")(
 FAMILIES.register("nemotron_diffusion")(
     Family(load=load_nemotron_diffusion, logits=nemotron_logits, detect=is_nemotron_diffusion,
            default_mask_token_id=NEMOTRON_MASK_TOKEN_ID, block_forward=nemotron_block_forward,
-           default_block_size=NEMOTRON_BLOCK_SIZE, output_head=hf_output_head,
+           default_block_size=NEMOTRON_BLOCK_SIZE, output_head=hf_output_head, clean_context="causal",
            no_cache_reason="Nemotron-Labs-Diffusion checkpoints are block-diffusion models: run them with model.kind "
                            "block, whose key/value cache is exact (or model.kind ar, the same weights left to right)")
 )

@@ -21,7 +21,7 @@ not reachable from this project's machines, so ``benchmarks/llada_moe_parity.py`
   model card's ``generate`` (LLaDA's ``generate.py`` with ``mask_id=156895``) calls it. The released code discards
   any ``attention_mask`` (``attention_mask = None`` in every attention class, ``causal_mask = None`` in
   ``LLaDAMoEModel.forward``, with a warning saying so); dllm's copy applies a 2-D one. A left-padded batch therefore
-  runs as LLaDA's does (:func:`~dlmrl.models.families.llada_logits`): one forward per padding length, each row
+  runs as LLaDA's does (:func:`~dlmrl.models.llada.llada_logits`): one forward per padding length, each row
   without its padding, which is exact with either copy.
 - **Mask token** (:func:`llada_moe_mask_token_id`): the checkpoint's own, never a family constant: the tokenizer's
   ``mask_token`` or ``config.json``'s ``mask_token_id`` when they name one (the release's do not), else the id of
@@ -108,12 +108,12 @@ def load_llada_moe(path: str, trust_remote_code: bool, dtype: torch.dtype) -> nn
 def llada_moe_logits(model, input_ids, attention_mask, position_ids):
     """``(B, T, V)`` logits of ``LLaDAMoEModelLM``, position ``i`` predicting token ``i``.
 
-    The released code ignores ``attention_mask``, so this is :func:`~dlmrl.models.families.llada_logits`: an unpadded
+    The released code ignores ``attention_mask``, so this is :func:`~dlmrl.models.llada.llada_logits`: an unpadded
     batch in one call ``model(input_ids=...)`` (positions ``0..T-1``), a left-padded one as one call per padding
     length on the rows without their padding (padding positions get logits 0). ``position_ids`` is not used (a row
     without its padding starts at position 0, as the model card's ``generate`` runs it).
     """
-    from dlmrl.models.families import llada_logits
+    from dlmrl.models.llada import llada_logits
 
     return llada_logits(model, input_ids, attention_mask, position_ids)
 
