@@ -20,14 +20,23 @@ query scaling; plain RoPE instead of YaRN, vocabulary 256 instead of 131,072). T
   seen on this code); on ``block_diff`` the code builds its flex-attention class, dlmrl the ``bidirectional`` one
   from the same weights (same logits as the ``bidirectional`` copy);
 - ``forward``: dlmrl's composite pass (every block next to the clean blocks before it) against the code's own calls
-  as ``generate`` makes them (prompt prefilled with ``use_cache=True``, each block called against the cache);
+  as ``generate`` makes them (prompt prefilled with ``use_cache=True``, each block called against the cache), in both
+  of ``generate``'s layouts: ``causal_context=True`` (its default and dlmrl's, the family's ``clean_context="causal"``:
+  the prompt and each finished block cached by a causal pass with every layer switched to ``diffusion_lm=False``, a
+  block's first position scored by that pass's last logits) and ``causal_context=False`` (the policy with
+  ``clean_context="block"``: bidirectional prefill and cache passes);
 - ``greedy``: dlmrl's exact-cache block sampler (``temperature 0``, one token per step) token for token against the
-  code's own ``generate(prompt, max_new_tokens, block_length, threshold=None, causal_context=False)`` (EOS check off:
-  ``eos_token_id=-1``), for several block sizes, a batch of equal-length prompts in one call and left-padded rows;
+  code's own ``generate(prompt, max_new_tokens, block_length, threshold=None, causal_context=...)`` (EOS check off:
+  ``eos_token_id=-1``) in both layouts, for several block sizes, a batch of equal-length prompts in one call and
+  left-padded rows; with ``causal_context=True`` also dlmrl's uncached sampler (``cache=False``). The
+  ``causal_context=True`` comparisons run on a copy of the checkpoint whose head gives the mask token logit 0
+  (:func:`without_mask_mass`): on the random weights the AR head's argmax is often the mask token, which ``generate``
+  then writes as a block's first token and denoises, and dlmrl's argmax leaves it out (a trained checkpoint gives it
+  no mass);
 - ``ar greedy``: ``model.kind ar``'s ``generate`` (transformers' under dlmrl's causal mask) against the code's own
   ``ar_generate`` (which switches every layer to ``diffusion_lm=False``; switched back after);
 - ``likelihood``: the block trajectory likelihood (composite passes) against the sampler's own record and against the
-  trajectory replayed through the code's own cached calls; the AR kind's token log-probs against the code's causal
+  trajectory replayed through the code's own cached calls (both layouts); the AR kind's token log-probs against the code's causal
   forward (``diffusion_lm=False``);
 - ``train`` (unless ``--skip-train``): ``dlmrl train --dry-run``, 2 steps with LoRA and with every weight of
   ``tracerl`` (block kind) and ``grpo`` (AR kind), gradient checkpointing on, and ``dlmrl eval`` of each saved
@@ -105,10 +114,48 @@ def copy_with(src: Path, dest: Path, **changes) -> Path:
     return dest
 
 
-def load(path: Path, block_size: int | None = None):
+def without_mask_mass(src: Path, dest: Path) -> Path:
+    """A copy of the checkpoint whose output head gives the mask token logit 0 (its ``diffusion_head`` row zeroed),
+    below the other tokens' maxima: a trained checkpoint never predicts the mask token, but the random one's argmax
+    often is it, and ``generate(causal_context=True)`` then writes it as a block's first token and denoises it
+    (dlmrl's argmax leaves the mask token out), so every later token of the row differs for that reason alone."""
+    from safetensors.torch import load_file, save_file
+
+    copy = copy_with(src, dest)
+    weights = load_file(str(copy / "model.safetensors"))
+    weights["diffusion_head.weight"][MASK_ID] = 0.0
+    save_file(weights, str(copy / "model.safetensors"), metadata={"format": "pt"})
+    return copy
+
+
+def checkpoint_note(path: Path) -> str:
+    return ", head's mask-token row zeroed" if path.name.endswith("_no_mask_mass") else ""
+
+
+def load(path: Path, block_size: int | None = None, causal: bool = True):
+    """The block policy; ``causal=False``: with ``clean_context="block"`` (``generate(causal_context=False)``'s
+    layout) instead of the family's ``"causal"``."""
+    import dataclasses
+
     from dlmrl.models.loading import load_block_policy
 
-    return load_block_policy(str(path), block_size=block_size, trust_remote_code=True)
+    policy = load_block_policy(str(path), block_size=block_size, trust_remote_code=True)
+    return policy if causal else dataclasses.replace(policy, clean_context="block")
+
+
+def context_pass(model, ids: torch.Tensor, cache, causal: bool):
+    """The code's cache pass of ``generate(causal_context=causal)``: with ``causal``, every layer switched to
+    ``diffusion_lm=False`` and ``use_causal_mask=True`` (switched back after); else bidirectional."""
+    if causal:
+        set_diffusion_lm(model, False)
+    try:
+        return model(ids, past_key_values=cache, use_cache=True, use_causal_mask=causal)
+    finally:
+        set_diffusion_lm(model, True)
+
+
+def layout(causal: bool) -> str:
+    return f"causal_context={causal}"
 
 
 def load_ar(path: Path):
@@ -133,9 +180,11 @@ def set_diffusion_lm(model, on: bool) -> None:
 def check_load(path: Path):
     policy = load(path)
     ok = (policy.family == "nemotron_diffusion" and policy.mask_token_id == MASK_ID and policy.block_size == 32
-          and not policy.prompt_blocks and type(policy.model).__name__ == "NemotronLabsDiffusionModel")
+          and not policy.prompt_blocks and policy.clean_context == "causal" and policy.logit_shift == 0
+          and type(policy.model).__name__ == "NemotronLabsDiffusionModel")
     return ok, (f"family {policy.family}, mask id {policy.mask_token_id} (config.json), block size {policy.block_size} "
-                f"(config.json), prompt one clean block, {type(policy.model).__name__} from "
+                f"(config.json), clean context {policy.clean_context!r} (generate's default causal_context=True), "
+                f"{type(policy.model).__name__} from "
                 f"{type(policy.model).__module__.split('.')[0]}")
 
 
@@ -200,8 +249,8 @@ def check_block_diff(path: Path, work: Path):
 # ------------------------------------------------------------------------------------------ forward, greedy
 
 
-def check_forward(path: Path):
-    policy = load(path, block_size=4)
+def check_forward(path: Path, causal: bool):
+    policy = load(path, block_size=4, causal=causal)
     ids, pm = prompt_batch(policy, PROMPT_TEXTS[:2])
     length = 10
     clean = torch.randint(5, 200, (2, length), generator=torch.Generator().manual_seed(2))
@@ -210,29 +259,38 @@ def check_forward(path: Path):
     with torch.no_grad():
         ours = policy.completion_logits(ids, pm, noisy, clean=clean)
         for row in range(2):
-            cache = model(ids[row:row + 1], use_cache=True, use_causal_mask=False).past_key_values
+            out = context_pass(model, ids[row:row + 1], None, causal)
             for lo in range(0, length, 4):
                 hi = min(lo + 4, length)
-                theirs = model(noisy[row:row + 1, lo:hi], past_key_values=cache, use_cache=False).logits[0].float()
+                theirs = model(noisy[row:row + 1, lo:hi], past_key_values=out.past_key_values,
+                               use_cache=False).logits[0].float()
+                if causal:  # (generate writes a block's first token from the cache pass's last logits)
+                    theirs[0] = out.logits[0, -1].float()
                 gap = max(gap, float((ours[row, lo:hi] - theirs).abs().max()))
-                cache = model(clean[row:row + 1, lo:hi], past_key_values=cache, use_cache=True,
-                              use_causal_mask=False).past_key_values
-    return gap <= 1e-4, f"max |logit gap| {gap:.1e} over {tuple(ours.shape)}, blocks of 4 (last of 2), float32"
+                out = context_pass(model, clean[row:row + 1, lo:hi], out.past_key_values, causal)
+    first = "; a block's first position vs the causal pass's last logits" if causal else ""
+    return gap <= 1e-4, (f"{layout(causal)}: max |logit gap| {gap:.1e} over {tuple(ours.shape)}, blocks of 4 (last of "
+                         f"2), float32{first}")
 
 
-def reference_generate(model, prompts: torch.Tensor, gen_length: int, block_size: int) -> torch.Tensor:
-    out, _ = type(model).generate(model, prompts, max_new_tokens=gen_length, block_length=block_size,
-                                  threshold=None, causal_context=False, temperature=0.0, eos_token_id=-1)
+def reference_generate(model, prompts: torch.Tensor, gen_length: int, block_size: int,
+                       causal: bool = True) -> torch.Tensor:
+    try:
+        out, _ = type(model).generate(model, prompts, max_new_tokens=gen_length, block_length=block_size,
+                                      threshold=None, causal_context=causal, temperature=0.0, eos_token_id=-1)
+    finally:
+        set_diffusion_lm(model, True)  # (generate switches the layers back itself; an exception would not)
     return out[:, prompts.shape[1]:]
 
 
-def check_greedy(path: Path, gen_length: int, block_size: int):
-    policy = load(path, block_size=block_size)
+def check_greedy(path: Path, gen_length: int, block_size: int, causal: bool, cache: bool = True):
+    policy = load(path, block_size=block_size, causal=causal)
     ids, pm = prompt_batch(policy, PROMPT_TEXTS)
     with torch.no_grad():
-        ours = policy.sample_blocks(ids, pm, gen_length=gen_length, steps=gen_length, temperature=0.0)
-        theirs = reference_generate(policy.model, ids, gen_length, block_size)
-    return compare_rows(ours.canvas, theirs, f"gen {gen_length}, block {block_size}, 1 token/step: ",
+        ours = policy.sample_blocks(ids, pm, gen_length=gen_length, steps=gen_length, temperature=0.0, cache=cache)
+        theirs = reference_generate(policy.model, ids, gen_length, block_size, causal)
+    return compare_rows(ours.canvas, theirs, f"{layout(causal)}, gen {gen_length}, block {block_size}, 1 token/step"
+                        f"{'' if cache else ', dlmrl without its cache'}{checkpoint_note(path)}: ",
                         "(the code's generate on the batch of equal-length prompts)")
 
 
@@ -249,16 +307,16 @@ def compare_rows(ours: torch.Tensor, theirs: torch.Tensor, head: str, tail: str)
     return other == 0, f"{head}{same}/{len(ours)} rows token-identical{note} {tail}"
 
 
-def check_greedy_padded(path: Path, gen_length: int = 16, block_size: int = 4):
-    policy = load(path, block_size=block_size)
+def check_greedy_padded(path: Path, causal: bool, gen_length: int = 16, block_size: int = 4):
+    policy = load(path, block_size=block_size, causal=causal)
     texts = ["12+7=", "3*4=9-5=", "8+"]
     ids, pm = prompt_batch(policy, texts)
     with torch.no_grad():
         ours = policy.sample_blocks(ids, pm, gen_length=gen_length, steps=gen_length, temperature=0.0)
-        theirs = torch.cat([reference_generate(policy.model, ids[r:r + 1, pm[r]], gen_length, block_size)
+        theirs = torch.cat([reference_generate(policy.model, ids[r:r + 1, pm[r]], gen_length, block_size, causal)
                             for r in range(len(texts))])
-    return compare_rows(ours.canvas, theirs, "left-padded batch (padding 3, 0, 6) vs generate per unpadded prompt: ",
-                        "")
+    return compare_rows(ours.canvas, theirs, f"{layout(causal)}{checkpoint_note(path)}, left-padded batch (padding 3, "
+                        "0, 6) vs generate per unpadded prompt: ", "")
 
 
 def check_ar_greedy(path: Path, new: int = 12):
@@ -284,31 +342,35 @@ def check_ar_greedy(path: Path, new: int = 12):
 
 
 def replay(model, prompt: torch.Tensor, canvas: torch.Tensor, reveal_step: torch.Tensor,
-           block_size: int) -> torch.Tensor:
+           block_size: int, causal: bool = True) -> torch.Tensor:
     """``(L,)`` log-probs of one row's revealed tokens through the code's own calls: the prompt prefilled, each block's
     steps called against the cache with the tokens revealed before that step, ``log_softmax`` with the mask token
-    excluded (dlmrl's sampler's convention), the finished block cached."""
+    excluded (dlmrl's sampler's convention), the finished block cached; with ``causal`` (``generate``'s
+    ``causal_context=True``) the prefill and cache passes causal (:func:`context_pass`) and a block's first token
+    scored by the last logits of the cache pass before it."""
     length, out = canvas.shape[0], torch.zeros(canvas.shape[0])
-    cache = model(prompt, use_cache=True, use_causal_mask=False).past_key_values
+    ctx = context_pass(model, prompt, None, causal)
     for lo in range(0, length, block_size):
         hi = min(lo + block_size, length)
         steps = reveal_step[lo:hi]
         for s in steps.unique().tolist():
             block = canvas[lo:hi].masked_fill(steps >= s, MASK_ID)[None]
-            logits = model(block, past_key_values=cache, use_cache=False).logits[0].double()
+            logits = model(block, past_key_values=ctx.past_key_values, use_cache=False).logits[0].double()
+            if causal:
+                logits[0] = ctx.logits[0, -1].double()
             logits[:, MASK_ID] = -math.inf
             logp = torch.log_softmax(logits, -1).gather(-1, canvas[lo:hi, None])[:, 0]
             now = steps == s
             out[lo:hi][now] = logp[now].float()
-        cache = model(canvas[None, lo:hi], past_key_values=cache, use_cache=True, use_causal_mask=False).past_key_values
+        ctx = context_pass(model, canvas[None, lo:hi], ctx.past_key_values, causal)
     return out
 
 
-def check_likelihood(path: Path, temperature: float):
+def check_likelihood(path: Path, temperature: float, causal: bool = True):
     from dlmrl.estimators import score
     from dlmrl.estimators.block_plans import block_trajectory_plan
 
-    policy = load(path, block_size=4)
+    policy = load(path, block_size=4, causal=causal)
     ids, pm = prompt_batch(policy, PROMPT_TEXTS[:2])
     with torch.no_grad():
         out = policy.sample_blocks(ids, pm, gen_length=12, steps=12, temperature=temperature,
@@ -316,15 +378,17 @@ def check_likelihood(path: Path, temperature: float):
         mask = torch.ones_like(out.canvas, dtype=torch.bool)
         plan = block_trajectory_plan(mask, out.reveal_step, 4, 1, temperature=temperature if temperature > 0 else 1.0)
         ours = score(policy, ids, pm, out.canvas, mask, plan)
-        ref = torch.stack([replay(policy.model, ids[r:r + 1], out.canvas[r], out.reveal_step[r], 4) for r in range(2)])
+        ref = torch.stack([replay(policy.model, ids[r:r + 1], out.canvas[r], out.reveal_step[r], 4, causal)
+                           for r in range(2)])
     gap_sampler = float((ours.per_token - out.token_logprobs).abs().max())
     if temperature > 0:  # (the trajectory scores a sampled token at its temperature; the replay at T = 1)
-        return gap_sampler <= 1e-4, (f"T {temperature}: trajectory score vs the sampler's record, max gap "
-                                     f"{gap_sampler:.1e}; {ours.nfe} composite passes for 12 tokens in 3 blocks")
+        return gap_sampler <= 1e-4, (f"{layout(causal)}, T {temperature}: trajectory score vs the sampler's record, "
+                                     f"max gap {gap_sampler:.1e}; {ours.nfe} composite passes for 12 tokens in 3 "
+                                     "blocks")
     gap = float((ours.per_token - ref).abs().max())
     return gap <= 1e-4 and gap_sampler <= 1e-4, (
-        f"greedy: max |log-prob gap| {gap:.1e} vs the code's cached calls replayed step by step, {gap_sampler:.1e} vs "
-        f"the sampler's record; {ours.nfe} composite passes instead of 12 calls")
+        f"{layout(causal)}, greedy: max |log-prob gap| {gap:.1e} vs the code's cached calls replayed step by step, "
+        f"{gap_sampler:.1e} vs the sampler's record; {ours.nfe} composite passes instead of 12 calls")
 
 
 def check_ar_likelihood(path: Path):
@@ -437,13 +501,22 @@ def check_clone(report, label: str, clone: Path, ministral: Path, work: Path, en
     report.run(label, "refused without trust_remote_code", lambda: check_refused(ckpt))
     report.run(label, "paradigm: autoregressive refused", lambda: check_autoregressive_refused(ckpt, work))
     report.run(label, "paradigm: block_diff", lambda: check_block_diff(ckpt, work))
-    report.run(label, "forward (composite vs the code's cached calls)", lambda: check_forward(ckpt))
-    for gen, block in GREEDY:
-        report.run(label, "greedy vs generate", lambda g=gen, b=block: check_greedy(ckpt, g, b))
-    report.run(label, "greedy vs generate (left padding)", lambda: check_greedy_padded(ckpt))
+    for causal in (True, False):
+        report.run(label, "forward (composite vs the code's cached calls)", lambda c=causal: check_forward(ckpt, c))
+    # (causal_context=True on the copy whose head never prefers the mask token: without_mask_mass)
+    no_mask = without_mask_mass(ckpt, work / f"{ckpt.name}_no_mask_mass")
+    for causal, path in ((True, no_mask), (False, ckpt)):
+        for gen, block in GREEDY:
+            report.run(label, f"greedy vs generate({layout(causal)})",
+                       lambda g=gen, b=block, c=causal, p=path: check_greedy(p, g, b, c))
+        report.run(label, f"greedy vs generate({layout(causal)}) (left padding)",
+                   lambda c=causal, p=path: check_greedy_padded(p, c))
+    report.run(label, "greedy vs generate(causal_context=True) (dlmrl uncached)",
+               lambda: check_greedy(no_mask, 16, 4, True, cache=False))
     report.run(label, "AR greedy vs ar_generate", lambda: check_ar_greedy(ckpt))
-    report.run(label, "trajectory likelihood", lambda: check_likelihood(ckpt, 0.0))
-    report.run(label, "trajectory likelihood", lambda: check_likelihood(ckpt, 1.0))
+    for causal in (True, False):
+        report.run(label, "trajectory likelihood", lambda c=causal: check_likelihood(ckpt, 0.0, c))
+        report.run(label, "trajectory likelihood", lambda c=causal: check_likelihood(ckpt, 1.0, c))
     report.run(label, "AR likelihood", lambda: check_ar_likelihood(ckpt))
     if skip_train:
         return

@@ -168,6 +168,12 @@ class SamplingConfig:
               "small_block_size, 8 in its generate): a threshold step chooses only among the current sub-block's "
               "masked positions, a scheduled step reveals its tokens in (sub-block, confidence) order; rollouts and "
               "evaluation. null = the whole block at once. An integer from 1 to model.block_size.")
+    causal_context: bool | None = doc(
+        None, "model.kind block: attend the prompt and the finished blocks token-causally, as an autoregressive model, "
+              "and take a block's first token from the output before it (Nemotron-Labs-Diffusion's "
+              "generate(causal_context=True), its default), instead of block-causally (false); rollouts, evaluation "
+              "and the likelihoods alike (the policy's layout). null = the family's default: true for "
+              "nemotron_diffusion, false for the others. Not with a family whose outputs are shifted (fast_dllm_v2).")
     cache: str = doc(
         "none", "Block caching (Fast-dLLM, arXiv 2505.22618): none | prefix | dual. A block's first pass runs over "
                 "the whole sequence and keeps the keys/values before the block (prefix) or outside it (dual); its later "

@@ -32,7 +32,9 @@ from collections.abc import Callable
 import torch
 
 from dlmrl.models.block_attention import (
+    causal_sources,
     check_block_size,
+    check_clean_context,
     check_logit_shift,
     composite_mask,
     composite_position_ids,
@@ -47,7 +49,7 @@ ModelFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 def composite_logits(model_fn: ModelFn, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, noisy: torch.Tensor,
                      clean: torch.Tensor, block_size: int, prompt_blocks: bool = False,
-                     logit_shift: int = 0) -> torch.Tensor:
+                     logit_shift: int = 0, clean_context: str = "block") -> torch.Tensor:
     """The noisy half's logits of one composite pass.
 
     Position ``i`` of block ``b`` is predicted from the noisy tokens of block ``b`` (``noisy``), the clean blocks
@@ -64,10 +66,15 @@ def composite_logits(model_fn: ModelFn, prompt_ids: torch.Tensor, prompt_mask: t
             takes the output at :func:`~dlmrl.models.block_attention.shifted_sources` (the noisy ``i − 1`` inside a
             block, the clean last position of the previous block, or the prompt's last, for a block's first token);
             0 (default) takes the noisy half as it is.
+        clean_context: ``"block"`` (default) or ``"causal"``: the prompt and the clean half attend token-causally
+            (:func:`~dlmrl.models.block_attention.composite_mask`) and a block's first token takes the output before
+            it on that clean context, the others their noisy output
+            (:func:`~dlmrl.models.block_attention.causal_sources`; Nemotron-Labs-Diffusion); needs ``logit_shift`` 0.
     Returns:
         ``(B, L, V)`` logits (float32, float64 for a float64 model).
     Raises:
-        ValueError: on mismatched shapes, a block size below 1, or a ``logit_shift`` other than 0 or 1.
+        ValueError: on mismatched shapes, a block size below 1, a ``logit_shift`` other than 0 or 1, or a
+            ``clean_context`` not in ``CLEAN_CONTEXTS`` (or ``"causal"`` with ``logit_shift`` 1).
     Reference: BD3-LM arXiv 2503.09573 §3.2.
     """
     if noisy.shape != clean.shape or noisy.shape[0] != prompt_ids.shape[0] or prompt_mask.shape != prompt_ids.shape:
@@ -76,10 +83,15 @@ def composite_logits(model_fn: ModelFn, prompt_ids: torch.Tensor, prompt_mask: t
     length, p = noisy.shape[1], prompt_ids.shape[1]
     check_block_size(length, block_size)
     check_logit_shift(logit_shift)
+    causal = check_clean_context(clean_context) == "causal"
+    if causal and logit_shift:
+        raise ValueError("clean_context 'causal' shifts only a block's first token: it needs logit_shift 0, got 1")
     ids = torch.cat([prompt_ids, noisy, clean], dim=1)  # (B, P + 2L)
-    mask4d = composite_mask(prompt_mask, length, block_size, prompt_blocks)
+    mask4d = composite_mask(prompt_mask, length, block_size, prompt_blocks, clean_context)
     logits = model_fn(ids, mask4d, composite_position_ids(prompt_mask, length))
-    if logit_shift:  # (B, L, V): each position's predicting output
+    if causal:  # (B, L, V): a block's first token from the clean context's output before it
+        logits = gather_positions(logits, causal_sources(prompt_mask, length, block_size))
+    elif logit_shift:  # (B, L, V): each position's predicting output
         logits = gather_positions(logits, shifted_sources(prompt_mask, length, block_size, composite=True))
     else:
         logits = logits[:, p : p + length]  # (B, L, V): the noisy half

@@ -24,7 +24,7 @@ class BlockDiffusionKind(MaskedDiffusionKind):
     the finished blocks, the likelihood estimators per block."""
 
     name = "block"
-    sampling_keys = ("sub_block_size",)
+    sampling_keys = ("sub_block_size", "causal_context")
     stops_at_eos_by_default = True
     turn_stops_at = "the end of the block where that line ends (model.block_size)"
 
@@ -78,6 +78,12 @@ class BlockDiffusionKind(MaskedDiffusionKind):
             raise ConfigError(f"config key 'model.block_size': the policy's block size is {policy.block_size} but "
                               f"model.block_size is {cfg.model.block_size}")
         policy.sub_block_size = cfg.sampling.sub_block_size  # (the sampler's sub-blocks: the run's config decides)
+        causal = cfg.sampling.causal_context
+        if causal is not None:  # (null: the family's clean context, set at load)
+            check_key(not (causal and policy.logit_shift), "sampling.causal_context",
+                      f"true needs a family whose output at i predicts token i; family {policy.family!r} shifts its "
+                      "outputs by one (logit_shift 1): set it null or false")
+            policy.clean_context = "causal" if causal else "block"
 
     # ----- the config check ----------------------------------------------------------------------------------
     def check_model(self, cfg) -> None:
@@ -122,6 +128,8 @@ class BlockDiffusionKind(MaskedDiffusionKind):
         sub = s.sub_block_size
         check_key(sub is None or (isinstance(sub, int) and not isinstance(sub, bool) and 1 <= sub <= b),
                   "sampling.sub_block_size", f"must be null or an integer from 1 to model.block_size {b}, got {sub!r}")
+        check_key(s.causal_context is None or isinstance(s.causal_context, bool), "sampling.causal_context",
+                  f"must be null, true or false, got {s.causal_context!r}")
 
     def denoising_blocks(self, cfg) -> tuple[int, str]:
         # (the sampler decodes in the model's blocks; the last may be shorter)
@@ -186,6 +194,13 @@ class BlockDiffusionKind(MaskedDiffusionKind):
         if family in FAMILIES and FAMILIES.get(family).logit_shift:
             plan["logit_shift"] = ("1: the output at i - 1 predicts token i (the family's AR head); a block's first "
                                    "token comes from the previous block's last position and is revealed first")
+        causal = cfg.sampling.causal_context
+        if causal is None and family in FAMILIES:
+            causal = FAMILIES.get(family).clean_context == "causal"
+        if causal:
+            plan["clean_context"] = ("causal (sampling.causal_context): the prompt and the finished blocks attended "
+                                     "token by token, as an autoregressive model; a block attends them and itself both "
+                                     "ways, and its first token comes from the output before it, revealed first")
         return plan
 
     def plan_sampler(self, cfg, preset, written) -> dict:

@@ -44,6 +44,11 @@ Layouts of the published checkpoints (read for this module; none of their code i
   ``[x_t | x_0]`` of the *whole* sequence (prompt included, never noised), blocks aligned to position 0, and a
   **token shift**: position ``i`` is predicted by the output at ``i − 1`` (an AR model's head kept), so a block's
   first token comes from the previous block's last clean position.
+- Nemotron-Labs-Diffusion (``modeling_nemotron_labs_diffusion.py`` of the release: ``generate(causal_context=True)``,
+  ``block_diff_mask``): the prompt and the clean blocks attended *token-causally* (an AR model's attention; the
+  training mask's ``fully_causal`` clean half), a noisy block attending them and itself both ways, its logits
+  unshifted except its first token, which the AR head predicts from the position before it
+  (``clean_context="causal"``: :func:`composite_mask`, :func:`causal_sources`; :mod:`dlmrl.models.nemotron_diffusion`).
 
 This module implements the dlmrl layout above (prompt = one clean block 0, completion blocks aligned to the
 completion's start, no shift) for the ``tiny`` family; a checkpoint family with another layout needs its own ids and
@@ -192,6 +197,47 @@ def check_logit_shift(logit_shift: int) -> int:
     return logit_shift
 
 
+#: How a block-diffusion policy attends its clean context (the prompt and the finished blocks): ``"block"`` (dlmrl's
+#: default: the prompt one block, or its blocks, and each finished block bidirectional inside) or ``"causal"`` (token
+#: by token, as an autoregressive model; a block's first token then comes from the previous position's output:
+#: Nemotron-Labs-Diffusion's ``generate(causal_context=True)``, :mod:`dlmrl.models.nemotron_diffusion`).
+CLEAN_CONTEXTS = ("block", "causal")
+
+
+def check_clean_context(clean_context: str) -> str:
+    """``clean_context`` if it is one of :data:`CLEAN_CONTEXTS`, else ``ValueError``."""
+    if clean_context not in CLEAN_CONTEXTS:
+        raise ValueError(f"clean_context must be one of {CLEAN_CONTEXTS}, got {clean_context!r}")
+    return clean_context
+
+
+def causal_sources(prompt_mask: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
+    """``(B, L)`` long: for each completion position ``i``, the position of the composite input ``[prompt (P) | noisy
+    (L) | clean (L)]`` whose output predicts token ``i`` under ``clean_context="causal"``: a block's first token
+    (``i % block_size == 0``) is predicted by the output one position before it on the token-causal clean context (the
+    previous block's last *clean* position ``P + L + i − 1``, for ``i = 0`` the prompt's last ``P − 1``, or position
+    ``P`` itself when a row has no prompt token there: :func:`shifted_sources`); every other position by its own noisy
+    output ``P + i`` (no shift). Nemotron-Labs-Diffusion's ``generate(causal_context=True)`` writes a block's first
+    token from the last logits of the causal pass that cached the prompt or the previous block, and reads the others'
+    logits unshifted from the block's passes.
+
+    Raises:
+        ValueError: on ``length`` or ``block_size`` below 1.
+    """
+    shifted = shifted_sources(prompt_mask, length, block_size, composite=True)  # (B, L)
+    i = torch.arange(length, device=shifted.device)
+    return torch.where(i % block_size == 0, shifted, prompt_mask.shape[1] + i)
+
+
+def causal_prompt_mask(prompt_mask: torch.Tensor) -> torch.Tensor:
+    """``(B, 1, P, P)`` bool: real prompt query ``i`` attends real prompt keys ``j <= i``; a padding query attends only
+    itself (the prompt pass of ``clean_context="causal"``)."""
+    pm = prompt_mask.bool()
+    p = pm.shape[1]
+    causal = torch.ones(p, p, dtype=torch.bool, device=pm.device).tril()
+    return _with_self(causal[None] & pm[:, None, :] & pm[:, :, None])[:, None]
+
+
 def _with_self(allowed: torch.Tensor) -> torch.Tensor:
     """``allowed (B, T, T)`` with the diagonal set: every query attends at least itself (no empty row)."""
     eye = torch.eye(allowed.shape[-1], dtype=torch.bool, device=allowed.device)
@@ -219,13 +265,17 @@ def block_causal_mask(prompt_mask: torch.Tensor, length: int, block_size: int,
 
 
 def composite_mask(prompt_mask: torch.Tensor, length: int, block_size: int,
-                   prompt_blocks: bool = False) -> torch.Tensor:
+                   prompt_blocks: bool = False, clean_context: str = "block") -> torch.Tensor:
     """The mask of the composite input ``[prompt (P) | noisy ỹ (L) | clean y (L)]`` (see the module docstring).
 
     Args:
         prompt_mask: ``(B, P)`` bool. length: ``L``. block_size: tokens per block.
         prompt_blocks: the prompt cut into blocks (:func:`prompt_block_ids`): a prompt query attends the prompt keys
             of its own and earlier prompt blocks; every completion query still attends the whole real prompt.
+        clean_context: ``"block"`` (default) as above; ``"causal"`` (:data:`CLEAN_CONTEXTS`): the prompt and the clean
+            half attend token-causally (a real prompt query attends the real prompt keys up to itself, clean ``i``
+            the real prompt and clean ``j <= i``), the noisy half as above: Nemotron-Labs-Diffusion's
+            ``causal_context`` layout (:func:`causal_sources`).
     Returns:
         ``(B, 1, P + 2L, P + 2L)`` bool, True = may attend.
     Raises:
@@ -245,10 +295,17 @@ def composite_mask(prompt_mask: torch.Tensor, length: int, block_size: int,
     q_part, k_part = part[None, :, None], part[None, None, :]
     prompt_key = (k_part == 0) & (bk != PAD_BLOCK) & (bk <= bq)  # real prompt keys of this or an earlier block
     noisy_q, clean_q, real_q = q_part == 1, q_part == 2, bq != PAD_BLOCK
+    if check_clean_context(clean_context) == "causal":  # (token-causal prompt and clean half; the noisy half as is)
+        idx = torch.arange(part.shape[0], device=pm.device)
+        causal = (idx[None, :] <= idx[:, None])[None]  # (1, T, T): key index <= query index
+        prompt_key = (k_part == 0) & (bk != PAD_BLOCK) & ((q_part != 0) | causal)
+        clean_block = clean_q & (k_part == 2) & causal
+    else:
+        clean_block = clean_q & (k_part == 2) & (bk <= bq)
     allowed = (real_q & prompt_key) \
         | (noisy_q & (k_part == 1) & (bk == bq)) \
         | (noisy_q & (k_part == 2) & (bk < bq)) \
-        | (clean_q & (k_part == 2) & (bk <= bq))  # (B, T, T)
+        | clean_block  # (B, T, T)
     return _with_self(allowed)[:, None]
 
 
@@ -418,6 +475,7 @@ class BlockCausalPolicy:
 
 
 __all__ = [
+    "CLEAN_CONTEXTS",
     "PAD_BLOCK",
     "BlockCausalPolicy",
     "BlockForwardFn",
@@ -428,7 +486,10 @@ __all__ = [
     "block_logits",
     "block_position_ids",
     "bool_mask_block_forward",
+    "causal_prompt_mask",
+    "causal_sources",
     "check_block_size",
+    "check_clean_context",
     "check_logit_shift",
     "completion_block_ids",
     "composite_mask",

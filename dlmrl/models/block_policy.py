@@ -28,6 +28,7 @@ from dlmrl.models.block_attention import (
     block_causal_mask,
     block_position_ids,
     check_block_size,
+    check_clean_context,
     check_logit_shift,
     gather_positions,
     hf_block_forward,
@@ -58,6 +59,12 @@ class BlockDiffusionPolicy(MaskedDiffusionPolicy):
             (Fast-dLLM v2's ``small_block_size``, 8 in its ``generate``; :func:`~dlmrl.models.block_sampler.block_generate`);
             ``None`` (default): the whole block at once. A run's ``sampling.sub_block_size`` sets it when the policy
             is loaded (``BlockDiffusionKind.check_loaded``).
+        clean_context: ``"block"`` (default): the prompt and the finished blocks are attended block-causally, each
+            bidirectional inside; ``"causal"`` (the family's ``clean_context``; Nemotron-Labs-Diffusion's
+            ``generate(causal_context=True)``): attended token-causally, a block's first token predicted by the output
+            before it on that context and revealed first, the others unshifted, in the sampler, the composite pass
+            (:func:`~dlmrl.estimators.block_composite.composite_logits`) and the uncached pass (``clean=None``: the
+            composite pass with the canvas as its clean half). Needs ``logit_shift`` 0.
         kind: ``"block"``.
     """
 
@@ -66,11 +73,14 @@ class BlockDiffusionPolicy(MaskedDiffusionPolicy):
     prompt_blocks: bool = False
     logit_shift: int = 0
     sub_block_size: int | None = None
+    clean_context: str = "block"
     kind: str = field(default="block", init=False)
 
     def __post_init__(self) -> None:
         check_block_size(1, self.block_size)
         check_logit_shift(self.logit_shift)
+        if check_clean_context(self.clean_context) == "causal" and self.logit_shift:
+            raise ValueError("clean_context 'causal' shifts only a block's first token: it needs logit_shift 0")
 
     def model_fn(self, input_ids: torch.Tensor, mask4d: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """``(B, T, V)`` logits of one uncached pass under ``mask4d`` ``(B, 1, T, T)`` bool."""
@@ -93,7 +103,10 @@ class BlockDiffusionPolicy(MaskedDiffusionPolicy):
         pm = prompt_mask.bool()
         if clean is not None:
             return composite_logits(self.model_fn, prompt_ids, pm, canvas, clean, self.block_size, self.prompt_blocks,
-                                    self.logit_shift)
+                                    self.logit_shift, self.clean_context)
+        if self.clean_context == "causal":  # (one block-causal pass cannot hold a finished block causally)
+            return composite_logits(self.model_fn, prompt_ids, pm, canvas, canvas, self.block_size,
+                                    self.prompt_blocks, 0, "causal")
         length, p = canvas.shape[1], prompt_ids.shape[1]
         ids = torch.cat([prompt_ids, canvas], dim=1)
         mask4d = block_causal_mask(pm, length, self.block_size, self.prompt_blocks)
@@ -128,7 +141,8 @@ class BlockDiffusionPolicy(MaskedDiffusionPolicy):
                               remasking=remasking, threshold=threshold, threshold_factor=threshold_factor,
                               canvas=canvas, generator=generator, cache=cache, forward=self.forward, rows=rows,
                               prompt_blocks=self.prompt_blocks, eos_token_id=eos_token_id, stop_at_eos=stop_at_eos,
-                              logit_shift=self.logit_shift, sub_block_size=self.sub_block_size)
+                              logit_shift=self.logit_shift, sub_block_size=self.sub_block_size,
+                              clean_context=self.clean_context)
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         raise TypeError("a block-diffusion policy needs to know where its prompt ends: call "
@@ -136,20 +150,26 @@ class BlockDiffusionPolicy(MaskedDiffusionPolicy):
 
 
 def block_policy_from(policy: MaskedDiffusionPolicy, block_size: int, forward: BlockForwardFn = hf_block_forward,
-                      prompt_blocks: bool = False, logit_shift: int | None = None) -> BlockDiffusionPolicy:
+                      prompt_blocks: bool = False, logit_shift: int | None = None,
+                      clean_context: str | None = None) -> BlockDiffusionPolicy:
     """The block-diffusion policy over ``policy``'s model and tokenizer (the same weights, block-causal attention).
 
     ``logit_shift`` (:attr:`BlockDiffusionPolicy.logit_shift`): ``None`` = the ``logit_shift`` of ``policy.family``
-    when it is a registered family (:data:`dlmrl.models.families.FAMILIES`; Fast-dLLM v2: 1), else 0."""
-    if logit_shift is None:
-        from dlmrl.models.families import FAMILIES
+    when it is a registered family (:data:`dlmrl.models.families.FAMILIES`; Fast-dLLM v2: 1), else 0.
+    ``clean_context`` (:attr:`BlockDiffusionPolicy.clean_context`): ``None`` = the family's ``clean_context``
+    (Nemotron-Labs-Diffusion: ``"causal"``), else ``"block"``."""
+    from dlmrl.models.families import FAMILIES
 
-        family = policy.family
-        logit_shift = FAMILIES.get(family).logit_shift if family in FAMILIES else 0
+    family = policy.family
+    fam = FAMILIES.get(family) if family in FAMILIES else None
+    if logit_shift is None:
+        logit_shift = fam.logit_shift if fam is not None else 0
+    if clean_context is None:
+        clean_context = getattr(fam, "clean_context", "block") if fam is not None else "block"
     return BlockDiffusionPolicy(model=policy.model, tokenizer=policy.tokenizer, mask_token_id=policy.mask_token_id,
                                 family=policy.family, logits_fn=policy.logits_fn, eos_token_id=policy.eos_token_id,
                                 pad_token_id=policy.pad_token_id, block_size=block_size, forward=forward,
-                                prompt_blocks=prompt_blocks, logit_shift=logit_shift)
+                                prompt_blocks=prompt_blocks, logit_shift=logit_shift, clean_context=clean_context)
 
 
 __all__ = ["BlockDiffusionPolicy", "block_policy_from"]

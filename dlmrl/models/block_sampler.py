@@ -26,6 +26,17 @@ the other ``k − 1`` of the step by confidence), alone at that step with a thre
 decodes it the same way, greedily, from the pass that stores the previous block, before the block's denoising steps
 (``modeling.py`` of the checkpoint; :mod:`dlmrl.models.fast_dllm_v2`).
 
+**Causal clean context** (``clean_context="causal"``, Nemotron-Labs-Diffusion's ``generate(causal_context=True)``,
+:mod:`dlmrl.models.nemotron_diffusion`). The prompt pass and each finished block's cache pass are token-causal (an
+autoregressive model's attention over the clean context); a denoising pass attends the whole cache and its block both
+ways, its logits unshifted; a block's first token is predicted by the last output of the causal pass that stored the
+previous block (the prompt's for the first) and revealed first, as with the logit shift. Without a cache each step is
+one composite pass with the canvas as its clean half (:func:`~dlmrl.models.block_attention.composite_mask` with
+``clean_context="causal"``, :func:`~dlmrl.models.block_attention.causal_sources`): the finished blocks are clean, so
+the current block sees exactly what the cache holds. The code's ``generate`` writes the first token before the block's
+denoising passes; here the block's first step reveals it from the kept output (with one token per step, that step's
+pass decides nothing else), so greedy decoding with one token per step is the same tokens.
+
 **Sub-blocks** (``sub_block_size``, Fast-dLLM v2's ``small_block_size``): a block's positions are grouped in runs of
 ``sub_block_size`` from its start and decoded group by group, left to right. A threshold step chooses only among the
 masked positions of the row's first group that still has one (every one above the threshold, at least the most
@@ -51,7 +62,12 @@ from dlmrl.models.block_attention import (
     block_bounds,
     block_causal_mask,
     block_position_ids,
+    causal_prompt_mask,
+    causal_sources,
+    check_clean_context,
     check_logit_shift,
+    composite_mask,
+    composite_position_ids,
     gather_positions,
     hf_block_forward,
     shifted_sources,
@@ -93,9 +109,13 @@ class _ExactBlockForward:
     decoded block's keys and values."""
 
     def __init__(self, model, forward: BlockForwardFn, prompt_ids, prompt_mask, length: int, block_size: int,
-                 cache: bool, prompt_blocks: bool = False, logit_shift: int = 0):
+                 cache: bool, prompt_blocks: bool = False, logit_shift: int = 0, clean_context: str = "block"):
         self.model, self.forward, self.cache = model, forward, cache
         self.prompt_blocks, self.shift = prompt_blocks, logit_shift
+        # (clean_context "causal": the prompt and finished blocks stored token-causally, a block's first token from
+        # the output before it, the others unshifted; reveal_first: a block's first token is revealed first)
+        self.causal = check_clean_context(clean_context) == "causal"
+        self.reveal_first = bool(logit_shift) or self.causal
         # (logit_shift: the output predicting the block's first token, (B, V), and whether a row has one; from the
         # pass that stored the previous block or the prompt)
         self.prev: torch.Tensor | None = None
@@ -111,21 +131,26 @@ class _ExactBlockForward:
         if cache:
             self.key_real = prompt_mask.clone()
             if prompt_ids.shape[1] > 0:  # (an empty prompt leaves the cache empty)
-                out, self.past = forward(model, prompt_ids, _prompt_mask4d(prompt_mask, block_size, prompt_blocks),
-                                         position_ids_from_mask(prompt_mask), None, True)
-                self.prev = out[:, -1].clone() if logit_shift else None
+                pmask4d = (causal_prompt_mask(prompt_mask) if self.causal
+                           else _prompt_mask4d(prompt_mask, block_size, prompt_blocks))
+                out, self.past = forward(model, prompt_ids, pmask4d, position_ids_from_mask(prompt_mask), None, True)
+                self.prev = out[:, -1].clone() if self.reveal_first else None
                 del out
                 self.cache_passes = 1
 
     def start_block(self, lo: int, hi: int) -> None:
         self.lo, self.hi = lo, hi
 
-    def _block_inputs(self, tokens: torch.Tensor, rows: torch.Tensor | None):
-        """Ids, 4-D mask and positions of the block's ``tokens (n, Lb)`` against the cache, and the rows' past."""
+    def _block_inputs(self, tokens: torch.Tensor, rows: torch.Tensor | None, causal: bool = False):
+        """Ids, 4-D mask and positions of the block's ``tokens (n, Lb)`` against the cache, and the rows' past
+        (``causal``: token-causal inside the block)."""
         key_real = self.key_real if rows is None else self.key_real[rows]  # (n, S)
         n, width = tokens.shape
+        inside = key_real.new_ones(n, 1, width, width)
+        if causal:
+            inside = inside.tril()
         mask = torch.cat([key_real[:, None, None, :].expand(n, 1, width, key_real.shape[1]),
-                          key_real.new_ones(n, 1, width, width)], dim=-1)  # (n, 1, Lb, S + Lb)
+                          inside], dim=-1)  # (n, 1, Lb, S + Lb)
         n_real = self.n_real if rows is None else self.n_real[rows]
         pos = n_real[:, None] + torch.arange(self.lo, self.hi, device=tokens.device)  # (n, Lb)
         past = self.past if rows is None or self.past is None else [(k[rows], v[rows]) for k, v in self.past]
@@ -137,14 +162,19 @@ class _ExactBlockForward:
             tokens = canvas[:, self.lo : self.hi]
             mask, pos, past = self._block_inputs(tokens, rows)
             out = self.forward(self.model, tokens, mask, pos, past, False)[0]  # (n, Lb, V)
-            if not self.shift:
+            if not self.reveal_first:
                 return out
             real = self.prev_real if rows is None else self.prev_real[rows]  # (n,)
             first = out[:, 0] if self.prev is None else torch.where(
                 real[:, None], (self.prev if rows is None else self.prev[rows]).to(out.dtype), out[:, 0])
-            return torch.cat([first[:, None], out[:, :-1]], dim=1)
+            return torch.cat([first[:, None], out[:, 1:] if self.causal else out[:, :-1]], dim=1)
         pids = self.prompt_ids if rows is None else self.prompt_ids[rows]
         pmask = self.prompt_mask if rows is None else self.prompt_mask[rows]
+        if self.causal:  # (the composite pass with the canvas as its clean half: the finished blocks are clean)
+            ids = torch.cat([pids, canvas, canvas], dim=1)  # (n, P + 2L)
+            mask = composite_mask(pmask, self.length, self.block_size, self.prompt_blocks, "causal")
+            out = self.forward(self.model, ids, mask, composite_position_ids(pmask, self.length), None, False)[0]
+            return gather_positions(out, causal_sources(pmask, self.length, self.block_size)[:, self.lo : self.hi])
         ids = torch.cat([pids, canvas], dim=1)  # (n, P + L)
         mask = block_causal_mask(pmask, self.length, self.block_size, self.prompt_blocks)
         out = self.forward(self.model, ids, mask, block_position_ids(pmask, self.length), None, False)[0]
@@ -158,9 +188,9 @@ class _ExactBlockForward:
         if not self.cache:
             return
         tokens = x[:, self.lo : self.hi]
-        mask, pos, past = self._block_inputs(tokens, None)
+        mask, pos, past = self._block_inputs(tokens, None, self.causal)
         out, self.past = self.forward(self.model, tokens, mask, pos, past, True)
-        if self.shift:  # (the finished block's last output predicts the next block's first token)
+        if self.reveal_first:  # (the finished block's last output predicts the next block's first token)
             self.prev, self.prev_real = out[:, -1].clone(), torch.ones_like(self.prev_real)
         del out
         self.key_real = torch.cat([self.key_real, self.key_real.new_ones(tokens.shape)], dim=1)
@@ -250,6 +280,7 @@ def block_generate(
     stop_at_eos: bool = False,
     logit_shift: int = 0,
     sub_block_size: int | None = None,
+    clean_context: str = "block",
 ) -> BlockSampleOutput:
     """Decode ``gen_length`` tokens after each prompt with a block-causal denoiser, block by block.
 
@@ -294,6 +325,9 @@ def block_generate(
             logits, a block's first token revealed first); 0 (default) for position ``i`` predicting token ``i``.
         sub_block_size: decode each block in sub-blocks of this many positions, left to right (see the module
             docstring; Fast-dLLM v2's ``small_block_size``); ``None`` (default): the whole block at once.
+        clean_context: ``"block"`` (default) or ``"causal"`` (see the module docstring: the prompt and the finished
+            blocks attended token-causally, a block's first token from the output before it, revealed first;
+            ``prompt_blocks`` then changes nothing; needs ``logit_shift`` 0).
     Returns:
         :class:`BlockSampleOutput`: ``canvas`` ``(B, L)`` long, ``token_logprobs`` ``(B, L)`` float32 (the log-prob of
         each revealed token under ``log_softmax(logits / T)`` with the mask token excluded, ``T = 1`` when greedy; 0
@@ -304,7 +338,8 @@ def block_generate(
         ValueError: on mismatched shapes, a prompt mask that is not left-padded, ``gen_length`` or ``block_size``
             below 1, a missing ``steps_per_block``, an unknown ``remasking``, a threshold outside its range, both
             threshold rules, a negative temperature, ``stop_at_eos`` without ``eos_token_id``, a ``logit_shift`` other
-            than 0 or 1, a ``sub_block_size`` that is not an integer >= 1, or a policy without ``mask_token_id``.
+            than 0 or 1, a ``sub_block_size`` that is not an integer >= 1, a ``clean_context`` not in
+            ``CLEAN_CONTEXTS`` (or ``"causal"`` with ``logit_shift`` 1), or a policy without ``mask_token_id``.
     Reference: SDAR arXiv 2510.06303 (``block_diffusion_generate``); LLaDA arXiv 2502.09992 (``generate``);
     Fast-dLLM arXiv 2505.22618 (``get_transfer_index``).
     """
@@ -316,6 +351,8 @@ def block_generate(
         raise ValueError("stop_at_eos=True needs eos_token_id")
     _check_token_ids(policy, prompt_ids)
     check_logit_shift(logit_shift)
+    if check_clean_context(clean_context) == "causal" and logit_shift:
+        raise ValueError("clean_context 'causal' shifts only a block's first token: it needs logit_shift 0, got 1")
     if sub_block_size is not None and (isinstance(sub_block_size, bool) or not isinstance(sub_block_size, int)
                                        or sub_block_size < 1):
         raise ValueError(f"sub_block_size must be an integer >= 1 or None, got {sub_block_size!r}")
@@ -336,7 +373,7 @@ def block_generate(
     token_logprobs = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # (B, L)
     score_t = temperature if temperature > 0 else 1.0  # (greedy rows are scored at T = 1, as generate records them)
     fwd = _ExactBlockForward(policy.model, forward, prompt_ids, prompt_mask, gen_length, block_size, cache,
-                             prompt_blocks, logit_shift)
+                             prompt_blocks, logit_shift, clean_context)
     record = (x, reveal_step, token_logprobs)
     ends = EosStop(eos_token_id if stop_at_eos else None, x.shape[0], gen_length, x.device)
     if threshold is None and threshold_factor is None:
@@ -384,7 +421,7 @@ def _decode_scheduled(fwd: _ExactBlockForward, record, x_all, start: int, mask_i
                 conf = _uniform(x0.shape, generator, x0.device, noise_rows)
             else:  # left_to_right
                 conf = -torch.arange(hi - lo, device=x0.device, dtype=torch.float64).expand(x0.shape)
-            if fwd.shift:  # (a block's first token, predicted from the previous block, is revealed first)
+            if fwd.reveal_first:  # (a block's first token, predicted from the previous block, is revealed first)
                 conf = conf.clone()
                 conf[:, 0] = float("inf")
             masked = x[:, lo:hi] == mask_id  # (B, Lb)
@@ -446,7 +483,7 @@ def _decode_threshold(fwd: _ExactBlockForward, record, mask_id: int, block_size:
             groups = _groups(hi - lo, sub_block_size, x.device)
             candidates = m if groups is None else _first_group(m, groups)  # (the current sub-block's masks)
             reveal = threshold_reveal(_confidence(logits, x0), candidates, threshold, factor)  # (n, Lb)
-            if fwd.shift:  # (a masked first token of the block is revealed alone, before the others)
+            if fwd.reveal_first:  # (a masked first token of the block is revealed alone, before the others)
                 alone = torch.zeros_like(reveal)
                 alone[:, 0] = True
                 reveal = torch.where(m[:, :1], alone, reveal)

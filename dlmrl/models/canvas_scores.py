@@ -97,6 +97,8 @@ def canvas_token_logprobs(
     """
     split = head_split(policy) if logits_chunk else None
     length, p = canvas.shape[1], prompt_ids.shape[1]
+    if clean is None and getattr(policy, "clean_context", "block") == "causal":
+        clean = canvas  # (its uncached pass is the composite one with the canvas as its clean half)
     composite = clean is not None and getattr(policy, "completion_logits", None) is not None
     if split is not None and split.shift:
         # (Dream: the output at i − 1 scores token i; a row's first real position keeps its own output, which would
@@ -119,6 +121,14 @@ def canvas_token_logprobs(
         from dlmrl.models.block_attention import shifted_sources
 
         src = shifted_sources(prompt_mask, length, policy.block_size, composite=True)  # (n, L), distinct per row
+        raw_target = raw_target.new_zeros(raw_target.shape).scatter_(1, src, target)
+        raw_scored = raw_scored.new_zeros(raw_scored.shape).scatter_(1, src, scored)
+    elif composite and getattr(policy, "clean_context", "block") == "causal":
+        # (a causal-context block policy's composite pass: a block's first token is scored by the output before it on
+        # the clean context, the others by their own noisy output: causal_sources)
+        from dlmrl.models.block_attention import causal_sources
+
+        src = causal_sources(prompt_mask, length, policy.block_size)  # (n, L), distinct per row
         raw_target = raw_target.new_zeros(raw_target.shape).scatter_(1, src, target)
         raw_scored = raw_scored.new_zeros(raw_scored.shape).scatter_(1, src, scored)
     elif split.shift:  # (the output at t scores the token at t + shift)

@@ -44,16 +44,30 @@ assumes of it is listed below and checked on every load):
 - **Logits**: the diffusion logits are unshifted (position ``i`` predicts token ``i``; ``generate``'s
   ``_get_transfer_index`` reads ``logits[i]`` for position ``i``); under causal attention the same head's output at
   ``i`` predicts token ``i + 1`` (``ar_generate`` takes the last position's logits as the next token's).
-- **The block layout**: ``generate(prompt_ids, max_new_tokens, block_length, threshold=None, causal_context=False)``
-  prefills the prompt with bidirectional attention, then appends blocks of ``block_length`` masks aligned to the
-  prompt's end, each denoised against the cache (bidirectional inside the block) with ``block_length`` steps, the
-  most confident masked position first (``_get_num_transfer_tokens`` splits a block's masks evenly over its steps),
-  then its keys cached. That is dlmrl's block kind with the prompt as one clean block (``prompt_blocks=False``), and
-  greedy decoding is token-identical to it (tests, ``benchmarks/nemotron_diffusion_parity.py``). The release's default
-  ``causal_context=True`` instead caches the prompt and every finished block with causal attention and writes each
-  block's first token with the AR head (the training layout's fully causal clean half): **not reproduced** (dlmrl's
-  block kind attends the prompt and finished blocks bidirectionally inside each block; dlmrl interpretation of the
-  paradigm, documented as the difference).
+- **The block layout, dlmrl's default: ``generate``'s default ``causal_context=True``** (the family's
+  ``clean_context="causal"``, :attr:`~dlmrl.models.block_policy.BlockDiffusionPolicy.clean_context`).
+  ``generate(prompt_ids, max_new_tokens, block_length, threshold=None, causal_context=True)`` prefills the prompt with
+  every layer switched to ``diffusion_lm=False`` and ``use_causal_mask=True`` (token-causal attention, an AR model's)
+  and takes the argmax of the prompt's last logits (a multinomial draw at ``temperature > 0``) as the first block's
+  first token; each block is that token followed by ``block_length − 1`` masks, aligned to the prompt's end, denoised
+  by ``self(block, past_key_values=cache, use_cache=False)`` with the layers back in diffusion mode (the block attends
+  the whole cache and itself both ways, its logits unshifted: position ``i`` predicts token ``i``) in ``block_length``
+  steps over its ``block_length − 1`` masks (``_get_num_transfer_tokens``: one token per step, the most confident
+  masked position first), then cached by another causal pass, whose last logits give the next block's first token
+  (the AR head: the previous position's output, a one-token shift for that token only). That is the training
+  layout's fully causal clean half (``block_diff_mask``'s ``fully_causal`` part) and the ``[noisy | clean]`` layout
+  NVIDIA's RL replays (zyzhou5/RL@52a6bd45, ``diffusion_dtensor_policy_worker.py``). dlmrl's block kind does the
+  same with ``clean_context="causal"``: the sampler's prompt and cache passes are token-causal, a denoising pass
+  attends the cache and its block both ways, and a block's first token comes from the kept last output of the pass
+  that stored the context before it, revealed at the block's first step (``generate`` writes it before its steps; at
+  one token per step the tokens are the same); the composite likelihood puts the clean half token-causal and scores
+  a block's first token at the clean copy of the position before it
+  (:func:`~dlmrl.models.block_attention.causal_sources`). Greedy decoding is token-identical to ``generate``, with
+  and without dlmrl's cache, and the trajectory likelihood equals the code's calls replayed step by step (tests,
+  ``benchmarks/nemotron_diffusion_parity.py``). It is the default because it is the release's and NVIDIA's RL layout;
+  ``sampling.causal_context: false`` (a policy with ``clean_context="block"``) runs ``causal_context=False`` instead:
+  the prompt prefilled bidirectionally as one clean block, each finished block cached bidirectionally inside, every
+  token from the block's own passes; also token-identical to ``generate``.
 - **Block size**: ``config.json``'s ``block_size`` (the configuration class's default 32, :data:`NEMOTRON_BLOCK_SIZE`,
   when absent); ``model.block_size`` overrides it.
 - **Mask token**: the tokenizer's mask token, else ``config.json``'s ``mask_token_id``, else id 100
@@ -70,11 +84,15 @@ assumes of it is listed below and checked on every load):
   them where the installed signature lacks them.
 
 The code's ``generate`` takes its argmax over the whole vocabulary, so where a model's most likely token is the mask
-token it "reveals" the mask token and the position stays masked to the end of the block; dlmrl's sampler never writes
-it (its argmax excludes the mask token; the confidence is the full softmax's, as the code's). A trained checkpoint
-gives the mask token no mass; the random parity checkpoint hit it at 2 positions of one row (reported there).
+token it "reveals" the mask token and the position stays masked to the end of the block (with ``causal_context=True``
+a block's first token drawn as the mask token is then denoised like the others); dlmrl's sampler never writes it (its
+argmax excludes the mask token; the confidence is the full softmax's, as the code's). A trained checkpoint gives the
+mask token no mass; on the random parity checkpoint it happens (reported there; its ``causal_context=True``
+comparison runs on a copy whose head gives the mask token logit 0). At ``temperature > 0`` the code draws a block's
+first token by ``multinomial(softmax(logits / T))`` over the whole vocabulary, dlmrl by its Gumbel-max with the mask
+token left out (other random numbers; the same distribution otherwise).
 
-Not covered: ``causal_context=True`` decoding and ``linear_spec_generate`` (self-speculation); the code's threshold rule
+Not covered: ``linear_spec_generate`` (self-speculation); the code's threshold rule
 (every masked token above it, else the most confident) is not compared token for token (only the fixed schedule,
 ``threshold=None``); the Llama-4 query scale is the code's own, computed from absolute cache positions (exactly 1 below
 ``original_max_position_embeddings``, 16384 in the released configs).

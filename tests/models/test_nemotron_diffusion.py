@@ -153,6 +153,7 @@ def test_the_code_runs_only_when_trusted(nemotron_path):
 
 def test_mask_id_and_block_size_come_from_the_checkpoint(nemotron_path, block, root):
     assert block.family == "nemotron_diffusion" and block.kind == "block" and not block.prompt_blocks
+    assert block.clean_context == "causal" and block.logit_shift == 0  # (generate's default causal_context=True)
     assert block.mask_token_id == MASK and block.block_size == BLOCK
     assert checkpoint_block_size(str(nemotron_path)) == BLOCK
     assert type(block.model).__name__ == "NemotronLabsDiffusionModel"
@@ -328,11 +329,18 @@ def nemotron_ar_generate(model, prompt: torch.Tensor, max_new_tokens: int) -> to
     return torch.cat(tokens, 1)[0]
 
 
+def _block_context(policy):
+    """The policy with ``clean_context="block"``: ``generate(causal_context=False)``'s layout."""
+    import dataclasses
+
+    return dataclasses.replace(policy, clean_context="block")
+
+
 @pytest.mark.parametrize("gen_length", [8, 12])
 @torch.no_grad()
 def test_greedy_block_decoding_equals_the_codes_generate(block, gen_length):
     ids, pm = _encode(block, PROMPTS)
-    ours = block.sample_blocks(ids, pm, gen_length=gen_length, steps=gen_length, temperature=0.0)
+    ours = _block_context(block).sample_blocks(ids, pm, gen_length=gen_length, steps=gen_length, temperature=0.0)
     for row in range(ids.shape[0]):
         prompt = ids[row:row + 1, pm[row]]
         theirs = nemotron_generate(block.model, prompt, gen_length, BLOCK, block.mask_token_id)
@@ -362,7 +370,7 @@ def test_the_composite_pass_equals_the_codes_cached_calls(block):
     length = 9  # (the last block has 1 token)
     clean = _tokens((3, length), 4)
     noisy = clean.masked_fill(torch.rand(3, length, generator=torch.Generator().manual_seed(5)) < 0.5, MASK)
-    ours = block.completion_logits(ids, pm, noisy, clean=clean)
+    ours = _block_context(block).completion_logits(ids, pm, noisy, clean=clean)
     model = block.model
     for row in range(3):
         cache = model(ids[row:row + 1, pm[row]], use_cache=True).past_key_values
@@ -406,6 +414,211 @@ def test_ar_token_logprobs_equal_the_codes_causal_forward(ar):
             torch.testing.assert_close(logp[row], theirs, atol=ATOL, rtol=0)
     finally:
         _diffusion_mode(model, True)
+
+
+# ------------------------------------------------------------------------------------ causal_context=True (the default)
+
+
+def _causal_call(model, ids, cache=None):
+    """The code's cache pass of ``generate(causal_context=True)``: the layers switched to ``diffusion_lm=False``,
+    ``model(ids, past_key_values=cache, use_cache=True, use_causal_mask=True)``, switched back."""
+    _diffusion_mode(model, False)
+    try:
+        return model(ids, past_key_values=cache, use_cache=True, use_causal_mask=True)
+    finally:
+        _diffusion_mode(model, True)
+
+
+def nemotron_generate_causal(model, prompt: torch.Tensor, gen_length: int, block_length: int,
+                             mask_id: int) -> torch.Tensor:
+    """Test oracle: ``NemotronLabsDiffusionModel.generate(prompt, max_new_tokens=gen_length, block_length,
+    threshold=None, causal_context=True, temperature=0)`` re-implemented from its semantics through the code's own
+    calls: one prompt ``(1, P)`` prefilled causally (:func:`_causal_call`), the argmax of its last logits the first
+    block's first token; per block, that token then ``block_length − 1`` masks, ``_get_num_transfer_tokens`` over the
+    ``block_length − 1`` masks in ``block_length`` steps (one token per step) of ``model(block, past_key_values=cache,
+    use_cache=False)`` (bidirectional against the cache), the most confident masked position revealed; then the block
+    cached causally and the argmax of its last logits the next block's first token. Its EOS stop and thinking budget
+    are left out."""
+    out = _causal_call(model, prompt)
+    cache, first = out.past_key_values, out.logits[0, -1].argmax()
+    blocks = []
+    for _ in range(gen_length // block_length):
+        blk = torch.full((1, block_length), mask_id, dtype=torch.long)
+        blk[0, 0] = first
+        for _step in range(block_length):
+            active = blk[0] == mask_id
+            if not active.any():
+                break
+            logits = model(blk, past_key_values=cache, use_cache=False).logits[0]
+            x0 = logits.argmax(-1)
+            conf = torch.where(active, torch.softmax(logits.float(), -1).gather(-1, x0[:, None])[:, 0], -math.inf)
+            pick = conf.argmax()
+            blk[0, pick] = x0[pick]
+        out = _causal_call(model, blk, cache)
+        cache, first = out.past_key_values, out.logits[0, -1].argmax()
+        blocks.append(blk)
+    return torch.cat(blocks, 1)[0]
+
+
+@pytest.mark.parametrize("cache", [True, False])
+@pytest.mark.parametrize("gen_length", [8, 12])
+@torch.no_grad()
+def test_greedy_causal_context_decoding_equals_the_codes_generate(block, gen_length, cache):
+    ids, pm = _encode(block, PROMPTS)
+    ours = block.sample_blocks(ids, pm, gen_length=gen_length, steps=gen_length, temperature=0.0, cache=cache)
+    for row in range(ids.shape[0]):
+        prompt = ids[row:row + 1, pm[row]]
+        theirs = nemotron_generate_causal(block.model, prompt, gen_length, BLOCK, block.mask_token_id)
+        assert torch.equal(ours.canvas[row], theirs), (row, ours.canvas[row], theirs)
+    assert len(set(map(tuple, ours.canvas.tolist()))) == 3  # (not vacuous: the rows differ)
+    other = _block_context(block).sample_blocks(ids, pm, gen_length=gen_length, steps=gen_length, temperature=0.0)
+    assert not torch.equal(other.canvas, ours.canvas)  # (nor is it the block-context layout)
+    assert (ours.reveal_step[:, ::BLOCK] == torch.arange(0, gen_length, BLOCK)).all()  # (a block's first token first)
+
+
+def test_causal_sources_and_the_causal_composite_mask_by_hand():
+    from dlmrl.models.block_attention import causal_sources, composite_mask
+
+    pm = torch.tensor([[False, True, True]])  # (P = 3, one padding)
+    assert causal_sources(pm, 5, 2).tolist() == [[2, 4, 3 + 5 + 1, 6, 3 + 5 + 3]]
+    assert causal_sources(torch.zeros(1, 1, dtype=torch.bool), 2, 1).tolist() == [[1, 1 + 2]]  # (no prompt token)
+    m = composite_mask(pm, 4, 2, clean_context="causal")[0, 0]  # (T = 3 + 8)
+    assert m[2].tolist() == [False, True, True] + [False] * 8  # (the prompt token attends the prompt up to itself)
+    assert m[1].tolist() == [False, True] + [False] * 9
+    assert m[0].tolist() == [True] + [False] * 10  # (padding attends itself only)
+    clean = [3 + 4 + j for j in range(4)]  # (clean i attends the real prompt and clean j <= i)
+    for i in range(4):
+        assert m[clean[i]].tolist() == [False, True, True] + [False] * 4 + [j <= i for j in range(4)]
+    # noisy block 2 (positions 2, 3): the real prompt, clean block 1, its own block both ways
+    assert m[3 + 2].tolist() == [False, True, True, False, False, True, True, True, True, False, False]
+    assert torch.equal(composite_mask(pm, 4, 2, clean_context="block")[0, 0, 3:7],
+                       m[3:7])  # (the noisy half as in the block layout)
+    with pytest.raises(ValueError, match="clean_context"):
+        composite_mask(pm, 4, 2, clean_context="token")
+
+
+@torch.no_grad()
+def test_the_causal_composite_pass_equals_the_codes_cached_calls(block):
+    """Block ``b``'s logits of dlmrl's composite pass with the causal clean context equal the code's calls of
+    ``generate(causal_context=True)``: the block against a causal cache of the prompt and the clean blocks before it,
+    unshifted, and at the block's first position the last logits of the causal pass that stored the context."""
+    ids, pm = _encode(block, PROMPTS)
+    length = 9  # (the last block has 1 token)
+    clean = _tokens((3, length), 4)
+    noisy = clean.masked_fill(torch.rand(3, length, generator=torch.Generator().manual_seed(5)) < 0.5, MASK)
+    ours = block.completion_logits(ids, pm, noisy, clean=clean)
+    model = block.model
+    for row in range(3):
+        out = _causal_call(model, ids[row:row + 1, pm[row]])
+        for lo in range(0, length, BLOCK):
+            hi = min(lo + BLOCK, length)
+            theirs = model(noisy[row:row + 1, lo:hi], past_key_values=out.past_key_values,
+                           use_cache=False).logits[0].float()
+            theirs[0] = out.logits[0, -1].float()
+            torch.testing.assert_close(ours[row, lo:hi], theirs, atol=ATOL, rtol=0)
+            out = _causal_call(model, clean[row:row + 1, lo:hi], out.past_key_values)
+    block_layout = _block_context(block).completion_logits(ids, pm, noisy, clean=clean)
+    assert (ours - block_layout).abs().amax() > 1e-2  # (not vacuous: the layouts differ)
+    # the uncached pass (clean=None) is the composite pass with the canvas as its clean half
+    torch.testing.assert_close(block.completion_logits(ids, pm, clean), block.completion_logits(ids, pm, clean, clean),
+                               atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("threshold", [None, 0.05])
+@torch.no_grad()
+def test_causal_context_rollouts_are_the_same_with_and_without_the_cache(block, threshold):
+    prompts = _encode(block, PROMPTS)
+    outs = [block.sample_blocks(*prompts, gen_length=8, steps=8, temperature=1.0, threshold=threshold, cache=cache,
+                                generator=torch.Generator().manual_seed(3)) for cache in (True, False)]
+    cached, plain = outs
+    assert torch.equal(cached.canvas, plain.canvas) and torch.equal(cached.reveal_step, plain.reveal_step)
+    torch.testing.assert_close(cached.token_logprobs, plain.token_logprobs, atol=ATOL, rtol=0)
+    assert (cached.canvas != MASK).all() and (cached.token_logprobs < 0).all()
+    for lo in range(0, 8, BLOCK):  # (a block's first token is revealed alone at the block's first step)
+        first = cached.reveal_step[:, lo]
+        assert ((cached.reveal_step[:, lo:lo + BLOCK] > first[:, None]).sum(1) == BLOCK - 1).all()
+    if threshold is not None:  # (not vacuous: some step revealed several tokens of a row at once)
+        assert any(len(r.unique()) < len(r) for r in cached.reveal_step)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@torch.no_grad()
+def test_the_causal_trajectory_likelihood_equals_the_sampler_and_the_codes_calls_per_step(block, temperature):
+    """The block trajectory likelihood (composite passes, one per step) equals the log-probs the cached sampler
+    recorded, and each step replayed through the code's own calls: the block's canvas before that step against the
+    causal cache of the prompt and the finished blocks (``generate(causal_context=True)``'s calls), a block's first
+    token from the last logits of the causal pass before it; ``log_softmax`` at T = 1 with the mask token excluded."""
+    from dlmrl.estimators import score
+    from dlmrl.estimators.block_plans import block_trajectory_plan
+
+    ids, pm = _encode(block, PROMPTS)
+    out = block.sample_blocks(ids, pm, gen_length=8, steps=8, temperature=temperature,
+                              generator=torch.Generator().manual_seed(7))
+    mask = torch.ones_like(out.canvas, dtype=torch.bool)
+    plan = block_trajectory_plan(mask, out.reveal_step, BLOCK, 1, temperature=1.0)
+    ours = score(block, ids, pm, out.canvas, mask, plan)
+    torch.testing.assert_close(ours.per_token, out.token_logprobs, atol=ATOL, rtol=0)
+    model = block.model
+    for row in range(3):
+        ctx = _causal_call(model, ids[row:row + 1, pm[row]])
+        for lo in range(0, 8, BLOCK):
+            hi = lo + BLOCK
+            steps = out.reveal_step[row, lo:hi]
+            for s in steps.unique().tolist():
+                blk = out.canvas[row:row + 1, lo:hi].masked_fill(steps >= s, MASK)
+                logits = model(blk, past_key_values=ctx.past_key_values, use_cache=False).logits[0].double()
+                logits[0] = ctx.logits[0, -1].double()
+                logits[:, MASK] = -math.inf
+                logp = torch.log_softmax(logits, -1).gather(-1, out.canvas[row, lo:hi, None])[:, 0]
+                now = steps == s
+                torch.testing.assert_close(ours.per_token[row, lo:hi][now].double(), logp[now], atol=ATOL, rtol=0)
+            ctx = _causal_call(model, out.canvas[row:row + 1, lo:hi], ctx.past_key_values)
+
+
+def test_causal_context_scores_from_the_head_in_chunks_equal_the_full_logits(block):
+    """``estimator.logits_chunk`` taps the output head: with the causal clean context a block's first token is scored
+    at the clean output before it, the others at their noisy position (with and without the clean completion)."""
+    from dlmrl.models.canvas_scores import canvas_token_logprobs
+
+    ids, pm = _encode(block, PROMPTS)
+    clean = _tokens((3, 9), 6)
+    noisy = clean.masked_fill(torch.arange(9) % 2 == 0, MASK)
+    scored = noisy == MASK
+    for given in (clean, None):
+        full, _ = canvas_token_logprobs(block, ids, pm, noisy, clean, scored, clean=given)
+        chunked, _ = canvas_token_logprobs(block, ids, pm, noisy, clean, scored, clean=given, logits_chunk=3)
+        torch.testing.assert_close(chunked, full, atol=ATOL, rtol=0)
+    assert scored[:, BLOCK].all() and (full[:, BLOCK] < 0).all()
+
+
+def test_sampling_causal_context_reaches_the_policy_and_is_checked(nemotron_path):
+    """``sampling.causal_context``: null keeps the family's ``"causal"``, false sets ``"block"`` on the loaded policy
+    (rollouts and likelihoods alike); a value that is not a boolean, or the key under another kind, is refused naming
+    it."""
+    import dataclasses
+
+    from dlmrl.config import ConfigError
+    from dlmrl.training.run_setup import check_policy, load_configured_policy
+
+    for value, expected in (("null", "causal"), ("true", "causal"), ("false", "block")):
+        cfg = _quiet(_validate, nemotron_path, "block", f"sampling.causal_context={value}")
+        assert _quiet(load_configured_policy, cfg).clean_context == expected
+    with pytest.raises(ConfigError, match="sampling.causal_context"):
+        _quiet(_validate, nemotron_path, "block", "sampling.causal_context=3")
+    shifted = dataclasses.replace(_quiet(load_configured_policy, cfg), logit_shift=1)  # (Fast-dLLM v2's outputs)
+    with pytest.raises(ConfigError, match="sampling.causal_context.*logit_shift 1"):
+        check_policy(_quiet(_validate, nemotron_path, "block", "sampling.causal_context=true"), shifted)
+    with pytest.raises(ConfigError, match="sampling.causal_context.*model.kind block"):
+        _quiet(_validate, nemotron_path, "diffusion", "sampling.causal_context=true", "sampling.block_length=8")
+
+
+def test_causal_context_needs_no_logit_shift(block):
+    import dataclasses
+
+    with pytest.raises(ValueError, match="clean_context 'causal'.*logit_shift 0"):
+        dataclasses.replace(block, logit_shift=1)
+    with pytest.raises(ValueError, match="clean_context must be one of"):
+        dataclasses.replace(block, clean_context="token")
 
 
 # ------------------------------------------------------------------------------------ activation checkpointing
