@@ -33,6 +33,7 @@ from dlmrl.models.fast_dllm_v2 import (
 from dlmrl.models.loading import checkpoint_block_size, load_block_policy
 from tests.models.block_helpers import ATOL
 from tests.models.checkpoints import isolated_remote_code, save_fast_dllm_v2_like
+from tests.models.family_runs import train_then_eval
 
 BLOCK = 4
 PROMPTS = ["12+3=", "1234+56=", "7="]  # left-padded by 3, 0 and 6
@@ -446,48 +447,23 @@ def test_activation_checkpointing_gives_the_same_gradients(fast_path):
 
 # ------------------------------------------------------------------------------------ training and eval runs
 
-REWARD = '''def digit_sum(prompts, completions, **columns):
-    """A reward that differs between completions: the sum of their digits, scaled."""
-    return [sum(int(c) for c in text if c.isdigit()) / 50 for text in completions]
-'''
-
-
 @pytest.mark.parametrize("lora", [True, False])
 def test_two_tracerl_steps_and_dlmrl_eval(fast_path, tmp_path, monkeypatch, capsys, lora):
     """``dlmrl train`` (2 steps of ``tracerl`` on the block kind, LoRA on the attention projections or every weight;
     token log-probs from the head in chunks) then ``dlmrl eval`` of the saved model, in this process; the exact
     old-policy scores (the shifted composite pass) are the sampler's."""
-    import yaml
     from safetensors.torch import load_file
 
-    from dlmrl.cli import main
-
-    (tmp_path / "fast_rewards.py").write_text(REWARD)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["12+3=", "7*8=", "1+1=", "9-4="]))
     model = {"kind": "block", "name_or_path": str(fast_path), "trust_remote_code": True,
              "gradient_checkpointing": True}
     if lora:
         model |= {"use_peft": True, "lora_r": 4, "lora_alpha": 8, "lora_dropout": 0.0,
                   "lora_target_modules": "q_proj,k_proj,v_proj"}
-    run = tmp_path / "run"
-    config = {"model": model, "task": {"name": "dataset", "train_file": str(data), "test_file": str(data)},
-              "sampling": {"gen_length": 8, "steps": 8, "temperature": 1.0},
-              "estimator": {"name": "trajectory", "order": "sampled", "merge": 1, "logits_chunk": 3},
-              "train": {"algorithm": "tracerl", "max_steps": 2, "prompts_per_step": 2, "num_generations": 2,
-                        "learning_rate": 1e-2, "warmup_steps": 0, "save_steps": 100,
-                        "reward_funcs": ["fast_rewards:digit_sum"]},
-              "eval": {"num_puzzles": 2, "steps": 8, "batch_size": 2, "before": False, "after": False},
-              "output_dir": str(run)}
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert main(["train", "--config", str(tmp_path / "run.yaml"), "--no-progress"]) == 0
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows)
+    rows, final = train_then_eval(
+        tmp_path, monkeypatch, capsys, model, sampling={"gen_length": 8, "steps": 8, "temperature": 1.0},
+        estimator={"name": "trajectory", "order": "sampled", "merge": 1, "logits_chunk": 3},
+        train={"algorithm": "tracerl"}, eval_steps=8)
     assert all(r["rollout_logp_gap_max"] <= ATOL for r in rows), rows
-    final = run / "final_model"
     if lora:
         lora_b = {k: v for k, v in load_file(str(final / "adapter_model.safetensors")).items() if "lora_B" in k}
         assert len(lora_b) == 3 * 2 and any(v.abs().max() > 0 for v in lora_b.values())
@@ -496,12 +472,6 @@ def test_two_tracerl_steps_and_dlmrl_eval(fast_path, tmp_path, monkeypatch, caps
         base = load_file(str(fast_path / "model.safetensors"))
         assert any(not torch.equal(base[k], saved[k]) for k in base)
         assert (final / "modeling.py").is_file()  # (the code is saved next to the weights)
-    capsys.readouterr()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert main(["eval", "--model", str(final)]) == 0
-    result = json.loads(capsys.readouterr().out)
-    assert result["num_examples"] == 2 and result["mean_reward"] is not None
 
 
 # ------------------------------------------------------------------------------------ the recipe

@@ -33,6 +33,7 @@ from tests.models.checkpoints import (
     save_illada_like,
     save_llada_moe_like,
 )
+from tests.models.family_runs import train_then_eval
 from tests.models.llada_reference import reference_greedy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -354,45 +355,20 @@ def test_activation_checkpointing_gives_the_same_gradients(paths):
 
 # ------------------------------------------------------------------------------------ training and eval runs
 
-REWARD = '''def digit_sum(prompts, completions, **columns):
-    """A reward that differs between completions: the sum of their digits, scaled."""
-    return [sum(int(c) for c in text if c.isdigit()) / 50 for text in completions]
-'''
-
-
 @pytest.mark.parametrize("lora", [True, False])
 def test_two_training_steps_and_dlmrl_eval(paths, tmp_path, monkeypatch, capsys, lora):
     """``dlmrl train`` (2 steps of ``gdpo``, LoRA on the attention projections or every weight) then ``dlmrl eval`` of
     the saved model, in this process."""
-    import yaml
     from safetensors.torch import load_file
 
-    from dlmrl.cli import main
-
-    (tmp_path / "moe_rewards.py").write_text(REWARD)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    data = tmp_path / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["12+3=", "7*8=", "1+1=", "9-4="]))
     model = {"name_or_path": str(paths["moe"]), "trust_remote_code": True, "gradient_checkpointing": True}
     if lora:
         model |= {"use_peft": True, "lora_r": 4, "lora_alpha": 8, "lora_dropout": 0.0,
                   "lora_target_modules": "q_proj,k_proj,v_proj,o_proj"}
-    run = tmp_path / "run"
-    config = {"model": model, "task": {"name": "dataset", "train_file": str(data), "test_file": str(data)},
-              "sampling": {"gen_length": 8, "block_length": 4, "steps": 4, "temperature": 1.0},
-              "estimator": {"name": "sdmc", "num_nodes": 2},
-              "train": {"algorithm": "gdpo", "max_steps": 2, "prompts_per_step": 2, "num_generations": 2,
-                        "num_iterations": 1, "learning_rate": 1e-2, "warmup_steps": 0, "save_steps": 100,
-                        "reward_funcs": ["moe_rewards:digit_sum"]},
-              "eval": {"num_puzzles": 2, "steps": 4, "batch_size": 2, "before": False, "after": False},
-              "output_dir": str(run)}
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert main(["train", "--config", str(tmp_path / "run.yaml"), "--no-progress"]) == 0
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows)
-    final = run / "final_model"
+    _, final = train_then_eval(
+        tmp_path, monkeypatch, capsys, model,
+        sampling={"gen_length": 8, "block_length": 4, "steps": 4, "temperature": 1.0},
+        estimator={"name": "sdmc", "num_nodes": 2}, train={"algorithm": "gdpo", "num_iterations": 1}, eval_steps=4)
     if lora:
         lora_b = {k: v for k, v in load_file(str(final / "adapter_model.safetensors")).items() if "lora_B" in k}
         assert len(lora_b) == 4 * 2 and any(v.abs().max() > 0 for v in lora_b.values())
@@ -402,9 +378,3 @@ def test_two_training_steps_and_dlmrl_eval(paths, tmp_path, monkeypatch, capsys,
         moved = [k for k in base if not torch.equal(base[k], saved[k])]
         assert any(".experts." in k for k in moved), "training must reach the routed experts"
         assert (final / "modeling_lladamoe.py").is_file()  # (the code is saved next to the weights)
-    capsys.readouterr()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        assert main(["eval", "--model", str(final)]) == 0
-    result = json.loads(capsys.readouterr().out)
-    assert result["num_examples"] == 2 and result["mean_reward"] is not None
