@@ -321,5 +321,5 @@ class Trainer:
         path = Path(path)
         with atomic_dir(path) as tmp:  # (no run config: this trainer's data and rewards live in Python only)
             save_final_model(extract_model_from_parallel(self.policy.model), self.policy.tokenizer, tmp,
-                             self.config.model)
+                             self.config.model, mask_token_id=getattr(self.policy, "mask_token_id", None))
         return path

@@ -434,7 +434,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     print(format_summary(summary, args.steps))
     s = preset_settings(args.preset)
     result = {
-        "benchmark": "peers_trl_grpo",
+        "benchmark": f"peers_trl_{args.preset}",
         "command": " ".join(["python", "benchmarks/peers/trl_grpo_step.py", *(sys.argv[1:] if argv is None else argv)]),
         "trl": trl, "dlmrl_commit": _dlmrl_commit(),
         "machine": {**machine(args.threads), "load_average_1min_before": load_before},

@@ -173,7 +173,7 @@ class SamplingConfig:
               "and take a block's first token from the output before it (Nemotron-Labs-Diffusion's "
               "generate(causal_context=True), its default), instead of block-causally (false); rollouts, evaluation "
               "and the likelihoods alike (the policy's layout). null = the family's default: true for "
-              "nemotron_diffusion, false for the others. Not with a family whose outputs are shifted (fast_dllm_v2).")
+              "nemotron_diffusion, false for the others; true only on a family trained that way (nemotron_diffusion).")
     cache: str = doc(
         "none", "Block caching (Fast-dLLM, arXiv 2505.22618): none | prefix | dual. A block's first pass runs over "
                 "the whole sequence and keeps the keys/values before the block (prefix) or outside it (dual); its later "

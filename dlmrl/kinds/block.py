@@ -83,6 +83,15 @@ class BlockDiffusionKind(MaskedDiffusionKind):
             check_key(not (causal and policy.logit_shift), "sampling.causal_context",
                       f"true needs a family whose output at i predicts token i; family {policy.family!r} shifts its "
                       "outputs by one (logit_shift 1): set it null or false")
+            # (the causal layout takes a block's first token from the output at the clean position before it: an
+            # AR head's prediction, which only a family trained both ways has; another family's output there was
+            # never trained to predict the next token, so true would decode and score a layout it never learnt)
+            from dlmrl.models.families import FAMILIES
+
+            native = policy.family in FAMILIES and FAMILIES.get(policy.family).clean_context == "causal"
+            check_key(not causal or native, "sampling.causal_context",
+                      f"true needs a family trained with a causal clean context and an AR head (nemotron_diffusion); "
+                      f"family {policy.family!r} attends its context block-causally: set it null or false")
             policy.clean_context = "causal" if causal else "block"
 
     # ----- the config check ----------------------------------------------------------------------------------
@@ -236,7 +245,8 @@ class BlockDiffusionKind(MaskedDiffusionKind):
 
 def _warn_untrained_block_size(m) -> None:
     """Warn when ``model.block_size`` is not a size the local checkpoint was trained with, as its ``config.json``
-    records them (``block_sizes``, the sizes of dlmrl's block pretraining; else ``block_size``, SDAR's): the model
+    records them (``block_sizes``, the sizes of dlmrl's block pretraining; else ``block_size``, SDAR's, or ``bd_size``,
+    Fast-dLLM v2's): the model
     then decodes blocks it never saw. Hub ids are not fetched here; an unreadable config is left to the load."""
     from dlmrl.models.loading import read_checkpoint_config, resolve_model_path
 
@@ -248,7 +258,8 @@ def _warn_untrained_block_size(m) -> None:
     except (OSError, ValueError):
         return
     is_size = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1
-    sizes, recorded = config.get("block_sizes"), config.get("block_size")
+    sizes = config.get("block_sizes")
+    recorded = config.get("block_size", config.get("bd_size"))  # (Fast-dLLM v2 records it as bd_size)
     if isinstance(sizes, list) and sizes and all(map(is_size, sizes)):
         trained, what = sizes, f"block_sizes {sizes}"
     elif is_size(recorded):

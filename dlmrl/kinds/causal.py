@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from dlmrl.kinds.base import KINDS, PolicyKind, refuse_claimed_checkpoint
+from dlmrl.kinds.base import KINDS, PolicyKind, check_key, refuse_claimed_checkpoint
 
 __all__ = ["CausalKind"]
 
@@ -56,6 +56,7 @@ class CausalKind(PolicyKind):
         # with autoregressive = True gets them too)
         super().check_model(cfg)
         refuse_claimed_checkpoint(cfg)  # (a checkpoint another kind claims, e.g. a DiffusionGemma)
+        refuse_diffusion_checkpoint(cfg)
 
     # ----- budgets and sizes -----------------------------------------------------------------------------------
     def generation_budget(self, gen_length: int, preset) -> int:
@@ -129,3 +130,29 @@ class CausalKind(PolicyKind):
 
 
 KINDS.register("ar")(CausalKind())
+
+
+#: diffusion families whose published code has no causal mode dlmrl can run (the ``model.kind`` each runs as);
+#: Nemotron-Labs-Diffusion runs both ways and is checked by its ``dlm_paradigm``
+DIFFUSION_ONLY_FAMILIES = {"llada": "diffusion", "dream": "diffusion", "llada_moe": "diffusion", "sdar": "block",
+                           "llada2": "block", "fast_dllm_v2": "block"}
+
+
+def refuse_diffusion_checkpoint(cfg) -> None:
+    """Refuse ``model.kind: ar`` on a local checkpoint of a diffusion family (:data:`DIFFUSION_ONLY_FAMILIES`, read
+    from its ``config.json`` as JSON, no code runs): its code builds bidirectional or block attention (Fast-dLLM v2's
+    eval branch its own block mask whatever the caller asks), so a causal LM loaded from it would either crash in the
+    code or train a model that is not causal. Hub ids are left to the load.
+
+    Raises:
+        ConfigError: naming ``model.kind`` and the kind to set.
+    """
+    from dlmrl.kinds.families import local_families
+
+    found = local_families(cfg.model.name_or_path) or []
+    diffusion = [f for f in found if f in DIFFUSION_ONLY_FAMILIES]
+    check_key(not diffusion, "model.kind",
+              f"{cfg.model.name_or_path!r} is a {diffusion[0] if diffusion else ''!r} diffusion checkpoint; its "
+              "published code has no causal mode, so model.kind ar cannot run it: set model.kind "
+              f"{DIFFUSION_ONLY_FAMILIES.get(diffusion[0], '') if diffusion else ''}")
+

@@ -479,7 +479,7 @@ def check_adapter_kind(adapter: AdapterInfo, accepts: tuple[str, ...]) -> None:
 
 
 def save_final_model(model: nn.Module, tokenizer, path: str | Path, model_cfg=None,
-                     state_dict: dict | None = None) -> None:
+                     state_dict: dict | None = None, mask_token_id: int | None = None) -> None:
     """Write ``model`` (unwrapped from accelerate) and ``tokenizer`` with ``save_pretrained`` (safetensors).
 
     A LoRA model writes its adapter only (``adapter_config.json``, ``adapter_model.safetensors``) plus
@@ -488,6 +488,9 @@ def save_final_model(model: nn.Module, tokenizer, path: str | Path, model_cfg=No
     rebuild the adapted policy on its base; any other model writes its full weights, its ``config.json``
     recording the policy kind (``dlmrl_kind``) and a block run's ``block_size``. ``state_dict``: the weights to
     write instead of ``model.state_dict()`` (a sharded model's, gathered: ``dlmrl.training.sharding.full_state_dict``).
+    ``mask_token_id``: the policy's mask id, written into the saved ``config.json`` of full weights, so the copy
+    loads with the id the run used: the family may have read it from the tokenizer's vocabulary (iLLaDA's 5, LLaDA-MoE's
+    ``<|mask|>``) while ``save_pretrained`` would write the configuration class's default (LLaDA's code: 50256).
     """
     path = Path(path)
     peft_model = peft_model_of(model)
@@ -497,6 +500,8 @@ def save_final_model(model: nn.Module, tokenizer, path: str | Path, model_cfg=No
             model.config.block_size = block_size
         if model_cfg is not None:  # (the kind it was trained as: a moved folder loads as that kind)
             setattr(model.config, KIND_KEY, model_cfg.kind)
+        if mask_token_id is not None:
+            model.config.mask_token_id = int(mask_token_id)
         model.save_pretrained(path, safe_serialization=True, **({"state_dict": state_dict} if state_dict else {}))
         from dlmrl.models.compat import keep_generation_config
 

@@ -101,9 +101,12 @@ class CollapseMonitor:
         fields["collapse"] = fired
         warning = None
         if started:
-            warning = (f"step {step}: possible collapse: {'; '.join(started)}. NVIDIA reports diffusion RL under "
-                       "full fine-tuning with KL 0 turning to gibberish within 50-120 steps of such a rise; consider "
-                       "a KL term (train.beta), a reference that follows the policy, a lower learning rate or LoRA"
+            warning = (f"step {step}: possible collapse: {'; '.join(started)}. "
+                       + ("NVIDIA reports diffusion RL under full fine-tuning with KL 0 turning to gibberish within "
+                          "50-120 steps of such a rise" if any("a fall" not in w for w in started) else
+                          "A policy whose entropy collapses writes the same few outputs whatever their reward")
+                       + "; consider a KL term (train.beta), a reference that follows the policy, a lower learning "
+                       "rate or LoRA"
                        + (". Stopping (train.stop_on_collapse): the checkpoint of this step is saved; --resume "
                           "continues" if self.stop else " (train.stop_on_collapse: true stops here)"))
         return fields, warning

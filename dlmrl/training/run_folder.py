@@ -164,13 +164,14 @@ def save_checkpoint(accelerator: Accelerator, out: Path, step: int) -> None:
     accelerator.wait_for_everyone()
 
 
-def write_final_files(accelerator: Accelerator, out: Path, summary: dict, model, tokenizer, model_cfg) -> None:
+def write_final_files(accelerator: Accelerator, out: Path, summary: dict, model, tokenizer, model_cfg,
+                      mask_token_id: int | None = None) -> None:
     """The main process's last files: ``summary.json`` (with the last logged line as ``final_metrics``), the
     reward curve ``reward_curve.png`` and ``final_model/`` (LoRA: the adapter, the tokenizer and a note of the base
     model), each written atomically. ``final_model/`` also holds the run's ``config.yaml`` as :data:`RUN_CONFIG`,
     so ``dlmrl eval --model`` evaluates a moved copy as it evaluates the one in the run folder. A sharded model
     (``train.sharding: fsdp2``) is gathered into one state dict on the main process first (every process takes
-    part) and saved in the same layout."""
+    part) and saved in the same layout; ``mask_token_id``: the policy's, written into a full model's ``config.json``."""
     from dlmrl.training.sharding import full_state_dict
 
     state_dict = full_state_dict(model)  # (None: not sharded, saved as it is)
@@ -181,7 +182,7 @@ def write_final_files(accelerator: Accelerator, out: Path, summary: dict, model,
         write_json_atomic(out / "summary.json", summary)
         plot_curves(out / "metrics.jsonl", out / "reward_curve.png", summary)
         with atomic_dir(out / "final_model") as tmp:
-            save_final_model(model, tokenizer, tmp, model_cfg, state_dict=state_dict)
+            save_final_model(model, tokenizer, tmp, model_cfg, state_dict=state_dict, mask_token_id=mask_token_id)
             if (out / "config.yaml").is_file():
                 shutil.copyfile(out / "config.yaml", tmp / RUN_CONFIG)
     accelerator.wait_for_everyone()

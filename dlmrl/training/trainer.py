@@ -193,7 +193,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, *, policy=No
         summary[f"{metric}_gain"] = eval_after[metric] - state.eval_before[metric]
         accelerator.print(f"held-out {metric}: before {state.eval_before[metric]:.4f} after {eval_after[metric]:.4f}")
     write_final_files(accelerator, run.out, summary, accelerator.unwrap_model(run.policy.model),
-                      run.policy.tokenizer, cfg.model)
+                      run.policy.tokenizer, cfg.model, getattr(run.policy, "mask_token_id", None))
     if run.processes.count > 1:
         # (gloo's worker threads may still be dropping the tensors of the last collectives, which takes the GIL;
         # end_training destroys the process group holding the GIL and would wait for them forever: let them

@@ -504,3 +504,30 @@ def test_the_recipe_dry_runs_offline_and_fits_80gb_by_its_own_plan(tmp_path, cap
     assert plan["sampler"]["sub_block_size"].startswith("8:")
     assert plan["memory"]["memory_budget"].endswith("fits")
     assert float(plan["memory"]["peak"].split(" GB")[0]) <= 80 * 0.9
+
+
+def test_model_kind_ar_is_refused_on_a_diffusion_family_checkpoint(fast_path):
+    """A user who points ``model.kind: ar`` at a diffusion checkpoint gets a config error naming ``model.kind`` and the
+    kind to set, before any code runs (a reviewer's finding: the load crashed in the code's RoPE lookup; had it
+    loaded, Fast-dLLM v2's eval branch builds its own block mask, so the 'AR' model would not have been causal)."""
+    from dlmrl.config import ConfigError, default_job_config, validate
+
+    with pytest.raises(ConfigError, match=r"model.kind.*'fast_dllm_v2' diffusion checkpoint.*set model.kind block"):
+        validate(default_job_config(["model.kind=ar", f"model.name_or_path={fast_path}", "model.trust_remote_code=true",
+                                     "task.answer_mode=full", "train.algorithm=grpo"]), data=False)
+
+
+def test_a_block_size_other_than_bd_size_warns(tmp_path):
+    """``model.block_size`` other than the ``bd_size`` a checkpoint's config.json records (Fast-dLLM v2's name, the
+    only one the release writes) warns, naming the key, as for SDAR's ``block_size`` (a reviewer's finding: only
+    ``block_size``/``block_sizes`` were read)."""
+    from types import SimpleNamespace
+
+    from dlmrl.kinds.block import _warn_untrained_block_size
+
+    (tmp_path / "config.json").write_text(json.dumps(RELEASE_CONFIG))  # (bd_size 32, no block_size)
+    with pytest.warns(UserWarning, match=r"model.block_size.*records block_size 32"):
+        _warn_untrained_block_size(SimpleNamespace(name_or_path=str(tmp_path), block_size=8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_untrained_block_size(SimpleNamespace(name_or_path=str(tmp_path), block_size=32))

@@ -181,6 +181,25 @@ def test_illada_configs_are_llada_and_take_mask_5_from_the_checkpoint(paths, tmp
     assert not is_illada({"model_type": "llada", "vocab_size": 126464, "embedding_size": 126464})
 
 
+def test_a_saved_full_model_keeps_the_mask_id_the_family_read(tmp_path):
+    """An iLLaDA checkpoint with no mask id in config.json loads with 5 (its vocabulary); the full model a run saves
+    (``save_final_model``) records 5 in its config.json and reloads with 5. Without it, ``save_pretrained`` writes the
+    configuration class's default (the stand-in's 126336; LLaDA's published ``ModelConfig``: 50256) and the trained
+    copy would decode with another token (a reviewer's finding)."""
+    from dlmrl.models.lora import save_final_model
+
+    with isolated_remote_code(tmp_path / "hf"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bare = save_illada_like(tmp_path / "bare", mask_in_config=False)
+        policy = _load(bare)
+        assert policy.mask_token_id == 5
+        save_final_model(policy.model, policy.tokenizer, tmp_path / "plain")
+        assert json.loads((tmp_path / "plain" / "config.json").read_text()).get("mask_token_id") != 5  # (the bug)
+        save_final_model(policy.model, policy.tokenizer, tmp_path / "saved", mask_token_id=policy.mask_token_id)
+        assert json.loads((tmp_path / "saved" / "config.json").read_text())["mask_token_id"] == 5
+        assert _load(tmp_path / "saved").mask_token_id == 5
+
+
 def test_a_llada_tokenizer_naming_mdm_mask_gives_its_id(tmp_path):
     from tests.models.checkpoints import char_tokenizer
 

@@ -610,6 +610,12 @@ def test_sampling_causal_context_reaches_the_policy_and_is_checked(nemotron_path
         check_policy(_quiet(_validate, nemotron_path, "block", "sampling.causal_context=true"), shifted)
     with pytest.raises(ConfigError, match="sampling.causal_context.*model.kind block"):
         _quiet(_validate, nemotron_path, "diffusion", "sampling.causal_context=true", "sampling.block_length=8")
+    # a family that attends its context block-causally (SDAR, LLaDA2, the tiny one) has no AR head to take a block's
+    # first token from: true is refused (a reviewer's finding: an SDAR run took it silently); false is its own layout
+    blockwise = dataclasses.replace(_quiet(load_configured_policy, cfg), family="sdar", clean_context="block")
+    with pytest.raises(ConfigError, match="sampling.causal_context.*causal clean context"):
+        check_policy(_quiet(_validate, nemotron_path, "block", "sampling.causal_context=true"), blockwise)
+    check_policy(_quiet(_validate, nemotron_path, "block", "sampling.causal_context=false"), blockwise)
 
 
 def test_causal_context_needs_no_logit_shift(block):
