@@ -40,9 +40,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_io import finite, write_result  # noqa: E402
+from bench_io import finite, write_result
 
-from dlmrl.training.collapse import CollapseMonitor  # noqa: E402
+from dlmrl.training.collapse import CollapseMonitor
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/diffu_grpo_sudoku_tiny.yaml"
@@ -168,10 +168,11 @@ def main() -> None:
     table = summarise(runs)
     print(f"{'setting':46s} {'seeds':>5s} {'gain':>7s} {'fell at':>14s} " + " ".join(f"{'fires ' + n:>18s}" for n in RULES))
     for row in table:
-        print(f"{row['label']:46s} {row['seeds']:5d} {row['gain_mean']:+7.3f} {str(row['fallen_steps']):>14s} "
-              + " ".join(f"{str(row[f'monitor_{n}_steps']):>18s}" for n in RULES))
+        print(f"{row['label']:46s} {row['seeds']:5d} {row['gain_mean']:+7.3f} {row['fallen_steps']!s:>14s} "
+              + " ".join(f"{row[f'monitor_{n}_steps']!s:>18s}" for n in RULES))
     output = ROOT / args.output
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], check=False, capture_output=True, text=True,
+                            cwd=ROOT).stdout.strip()
     write_result(output, finite({
         "benchmark": "collapse", "config": CONFIG, "common_overrides": list(COMMON),
         "settings": {k: {"label": v[0], "overrides": list(v[1])} for k, v in SETTINGS.items()},
