@@ -40,3 +40,18 @@ def crash_then_resume(monkeypatch, run, crash_step: int, after_crash=None) -> No
         after_crash()
     monkeypatch.setattr(SudokuTask, "train_batch", original)
     run(resume=True)
+
+
+def load_benchmark(relative: str):
+    """The benchmark script at ``relative`` (under the repository root, e.g. ``benchmarks/peers/trl_grpo_step.py``)
+    imported as a module named after its file, registered in ``sys.modules`` (its dataclasses need it)."""
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[1] / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+

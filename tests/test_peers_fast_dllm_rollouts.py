@@ -4,25 +4,20 @@ Nothing here builds a checkpoint or runs a sampler."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from argparse import Namespace
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.helpers import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    path = ROOT / "benchmarks" / "peers" / "fast_dllm_rollouts.py"
-    spec = importlib.util.spec_from_file_location("fast_dllm_rollouts", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("benchmarks/peers/fast_dllm_rollouts.py")
 
 
 def fake_clone(root: Path, generate_py: str | None = None, model_code: bool = True) -> Path:

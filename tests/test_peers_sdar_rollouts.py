@@ -4,7 +4,6 @@ prompts, and the aggregation of repeats (by hand). Nothing here builds a checkpo
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
 from argparse import Namespace
@@ -12,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from tests.helpers import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,11 +41,7 @@ def block_diffusion_generate(model, prompt, mask_id, gen_length=128, block_lengt
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("sdar_rollouts", ROOT / "benchmarks" / "peers" / "sdar_rollouts.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("benchmarks/peers/sdar_rollouts.py")
 
 
 @pytest.mark.parametrize("argv", [["--repeats", "0"], ["--batch", "0"], ["--gen-length", "6"], ["--gen-length", "0"],

@@ -4,25 +4,21 @@ and the aggregation of repeats (checked by hand). Nothing here imports TRL or ru
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.helpers import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("trl_grpo_step", ROOT / "benchmarks" / "peers" / "trl_grpo_step.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("benchmarks/peers/trl_grpo_step.py")
 
 
 @pytest.fixture(scope="module")
