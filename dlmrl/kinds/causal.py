@@ -139,17 +139,27 @@ DIFFUSION_ONLY_FAMILIES = {"llada": "diffusion", "dream": "diffusion", "llada_mo
 
 
 def refuse_diffusion_checkpoint(cfg) -> None:
-    """Refuse ``model.kind: ar`` on a local checkpoint of a diffusion family (:data:`DIFFUSION_ONLY_FAMILIES`, read
-    from its ``config.json`` as JSON, no code runs): its code builds bidirectional or block attention (Fast-dLLM v2's
-    eval branch its own block mask whatever the caller asks), so a causal LM loaded from it would either crash in the
-    code or train a model that is not causal. Hub ids are left to the load.
+    """Refuse ``model.kind: ar`` on a checkpoint of a diffusion family (:data:`DIFFUSION_ONLY_FAMILIES`): its code
+    builds bidirectional or block attention (Fast-dLLM v2's eval branch its own block mask whatever the caller asks),
+    so a causal LM loaded from it would either crash in the code or train a model that is not causal; and a
+    checkpoint that ships its own code (Nemotron-Labs-Diffusion, which does run causally) without
+    ``model.trust_remote_code``. The family is read from a local ``config.json`` as JSON (no code runs), or for a hub
+    id from ``model.architecture`` (the memory plan's description: its ``model_type``); neither: left to the load.
 
     Raises:
-        ConfigError: naming ``model.kind`` and the kind to set.
+        ConfigError: naming ``model.kind`` and the kind to set, or ``model.trust_remote_code``.
     """
-    from dlmrl.kinds.families import local_families
+    from dlmrl.kinds.families import CODE_SHIPPING_FAMILIES, local_families
+    from dlmrl.models.families import FAMILIES
 
-    found = local_families(cfg.model.name_or_path) or []
+    found = local_families(cfg.model.name_or_path)
+    if found is None and cfg.model.architecture:
+        found = [name for name in FAMILIES.names() if FAMILIES.get(name).detect(dict(cfg.model.architecture))]
+    found = found or []
+    shipped = [f for f in found if f in CODE_SHIPPING_FAMILIES]
+    check_key(cfg.model.trust_remote_code or not shipped, "model.trust_remote_code",
+              f"{cfg.model.name_or_path!r} is a {shipped[0] if shipped else ''!r} checkpoint, which ships its own "
+              "model code, and loading it runs that code: set model.trust_remote_code=true if you trust its source")
     diffusion = [f for f in found if f in DIFFUSION_ONLY_FAMILIES]
     check_key(not diffusion, "model.kind",
               f"{cfg.model.name_or_path!r} is a {diffusion[0] if diffusion else ''!r} diffusion checkpoint; its "

@@ -735,3 +735,27 @@ def test_two_training_steps(nemotron_path, tmp_path, kind, lora):
         assert math.isfinite(r["loss"]) and r["grad_norm"] > 0
         if kind == "block":  # (the exact old-policy scores are the log-probs the cached sampler drew with)
             assert r["rollout_logp_gap_max"] <= ATOL, r
+
+
+def test_a_hub_id_recipe_under_model_kind_ar_needs_trust_remote_code():
+    """The AR recipe names a hub id, so no config.json is read at config time; its ``model.architecture`` (the memory
+    plan's description, ``model_type: nemotron_labs_diffusion``) says the checkpoint ships its own code:
+    ``trust_remote_code`` false is refused at config time, naming the key (a reviewer's finding: it passed
+    ``--dry-run`` and would have failed only at load). A diffusion-only architecture under ``model.kind: ar`` is
+    refused naming ``model.kind``."""
+    from types import SimpleNamespace
+
+    from dlmrl.config import ConfigError
+    from dlmrl.kinds.causal import refuse_diffusion_checkpoint
+
+    def cfg(trust, model_type):
+        return SimpleNamespace(model=SimpleNamespace(name_or_path="nvidia/Nemotron-Labs-Diffusion-8B",
+                                                     trust_remote_code=trust,
+                                                     architecture={"model_type": model_type}))
+
+    with pytest.raises(ConfigError, match="model.trust_remote_code.*'nemotron_diffusion'"):
+        refuse_diffusion_checkpoint(cfg(False, "nemotron_labs_diffusion"))
+    refuse_diffusion_checkpoint(cfg(True, "nemotron_labs_diffusion"))  # (runs causally: accepted)
+    refuse_diffusion_checkpoint(cfg(False, "qwen2"))  # (an ordinary causal LM)
+    with pytest.raises(ConfigError, match="model.kind.*'sdar' diffusion checkpoint.*set model.kind block"):
+        refuse_diffusion_checkpoint(cfg(True, "sdar"))
