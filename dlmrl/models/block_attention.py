@@ -398,13 +398,29 @@ def bool_mask_block_forward(model, input_ids, mask4d, position_ids, past=None, u
     Raises:
         TypeError: if ``use_cache`` and the model returns no cache.
     """
-    from transformers import DynamicCache
-
     from dlmrl.models.block_cache import _cache_keyword
 
+    def call(cache):
+        kwargs = {} if cache is None else {_cache_keyword(model): cache, "use_cache": True, **(cache_kwargs or {})}
+        return model(input_ids=input_ids, attention_mask=mask4d.bool(), position_ids=position_ids, **kwargs)
+
+    return fresh_cache_call(model, past, use_cache, call)
+
+
+def fresh_cache_call(model, past, use_cache: bool, call):
+    """One forward through ``call(cache)`` with a ``DynamicCache`` built afresh from ``past`` (``None``: an empty one
+    when ``use_cache``, else no cache), so a denoising step never changes the caller's cache: the tail every
+    :data:`BlockForwardFn` on checkpoint code shares.
+
+    Returns:
+        ``(logits (B, T, V) float32 (float64 for a float64 model), KeyValues of the S + T positions or None)``.
+    Raises:
+        TypeError: if ``use_cache`` and the model returns no cache.
+    """
+    from transformers import DynamicCache
+
     cache = DynamicCache(ddp_cache_data=past) if past is not None else (DynamicCache() if use_cache else None)
-    kwargs = {} if cache is None else {_cache_keyword(model): cache, "use_cache": True, **(cache_kwargs or {})}
-    out = model(input_ids=input_ids, attention_mask=mask4d.bool(), position_ids=position_ids, **kwargs)
+    out = call(cache)
     logits = out.logits if out.logits.dtype == torch.float64 else out.logits.float()
     if not use_cache:
         return logits, None

@@ -352,18 +352,13 @@ def nemotron_block_forward(model, input_ids, mask4d, position_ids, past=None, us
     Raises:
         TypeError: if ``use_cache`` and the model returns no cache.
     """
-    from transformers import DynamicCache
+    from dlmrl.models.block_attention import fresh_cache_call
 
-    cache = DynamicCache(ddp_cache_data=past) if past is not None else (DynamicCache() if use_cache else None)
-    with explicit_mask(mask4d):
-        out = model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=use_cache)
-    logits = out.logits if out.logits.dtype == torch.float64 else out.logits.float()
-    if not use_cache:
-        return logits, None
-    kept = getattr(out, "past_key_values", None) or cache
-    if kept is None or not hasattr(kept, "layers"):
-        raise TypeError(f"{type(model).__name__}.forward returned no key/value cache")
-    return logits, [(layer.keys, layer.values) for layer in kept.layers]
+    def call(cache):
+        with explicit_mask(mask4d):
+            return model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache, use_cache=use_cache)
+
+    return fresh_cache_call(model, past, use_cache, call)
 
 
 def nemotron_logits(model, input_ids, attention_mask, position_ids):
