@@ -74,7 +74,7 @@ from dlmrl.models.block_attention import (
 )
 from dlmrl.models.gumbel import _gumbel, _uniform, add_gumbel_noise
 from dlmrl.models.policy import position_ids_from_mask
-from dlmrl.models.reveal import NOT_SAMPLED, _confidence, num_transfer_tokens, threshold_reveal
+from dlmrl.models.reveal import NOT_SAMPLED, _confidence, num_transfer_tokens, reveal_cuts, threshold_reveal
 from dlmrl.models.sampler import (
     REMASKING,
     EosStop,
@@ -482,7 +482,8 @@ def _decode_threshold(fwd: _ExactBlockForward, record, mask_id: int, block_size:
             m = masked[rows]
             groups = _groups(hi - lo, sub_block_size, x.device)
             candidates = m if groups is None else _first_group(m, groups)  # (the current sub-block's masks)
-            reveal = threshold_reveal(_confidence(logits, x0), candidates, threshold, factor)  # (n, Lb)
+            cuts = reveal_cuts(threshold, factor, hi - lo)
+            reveal = threshold_reveal(_confidence(logits, x0, cuts), candidates, threshold, factor)  # (n, Lb)
             if fwd.reveal_first:  # (a masked first token of the block is revealed alone, before the others)
                 alone = torch.zeros_like(reveal)
                 alone[:, 0] = True

@@ -33,6 +33,7 @@ from dlmrl.models.reveal import (
     _confidence,
     left_to_right_reveal_steps,
     num_transfer_tokens,
+    reveal_cuts,
     threshold_reveal,
 )
 
@@ -557,7 +558,8 @@ def _decode_threshold(forward: _BlockForward, x, reveal_step, token_logprobs, ma
                 choice = _gumbel(choice, temperature, pick(u))
             x0 = choice.argmax(dim=-1)  # (n, Lb)
             m = pick(masked)
-            reveal = threshold_reveal(_confidence(logits, x0), m, threshold, factor)  # (n, Lb)
+            reveal = threshold_reveal(_confidence(logits, x0, reveal_cuts(threshold, factor, hi - lo)), m, threshold,
+                                    factor)  # (n, Lb)
             new_x = torch.where(reveal, x0, pick(x[:, lo:hi]))
             new_step = torch.where(reveal, block * block_length + step, pick(reveal_step[:, lo:hi]))
             new_lp = pick(token_logprobs[:, lo:hi]) + _revealed_logprobs(logits, x0, reveal, mask_id,
