@@ -4,8 +4,8 @@ d1's LoRA recipe.
 
 NVIDIA's RL work on diffusion LMs (NeMo RL, pull request 3167) reports DiffuGRPO collapsing under full fine-tuning
 with KL 0. Every run here is ``configs/diffu_grpo_sudoku_tiny.yaml`` (d1's diffu-GRPO: one-step token log-probs,
-ε 0.5, advantages R − mean) with every weight trained at learning rate 2e-3 (5x the recipe's 4e-4), 16 prompts x G 8
-per step, 80 steps, held-out cell accuracy every 5 steps; the settings differ in the guard:
+ε 0.5, advantages R − mean) with every weight trained at learning rate 1e-3 (2.5x the recipe's 4e-4), 16 prompts x
+G 8 per step, 120 steps, held-out cell accuracy every 5 steps; the settings differ in the guard:
 
 - ``kl0``: KL 0 (``train.beta=0``), NVIDIA's failing setting;
 - ``d1_kl``: d1's k3 KL, β 0.04, toward the frozen initial model (the preset's default);
@@ -16,11 +16,19 @@ per step, 80 steps, held-out cell accuracy every 5 steps; the settings differ in
 Every run logs the collapse monitor's series (``sample_nll``: negative log-likelihood per token of the step's own
 samples; ``kl``) and its verdict under the defaults (window 20, ratio 3, rises). The script replays the logged
 series through :class:`dlmrl.training.collapse.CollapseMonitor` under :data:`RULES` (the defaults;
-``direction="both"``, where a fall of ``sample_nll`` below baseline / 3 fires too; and a short window, 5 steps at
-ratio 1.5, both directions) and reports, per run, the first step each rule fires, the first evaluation at which
-held-out accuracy is 5 points or more below the base model's, and the final accuracy.
+``direction="both"``, where a fall of ``sample_nll`` below baseline / 3 fires too; a short window, 5 steps at
+ratio 1.25, in both directions and for falls only) and reports, per run, the first step each rule fires, the first
+evaluation at which held-out accuracy is 5 points or more below the base model's, and the final accuracy.
 
-    python benchmarks/collapse.py                        # 4 settings x seeds 0 1 2 (about 15 min alone on 2 cores)
+How the settings were chosen (not blind): the first version ran at learning rate 2e-3 for 80 steps, where KL 0 fell
+5+ points by the first or second evaluation (step 5 or 10), before any rule with a baseline could see anything; a
+probe of KL 0 at 1e-3 and 5e-4 (seed 0) showed 1e-3 falling over 10-20 steps with ``sample_nll`` dropping 25% at
+steps 8-9 against a per-step spread of about 7%, hence the short rule's window 5 and ratio 1.25 (about 3 spreads),
+fixed before the 3-seed runs. The ``fall`` rule (``train.collapse_direction: fall``: ``sample_nll`` falls alone)
+was added after seeing those runs: the short rule in both directions also fires on every run with a KL term, whose
+``sample_nll`` and KL rise while they gain.
+
+    python benchmarks/collapse.py                        # 4 settings x seeds 0 1 2 (about 20 min alone on 2 cores)
     python benchmarks/collapse.py --finished-only        # the table and figure from finished runs
 
 Writes ``benchmarks/results/collapse.json`` and ``collapse.png``.
@@ -46,7 +54,7 @@ from dlmrl.training.collapse import CollapseMonitor
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/diffu_grpo_sudoku_tiny.yaml"
-COMMON = ("model.use_peft=false", "train.learning_rate=2e-3", "train.prompts_per_step=16", "train.max_steps=80",
+COMMON = ("model.use_peft=false", "train.learning_rate=1e-3", "train.prompts_per_step=16", "train.max_steps=120",
           "eval.eval_steps=5")
 SETTINGS = {
     "kl0": ("KL 0 (full fine-tuning)", ("train.beta=0",)),
@@ -74,7 +82,8 @@ def run(name: str, seed: int, runs_dir: Path) -> Path:
 
 
 #: the rules replayed on the logged series: name -> (window, ratio, direction); "default" is the trainer's own
-RULES = {"default": (20, 3.0, "rise"), "both": (20, 3.0, "both"), "short": (5, 1.5, "both")}
+RULES = {"default": (20, 3.0, "rise"), "both": (20, 3.0, "both"), "short": (5, 1.25, "both"),
+         "short_fall": (5, 1.25, "fall")}
 
 
 def replay(rows: list[dict], window: int, ratio: float, direction: str) -> int | None:
@@ -131,7 +140,8 @@ def plot(runs: dict[str, list[dict]], path: Path) -> None:
             top.plot(steps, acc, color=color, alpha=0.8, label=SETTINGS[name][0] if i == 0 else None)
             nll = r["sample_nll"]
             bottom.plot(range(1, len(nll) + 1), nll, color=color, alpha=0.6, lw=0.9)
-            for key, marker in (("monitor_default", "^"), ("monitor_both", "v"), ("monitor_short", "o")):
+            for key, marker in (("monitor_default", "^"), ("monitor_both", "v"), ("monitor_short", "o"),
+                                ("monitor_short_fall", "x")):
                 if r[key] is not None:
                     bottom.plot(r[key], nll[r[key] - 1], marker, color=color, ms=8)
     top.axhline(runs[next(iter(runs))][0]["base"] - DROP, color="grey", ls=":", lw=0.8)
@@ -139,9 +149,9 @@ def plot(runs: dict[str, list[dict]], path: Path) -> None:
     top.legend(fontsize=8)
     bottom.set_ylabel("sample_nll (nats / token)")
     bottom.set_xlabel("step (16 prompts x G 8)")
-    bottom.set_title("monitor fires: ▲ defaults (window 20, x3, rises), ▼ direction both, ● window 5, x1.5, both",
-                     fontsize=9)
-    fig.suptitle("tiny diffusion, diffu_grpo, every weight, lr 2e-3 (3 seeds each)")
+    bottom.set_title("monitor fires: ▲ defaults (window 20, x3, rise), ▼ direction both, ● window 5, x1.25, both, "
+                     "x window 5, x1.25, fall", fontsize=8)
+    fig.suptitle("tiny diffusion, diffu_grpo, every weight, lr 1e-3 (3 seeds each)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     print(f"wrote {path}")
@@ -151,7 +161,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--runs-dir", default="runs/bench_collapse")
+    p.add_argument("--runs-dir", default="runs/bench_collapse_lr1e-3")
     p.add_argument("--output", default="benchmarks/results/collapse.json")
     p.add_argument("--finished-only", action="store_true", help="tabulate finished runs; train nothing")
     args = p.parse_args()

@@ -34,7 +34,7 @@ def doc(default: Any, help: str, **kw) -> Any:
 
 
 #: the collapse monitor's directions (``train.collapse_direction``; :mod:`dlmrl.training.collapse`)
-COLLAPSE_DIRECTIONS = ("rise", "both")
+COLLAPSE_DIRECTIONS = ("rise", "fall", "both")
 
 @dataclass
 class ModelConfig:
@@ -417,8 +417,8 @@ class TrainConfig:
                                      "baseline fires (> 1; ours, NVIDIA's report gives none).")
     collapse_direction: str = doc(
         "rise", "The collapse monitor's direction: rise (sample_nll or kl above collapse_ratio x its baseline: the "
-                "entropy blow-up NVIDIA reports) | both (also sample_nll below its baseline / collapse_ratio: the "
-                "policy's entropy collapsing, arXiv 2505.22617).")
+                "entropy blow-up NVIDIA reports) | fall (sample_nll below its baseline / collapse_ratio: the "
+                "policy's entropy collapsing, arXiv 2505.22617; kl is not watched) | both (all three).")
     stop_on_collapse: bool = doc(False, "Stop the run after the step the collapse monitor fires on, its checkpoint "
                                         "saved (summary.json stop_reason: collapse; --resume continues).")
     logging_steps: int = doc(1, "Write metrics every this many steps.")

@@ -18,11 +18,14 @@ baseline, the median of the previous ``window`` steps' values (robust to single 
 run starts to move, so a KL baseline below 0.05 nats per token is not one to multiply).
 It detects an onset: a rise that lasts becomes the baseline after about ``window / 2`` steps.
 
-``direction`` ``"both"`` (``train.collapse_direction``) also fires when ``sample_nll`` falls below its baseline
-divided by ``ratio``: the opposite failure, the policy's entropy collapsing onto a few outputs (Cui et al., "The
-Entropy Mechanism of Reinforcement Learning for Reasoning Language Models", arXiv 2505.22617), which is what the
-shipped tiny diffusion model does under full fine-tuning at a high learning rate (``benchmarks/collapse.py``).
-A KL that falls is no failure, so ``kl`` is watched for rises only. The warning names
+``direction`` (``train.collapse_direction``) says which way ``sample_nll`` is watched: ``"rise"`` (above),
+``"fall"`` (below its baseline divided by ``ratio``: the opposite failure, the policy's entropy collapsing onto a few
+outputs, Cui et al., "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models", arXiv
+2505.22617, which is what the shipped tiny diffusion model does under full fine-tuning at a high learning rate,
+``benchmarks/collapse.py``), or ``"both"``. ``kl`` is watched for rises under ``"rise"`` and ``"both"`` (a KL that
+falls is no failure); ``"fall"`` watches the entropy collapse alone, because a KL toward the initial model grows
+steadily in a healthy run and a ratio small enough to catch that collapse early (the benchmark's 1.25) fires on that
+growth. The warning names
 the step and the series once per episode (consecutive firing steps); with ``stop`` the trainer
 ends the run after that step's checkpoint (``summary.json``'s ``stop_reason`` ``collapse``), which ``--resume``
 continues.
@@ -53,8 +56,9 @@ class CollapseMonitor:
         window: steps in the running baseline (``train.collapse_window``; 0 = off).
         ratio: a value above ``ratio`` x its baseline fires (``train.collapse_ratio``, > 1).
         stop: stop the run after a firing step's checkpoint (``train.stop_on_collapse``).
-        direction: ``"rise"`` (NVIDIA's failure), or ``"both"``: ``sample_nll`` below ``baseline / ratio`` fires too
-            (``train.collapse_direction``; module docstring).
+        direction: ``"rise"`` (NVIDIA's failure: ``sample_nll`` above ``ratio x baseline``), ``"fall"``
+            (``sample_nll`` below ``baseline / ratio``, alone) or ``"both"``; ``kl`` fires on rises under ``"rise"``
+            and ``"both"`` (``train.collapse_direction``; module docstring).
 
     Raises:
         ValueError: ``direction`` is not one of :data:`DIRECTIONS`.
@@ -86,8 +90,10 @@ class CollapseMonitor:
             if baseline is not None:
                 fields[f"{name}_baseline"] = baseline
             usable = value is not None and baseline is not None and baseline > FLOORS[name]
-            rose = usable and value > self.ratio * baseline
-            fell = usable and name == "sample_nll" and self.direction == "both" and value * self.ratio < baseline
+            watch_rise = self.direction in ("rise", "both")
+            watch_fall = name == "sample_nll" and self.direction in ("fall", "both")
+            rose = usable and watch_rise and value > self.ratio * baseline
+            fell = usable and watch_fall and value * self.ratio < baseline
             now = rose or fell
             if now and not self.firing.get(name):
                 started.append(f"{name} {value:.4g} is {value / baseline:.2f}x its running baseline {baseline:.4g} "

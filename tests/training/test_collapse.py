@@ -127,4 +127,18 @@ def test_direction_both_also_fires_when_sample_nll_falls_below_baseline_over_rat
     with pytest.raises(ValueError, match="direction"):
         CollapseMonitor(direction="down")
     with pytest.raises(ConfigError, match="train.collapse_direction"):
-        validate(default_job_config(["train.collapse_direction=fall"]), data=False)
+        validate(default_job_config(["train.collapse_direction=down"]), data=False)
+    validate(default_job_config(["train.collapse_direction=fall"]), data=False)
+
+
+def test_direction_fall_watches_the_sample_nll_fall_alone():
+    fall, both = (CollapseMonitor(window=3, ratio=2.0, direction=d) for d in ("fall", "both"))
+    # step 4: sample_nll 2.5 is 2.5x its baseline median(1.0, 1.2, 0.9) = 1.0: a rise, fires under "both" only;
+    # step 5: sample_nll 0.45 < median(1.2, 0.9, 2.5) / 2 = 0.6 fires under both; step 6: kl 0.8 > 2 x
+    # median(0.2, 0.3, 0.2) (0.2, above the 0.05 floor) fires under "both" only
+    series = [(1.0, 0.2), (1.2, 0.3), (0.9, 0.2), (2.5, 0.2), (0.45, 0.2), (1.0, 0.8)]
+    out = [fall.observe(s, {"sample_nll": v, "kl": k}) for s, (v, k) in enumerate(series, start=1)]
+    out_both = [both.observe(s, {"sample_nll": v, "kl": k}) for s, (v, k) in enumerate(series, start=1)]
+    assert [f["collapse"] for f, _ in out] == [False, False, False, False, True, False]
+    assert [f["collapse"] for f, _ in out_both] == [False, False, False, True, True, True]
+    assert "a fall" in out[4][1] and out_both[5][1].startswith("step 6: possible collapse: kl 0.8")
