@@ -187,7 +187,11 @@ class BlockDiffusionKind(MaskedDiffusionKind):
     # ----- evaluation ----------------------------------------------------------------------------------------
     def record_sampling(self, sampling: dict, cfg, policy) -> dict:
         # (it decodes in the model's blocks: their size decides the figures, not block_length)
-        return {**sampling, "block_length": None, "block_size": getattr(policy, "block_size", cfg.model.block_size)}
+        # (sub-blocks and the clean context's layout decide which tokens a step reveals and what it sees: a record
+        # without them could not tell Fast-dLLM v2's sub-blocks of 8 or Nemotron's two layouts apart)
+        return {**sampling, "block_length": None, "block_size": getattr(policy, "block_size", cfg.model.block_size),
+                "sub_block_size": getattr(policy, "sub_block_size", None),
+                "clean_context": getattr(policy, "clean_context", "block")}
 
     # ----- --dry-run -----------------------------------------------------------------------------------------
     def plan_attention(self, cfg, family: str) -> dict:

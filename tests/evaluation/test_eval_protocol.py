@@ -133,6 +133,12 @@ def test_a_block_records_block_size_in_the_protocol_hash():
                               settings) for b in (4, 8)}
     assert records[4]["sampling"]["block_size"] == 4 and records[4]["sampling"]["block_length"] is None
     assert records[4]["protocol_hash"] != records[8]["protocol_hash"] and records[4]["hash"] != records[8]["hash"]
+    # sub-blocks and the clean context's layout (Fast-dLLM v2, Nemotron-Labs-Diffusion) are recorded and hashed too
+    assert (records[4]["sampling"]["sub_block_size"], records[4]["sampling"]["clean_context"]) == (None, "block")
+    variants = [eval_record(cfg, SimpleNamespace(model=torch.nn.Linear(2, 2), family="tiny", block_size=4, **extra),
+                            settings) for extra in ({"sub_block_size": 2}, {"clean_context": "causal"})]
+    assert variants[0]["sampling"]["sub_block_size"] == 2 and variants[1]["sampling"]["clean_context"] == "causal"
+    assert len({records[4]["protocol_hash"], *(v["protocol_hash"] for v in variants)}) == 3
 
 
 def test_dlmrl_eval_prints_the_record_and_the_d1_figures(tmp_path, capsys):
