@@ -47,7 +47,15 @@ def test_missing_clones_named(bench, tmp_path, capsys):
 def test_dlmrl_resolves_the_settings_d1_is_given(bench):
     """dlmrl's config with the overrides resolves to d1's objective and estimator, and the numbers d1's
     ``DiffuGRPOConfig`` gets are the same ones."""
-    from dlmrl.config import Config, apply_overrides, build_estimator, build_preset, estimator_name, load_yaml, validate
+    from dlmrl.config import (
+        Config,
+        apply_overrides,
+        build_estimator,
+        build_preset,
+        estimator_name,
+        load_yaml,
+        validate,
+    )
 
     s = bench.settings(_args())
     cfg = Config()
@@ -173,6 +181,10 @@ def test_summary_by_hand(bench):
             "median_seconds_rollout"]
         repeats.append(pair)
     assert repeats[0]["dlmrl"]["summary"]["median_seconds_rollout"] == 2.0  # (the 9 s warm-up batch left out)
+    parts = [{"first_step": 8.0, "other_steps": 1.0}, {"first_step": 3.0, "other_steps": 2.0},
+             {"first_step": 5.0, "other_steps": 1.0}, {"first_step": 4.0, "other_steps": 6.0}]
+    assert bench.per_run_summary({**repeats[0]["d1"], "seconds_parts": parts})["median_seconds_parts"] == {
+        "first_step": 4.0, "other_steps": 2.0}  # (the first batch left out)
     s = bench.summarize(repeats)
     assert s["median_seconds_rollout"] == {"dlmrl": 2.0, "d1": 4.0}
     assert s["ratio_dlmrl_over_d1"] == {"min": 0.25, "median": 0.5, "max": 1.0}

@@ -247,7 +247,7 @@ def build_sudoku_checkpoint(clone: Path, out: Path, temperature: float) -> dict:
     config = (out / "config.json").read_text()
     model.save_pretrained(out, safe_serialization=True)
     (out / "config.json").write_text(config)  # (the release's fields, as build_checkpoint wrote them)
-    return {"code": f"{source.folder.relative_to(clone)} ({', '.join(('configuration_llada.py', 'modeling_llada.py'))})",
+    return {"code": f"{source.folder.relative_to(clone)} (configuration_llada.py, modeling_llada.py)",
             "commit": source.commit, "swapped_rows": pairs,
             "swapped_tokens": [[tok.convert_ids_to_tokens(t), tok.convert_ids_to_tokens(d)] for t, d in pairs]}
 
@@ -271,7 +271,9 @@ def run_dlmrl_worker(args) -> dict:
     return {"tool": "dlmrl", "seconds_rollout": [r["seconds_step"] for r in rows],
             "reward": [r["reward_mean"] for r in rows], "kl": [r.get("kl") for r in rows],
             "grad_norm": [r.get("grad_norm") for r in rows], "loss": [r.get("loss") for r in rows],
-            "seconds_sampling": [r.get("seconds_rollout") for r in rows],
+            "seconds_parts": [{"sampling_and_rewards": r.get("seconds_rollout"),
+                               "old_scores": r.get("seconds_scoring_old"), "updates": r.get("seconds_update")}
+                              for r in rows],
             "command": "dlmrl " + " ".join(a for a in argv if not a.startswith(("output_dir=", "model.name_or_path=")))}
 
 
@@ -291,7 +293,7 @@ def import_d1_trainer():
 
     hf_imports._is_package_available = as_boolean
     try:
-        import trl.import_utils  # noqa: F401  (binds the boolean form)
+        import trl.import_utils  # (binds the boolean form)
     finally:
         hf_imports._is_package_available = original
     import trl.trainer.grpo_trainer  # noqa: F401  (accelerate checks wandb's spec on import: before the stub)
@@ -396,7 +398,10 @@ def run_d1_worker(args) -> dict:
             raise RuntimeError("TRL's sampler does not visit dlmrl's prompts in order (RepeatRandomSampler changed?)")
         trainer.train()
     logs = record.logs
+    mu = s["num_iterations"]
     return {"tool": "d1", "seconds_step": record.seconds, "seconds_rollout": rollout_seconds(record.seconds, mu),
+            "seconds_parts": [{"first_step": record.seconds[i], "other_steps": sum(record.seconds[i + 1:i + mu])}
+                              for i in range(0, len(record.seconds), mu)],
             "reward": [g["reward"] for g in logs if "reward" in g],
             "kl": per_rollout_mean([g["kl"] for g in logs], mu),
             "grad_norm": per_rollout_mean([g.get("grad_norm") for g in logs], mu),
@@ -494,7 +499,10 @@ def per_run_summary(run: dict) -> dict:
         vals = run.get(key) or []
         return None if not vals or any(v is None for v in vals) else statistics.fmean(vals)
 
-    return {"median_seconds_rollout": statistics.median(timed) if timed else None, "mean_reward": mean("reward"),
+    parts = run.get("seconds_parts", [])[1:]
+    return {"median_seconds_rollout": statistics.median(timed) if timed else None,
+            "median_seconds_parts": {k: statistics.median(p[k] for p in parts) for k in parts[0]} if parts else None,
+            "mean_reward": mean("reward"),
             "mean_kl": mean("kl"), "mean_grad_norm": mean("grad_norm")}
 
 
@@ -536,8 +544,8 @@ def format_summary(summary: dict, steps: int, mu: int) -> str:
         return "-" if v is None else fmt.format(v)
 
     med, ratio = summary["median_seconds_rollout"], summary["ratio_dlmrl_over_d1"]
-    lines = [f"median s per rollout batch (μ {mu} optimizer steps; batches 2..{steps}): dlmrl "
-             f"{num(med['dlmrl'], '{:.3f}')}, d1 {num(med['d1'], '{:.3f}')}"]
+    lines = [(f"median s per rollout batch (μ {mu} optimizer steps; batches 2..{steps}): dlmrl "
+              f"{num(med['dlmrl'], '{:.3f}')}, d1 {num(med['d1'], '{:.3f}')}")]
     if ratio:
         lines.append(f"ratio dlmrl/d1 (seconds) over repeats: min {ratio['min']:.2f}x, median {ratio['median']:.2f}x, "
                      f"max {ratio['max']:.2f}x")
@@ -562,7 +570,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=4, help="rollout batches per run (default 4; the first is warm-up)")
     p.add_argument("--repeats", type=int, default=3, help="dlmrl/d1 pairs of runs, alternating (default 3)")
     p.add_argument("--num-iterations", type=int, default=12,
-                   help="μ: optimizer steps per rollout batch (default 12, d1's run.sh); >= 2 (d1 needs it with β > 0)")
+                   help="μ: optimizer steps per rollout batch (default 12, d1's run.sh); >= 2 (d1 needs it with "
+                        "β > 0)")
     p.add_argument("--prompts", type=int, default=2, help="prompts per rollout batch, x G 6 completions (default 2: "
                                                           "d1's 6 per device x 2 accumulation steps)")
     p.add_argument("--seed", type=int, default=0, help="repeat r uses seed + r on both sides (default 0)")
@@ -616,9 +625,10 @@ def main(argv: list[str] | None = None) -> dict | None:
             run["summary"] = per_run_summary(run)
             pair[tool] = run
             sm = run["summary"]
-            print(f"repeat {r} {tool}: median {sm['median_seconds_rollout']:.3f} s per rollout batch, mean reward "
-                  f"{sm['mean_reward']:.4f}, mean KL {sm['mean_kl']}, mean grad norm {sm['mean_grad_norm']}",
-                  flush=True)
+            parts = ", ".join(f"{k} {v:.2f}" for k, v in (sm["median_seconds_parts"] or {}).items())
+            print(f"repeat {r} {tool}: median {sm['median_seconds_rollout']:.3f} s per rollout batch ({parts}), mean "
+                  f"reward {sm['mean_reward']:.4f}, mean KL {sm['mean_kl']:.3g}, mean grad norm "
+                  f"{sm['mean_grad_norm']:.4f}", flush=True)
         d, t = pair["dlmrl"]["summary"]["median_seconds_rollout"], pair["d1"]["summary"]["median_seconds_rollout"]
         pair["ratio"] = d / t if d and t else None
         repeats.append(pair)
