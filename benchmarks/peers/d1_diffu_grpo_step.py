@@ -94,7 +94,8 @@ over repeats; the tools agree when their means differ by at most 2 standard erro
 repeat there is no verdict.
 
 Writes ``benchmarks/results/peers_d1_diffu_grpo.json`` (``--output``): command, d1, TRL and LLaDA-code commits, dlmrl
-commit, machine (with the 1-minute load average before the run), settings, per-repeat numbers and the summary.
+commit, machine (with the 1-minute load average before the run), settings, per-repeat numbers (each run with the load
+average after it) and the summary.
 """
 
 from __future__ import annotations
@@ -476,7 +477,8 @@ def run_worker_subprocess(tool: str, args, seed: int) -> dict:
     """This file with ``--worker tool`` in a fresh Python process; its JSON result."""
     with tempfile.TemporaryDirectory(prefix="peers_d1_") as tmp:
         out = Path(tmp) / "worker.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), str(args.d1), "--llada-code", str(args.llada_code),
+        cmd = [sys.executable, str(Path(__file__).resolve()), str(args.d1.resolve()), "--llada-code",
+               str(args.llada_code.resolve()),
                "--worker", tool, "--worker-out", str(out), "--checkpoint", args.checkpoint,
                "--steps", str(args.steps), "--seed", str(seed), "--lr", str(args.lr),
                "--num-iterations", str(args.num_iterations), "--prompts", str(args.prompts)]
@@ -623,6 +625,7 @@ def main(argv: list[str] | None = None) -> dict | None:
         for tool in (("dlmrl", "d1") if r % 2 == 0 else ("d1", "dlmrl")):
             run = run_worker_subprocess(tool, args, seed)
             run["summary"] = per_run_summary(run)
+            run["load_average_1min_after"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
             pair[tool] = run
             sm = run["summary"]
             parts = ", ".join(f"{k} {v:.2f}" for k, v in (sm["median_seconds_parts"] or {}).items())
