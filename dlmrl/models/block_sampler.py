@@ -72,7 +72,7 @@ from dlmrl.models.block_attention import (
     hf_block_forward,
     shifted_sources,
 )
-from dlmrl.models.gumbel import _gumbel, _uniform, add_gumbel_noise
+from dlmrl.models.gumbel import _gumbel, _uniform, add_gumbel_noise, drawn_tokens
 from dlmrl.models.policy import position_ids_from_mask
 from dlmrl.models.reveal import NOT_SAMPLED, _confidence, num_transfer_tokens, reveal_cuts, threshold_reveal
 from dlmrl.models.sampler import (
@@ -412,9 +412,9 @@ def _decode_scheduled(fwd: _ExactBlockForward, record, x_all, start: int, mask_i
             logits = fwd.logits(x)  # (B, Lb, V)
             vocab = logits.shape[-1]
             nfe += 1
-            choice = logits.clone()
-            choice[..., mask_id] = float("-inf")  # (never drawn; the confidence keeps the full softmax)
-            x0 = add_gumbel_noise(choice, temperature, generator, noise_rows).argmax(dim=-1)  # (B, Lb)
+            # (the mask is never drawn; the confidence keeps the full softmax)
+            x0 = drawn_tokens(logits, mask_id, temperature,
+                              lambda c: add_gumbel_noise(c, temperature, generator, noise_rows))  # (B, Lb)
             if remasking == "low_confidence":
                 conf = _confidence(logits, x0)
             elif remasking == "random":
@@ -471,13 +471,12 @@ def _decode_threshold(fwd: _ExactBlockForward, record, mask_id: int, block_size:
             logits = fwd.logits(x, idx)  # (n, Lb, V)
             nfe += 1
             row_nfe += active.long()
-            choice = logits.clone()
-            choice[..., mask_id] = float("-inf")
-            if temperature > 0:
+            def noise(choice, block=block, step=step, idx=idx):
                 g = _step_generator(seed, block * block_size + step, noise_device)
-                u = _uniform((x.shape[0], *choice.shape[1:]), g, logits.device, noise_rows)  # (B, Lb, V): every row's
-                choice = _gumbel(choice, temperature, u if idx is None else u[idx])
-            x0 = choice.argmax(dim=-1)  # (n, Lb)
+                u = _uniform((x.shape[0], *choice.shape[1:]), g, choice.device, noise_rows)  # (B, Lb, V): every row's
+                return _gumbel(choice, temperature, u if idx is None else u[idx])
+
+            x0 = drawn_tokens(logits, mask_id, temperature, noise)  # (n, Lb)
             rows = slice(None) if idx is None else idx
             m = masked[rows]
             groups = _groups(hi - lo, sub_block_size, x.device)

@@ -64,6 +64,7 @@ from dlmrl.models.llada2 import (
     llada2_logits,
     load_llada2,
 )
+from dlmrl.models.llada_cache import llada_cached_logits
 from dlmrl.models.llada_moe import is_llada_moe, llada_moe_logits, llada_moe_mask_token_id, load_llada_moe
 from dlmrl.models.nemotron_diffusion import (
     NEMOTRON_BLOCK_SIZE,
@@ -406,10 +407,7 @@ FAMILIES.register("masked_lm")(
 FAMILIES.register("llada")(
     Family(load=_load_auto_model, logits=llada_logits, detect=_is_llada, checkpoint_mask_token_id=llada_mask_token_id,
            activation_checkpointing=llada_activation_checkpointing, output_head=llada_output_head,
-           no_cache_reason="dlmrl has no cache adapter for LLaDA's checkpoint code: its released modeling_llada.py "
-                           "takes past_key_values but cannot replace a block's keys inside the cache (dual), and its "
-                           "prefix path cannot be tested here without that code (Fast-dLLM ships a modified copy of "
-                           "the file for both)")
+           cached_logits=llada_cached_logits)
 )
 FAMILIES.register("dream")(
     Family(load=_load_auto_model, logits=dream_logits, detect=_is_dream, default_mask_token_id=DREAM_MASK_TOKEN_ID,

@@ -6,6 +6,7 @@ Reference: LLaDA, Nie et al., arXiv 2502.09992, the released ``generate.py`` (``
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -51,6 +52,29 @@ def _gumbel(logits: torch.Tensor, temperature: float, u: torch.Tensor) -> torch.
     u = u.clamp_min(torch.finfo(torch.float64).tiny)  # u = 0 would give log(0)
     gumbel = -torch.log(-torch.log(u))  # (..., V)
     return logits.to(torch.float64) + temperature * gumbel
+
+
+def drawn_tokens(logits: torch.Tensor, mask_token_id: int, temperature: float,
+                 noise: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """The sampler's draw ``x0 (..., )`` long: the argmax of the logits with the mask token at ``-inf`` (never
+    drawn), after ``noise`` (a function of those masked logits returning noised ones, e.g. Gumbel noise at the step's
+    temperature) when ``temperature > 0``.
+
+    Greedy (``temperature == 0``) it takes the argmax of ``logits (..., V)`` itself and redoes only the positions
+    whose argmax is the mask token: no ``(..., V)`` copy, the same tokens (``argmax`` returns the first maximal
+    index, so a position whose first maximum is another token keeps it, and the masked copy would give it too).
+    """
+    if temperature > 0:
+        choice = logits.clone()
+        choice[..., mask_token_id] = float("-inf")
+        return noise(choice).argmax(dim=-1)
+    x0 = logits.argmax(dim=-1)
+    hit = x0 == mask_token_id
+    if bool(hit.any()):
+        redo = logits[hit]  # (k, V): a copy of those positions only
+        redo[:, mask_token_id] = float("-inf")
+        x0[hit] = redo.argmax(dim=-1)
+    return x0
 
 
 def add_gumbel_noise(

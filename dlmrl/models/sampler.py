@@ -26,7 +26,7 @@ import torch
 
 from dlmrl.models.block_cache import CACHE_MODES, BlockCache
 from dlmrl.models.families import cached_logits_of
-from dlmrl.models.gumbel import _gumbel, _uniform, add_gumbel_noise, sampler_log_softmax
+from dlmrl.models.gumbel import _gumbel, _uniform, add_gumbel_noise, drawn_tokens, sampler_log_softmax
 from dlmrl.models.policy import canvas_logits
 from dlmrl.models.reveal import (
     NOT_SAMPLED,
@@ -483,9 +483,9 @@ def generate(
                 logits = forward(x)  # (B, Lb, V)
                 vocab = logits.shape[-1]
                 nfe += passes
-                choice = logits.clone()  # (B, Lb, V)
-                choice[..., mask_id] = float("-inf")  # (never drawn; the confidence keeps the full softmax)
-                x0 = add_gumbel_noise(choice, temperature, generator, noise_rows).argmax(dim=-1)  # (B, Lb)
+                # (the mask is never drawn; the confidence keeps the full softmax)
+                x0 = drawn_tokens(logits, mask_id, temperature,
+                                  lambda c: add_gumbel_noise(c, temperature, generator, noise_rows))  # (B, Lb)
                 if remasking == "low_confidence":
                     conf = _confidence(logits, x0)  # (B, Lb)
                 elif remasking == "random":
@@ -550,13 +550,12 @@ def _decode_threshold(forward: _BlockForward, x, reveal_step, token_logprobs, ma
             logits = forward(x, idx)  # (n, Lb, V)
             nfe += passes
             row_nfe += passes * active.long()
-            choice = logits.clone()
-            choice[..., mask_id] = float("-inf")
-            if temperature > 0:
+            def noise(choice, block=block, step=step, pick=pick):
                 g = _step_generator(seed, block * block_length + step, noise_device)
-                u = _uniform((x.shape[0], *choice.shape[1:]), g, logits.device, noise_rows)  # (B, Lb, V)
-                choice = _gumbel(choice, temperature, pick(u))
-            x0 = choice.argmax(dim=-1)  # (n, Lb)
+                u = _uniform((x.shape[0], *choice.shape[1:]), g, choice.device, noise_rows)  # (B, Lb, V)
+                return _gumbel(choice, temperature, pick(u))
+
+            x0 = drawn_tokens(logits, mask_id, temperature, noise)  # (n, Lb)
             m = pick(masked)
             reveal = threshold_reveal(_confidence(logits, x0, reveal_cuts(threshold, factor, hi - lo)), m, threshold,
                                     factor)  # (n, Lb)

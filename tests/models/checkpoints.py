@@ -136,7 +136,7 @@ def _save_remote(path: Path, code: str, config: dict, tok, extra: dict | None = 
     return path
 
 
-def save_llada_like(path: Path) -> Path:
+def save_llada_like(path: Path, n_layers: int = 1) -> Path:
     tok = char_tokenizer(["<|startoftext|>", "<|endoftext|>", "<|unk|>"], bos_token="<|startoftext|>",
                          eos_token="<|endoftext|>", pad_token="<|endoftext|>", unk_token="<|unk|>")
     config = {
@@ -150,7 +150,7 @@ def save_llada_like(path: Path) -> Path:
         "vocab_size": LLADA_VOCAB,
         "d_model": 16,
         "n_heads": 2,
-        "n_layers": 1,
+        "n_layers": n_layers,
         "mask_token_id": LLADA_MASK,
         "eos_token_id": 1,
         "pad_token_id": 1,

@@ -48,8 +48,10 @@ class StaleContext:
 
     def __init__(self, hf_model: torch.nn.Module, mode: str):
         self.mode, self.recorded, self.state, self.fresh = mode, {}, "off", None
+        # (transformers' decoder layers: self_attn.k_proj; LLaDA's released layout: transformer.blocks.<i>.k_proj)
         self.handles = [m.register_forward_hook(self._hook) for name, m in hf_model.named_modules()
-                        if name.endswith(("self_attn.k_proj", "self_attn.v_proj"))]
+                        if name.endswith(("self_attn.k_proj", "self_attn.v_proj"))
+                        or (".blocks." in name and name.endswith((".k_proj", ".v_proj")))]
 
     def _hook(self, module, args, out):
         if self.state == "record":

@@ -150,7 +150,7 @@ def test_cached_logprobs_are_those_of_the_logits_used(shipped64):
     torch.testing.assert_close(out.token_logprobs, expected, atol=tol, rtol=0)
 
 
-@pytest.mark.parametrize("family", ["masked_lm", "llada", "dream", "toy"])
+@pytest.mark.parametrize("family", ["masked_lm", "dream", "toy"])
 def test_families_without_a_cache_are_refused_by_name(family):
     with pytest.raises(ValueError, match=f"model family '{family}'.*set sampling.cache=none"):
         cached_logits_of(family, "dual")
