@@ -93,12 +93,13 @@ def test_compare_counts_equal_positions(bench):
 
 
 def test_summary_ratios_and_verdicts(bench):
-    """Ratio dlmrl / peer in tokens per second = peer seconds / dlmrl seconds, per repeat; min / median / max over
-    three repeats; PASS only for an expected-identical peer with identical tokens in every repeat."""
+    """Ratio dlmrl / peer in tokens per second = peer seconds / dlmrl seconds (dlmrl with the peer's cache), per
+    repeat; min / median / max over three repeats; PASS only with identical tokens in every repeat."""
     args = Namespace(batch_sizes=[2], modes=["threshold"], peers=["generate", "dual_cache"], gen_length=16)
     dl, gen, dual = [2.0, 4.0, 1.0], [3.0, 4.0, 4.0], [1.0, 2.0, 0.25]
     same, diff = {"identical": True, "identical_fraction": 1.0}, {"identical": False, "identical_fraction": 0.5}
-    repeats = [{"runs": {"2/threshold": {"dlmrl": {"seconds": d, "nfe_per_row": 16.0},
+    repeats = [{"runs": {"2/threshold": {"dlmrl/none": {"seconds": d, "nfe_per_row": 16.0},
+                                         "dlmrl/dual": {"seconds": d / 2, "nfe_per_row": 15.0},
                                          "generate": {"seconds": g, "nfe_per_row": 16.0},
                                          "dual_cache": {"seconds": u, "nfe_per_row": 15.0}}},
                 "equality": {"2/threshold/generate": same, "2/threshold/dual_cache": diff}}
@@ -106,10 +107,11 @@ def test_summary_ratios_and_verdicts(bench):
     gen_row, dual_row = bench.summarize(repeats, args)
     assert gen_row["peer"] == "generate" and dual_row["peer"] == "generate_with_dual_cache"
     assert gen_row["ratio_dlmrl_over_peer"] == {"min": 1.0, "median": 1.5, "max": 4.0}  # 3/2, 4/4, 4/1
-    assert dual_row["ratio_dlmrl_over_peer"] == {"min": 0.25, "median": 0.5, "max": 0.5}  # 1/2, 2/4, .25/1
+    assert dual_row["ratio_dlmrl_over_peer"] == {"min": 0.5, "median": 1.0, "max": 1.0}  # 1/1, 2/2, .25/.5
+    assert (gen_row["dlmrl_cache"], dual_row["dlmrl_cache"]) == ("none", "dual")
     assert gen_row["dlmrl_median_seconds"] == 2.0 and gen_row["dlmrl_tokens_per_second"] == 32 / 2.0
     assert gen_row["peer_tokens_per_second"] == 32 / 4.0
     assert gen_row["nfe_per_row"] == {"dlmrl": 16.0, "peer": 16.0} and dual_row["nfe_per_row"]["peer"] == 15.0
-    assert bench.verdict(gen_row) == "PASS" and bench.verdict(dual_row) == "INFO"
+    assert bench.verdict(gen_row) == "PASS" and bench.verdict(dual_row) == "FAIL"  # (its tokens differed)
     repeats[1]["equality"]["2/threshold/generate"] = diff  # (a repeat whose tokens changed)
     assert bench.verdict(bench.summarize(repeats, args)[0]) == "FAIL"

@@ -14,9 +14,11 @@ forward code, float32, CPU, in this one process.
 The peer: Fast-dLLM's own samplers of ``llada/generate.py`` (imported from the clone): ``generate`` (no cache),
 ``generate_with_prefix_cache`` and ``generate_with_dual_cache``, all called with ``temperature=0``,
 ``remasking="low_confidence"``, ``mask_id=126336``. dlmrl: ``dlmrl.models.sampler.generate`` with the same
-``gen_length``, ``block_length``, ``steps`` and ``threshold``, uncached: dlmrl has no block cache for LLaDA's
-checkpoint code (``sampling.cache`` serves the ``tiny`` family only; the script records the sampler's refusal), so
-its best on this code is the uncached sampler, and every peer, cached or not, is timed against it.
+``gen_length``, ``block_length``, ``steps`` and ``threshold``, and the matching cache (``sampling.cache``): none
+against ``generate``, ``prefix`` against ``generate_with_prefix_cache``, ``dual`` against
+``generate_with_dual_cache``. On LLaDA's code dlmrl's cache runs the checkpoint's own blocks with explicit rotary
+positions (``dlmrl/models/llada_cache.py``: the released ``LLaDAModel.forward`` refuses a cache, and Fast-dLLM's
+copy adds ``replace_position`` for its dual cache, which dlmrl does not call).
 
 Two decoding modes (``--modes``), greedy both:
 
@@ -29,17 +31,16 @@ Two decoding modes (``--modes``), greedy both:
   ``generate`` (row "greedy = Fast-dLLM generate()").
 
 Pairs and what is equal: for each batch size, mode and peer sampler, the script checks the completions token by
-token. dlmrl against ``generate`` must be token-identical in both modes (the same algorithm, the same forward
-code; a difference is reported as FAIL and the exit status is 1). The prefix and dual caches are Fast-dLLM's
-approximations (a block's later passes reuse keys and values computed at its first pass), so their tokens may
-differ from the uncached decode: the script reports the fraction of identical tokens and does not judge it.
+token against dlmrl with the same cache, which must be token-identical in both modes (the same algorithm and the
+same approximation: a block's later passes reuse the keys and values of its first pass; a difference is reported
+as FAIL and the exit status is 1).
 Forward passes (NFE per completion) are reported for both sides. An untimed check first runs every sampler on a
 one-layer copy of the checkpoint (``config.json`` ``n_layers: 1``, the same file), where Fast-dLLM's caches are
 exact (layer 0's keys and values depend only on each position's token and position, and the cached positions'
-tokens do not change within a block): there all three Fast-dLLM samplers must give dlmrl's tokens (else FAIL, exit
-status 1), which shows the peers are called as their code means and that the caches' differences on the two-layer
-model are their approximation (on a random model, whose confidences are nearly tied, one changed logit changes
-the tokens after it).
+tokens do not change within a block): there all three Fast-dLLM samplers must give uncached dlmrl's tokens (else FAIL,
+exit status 1), which shows the peers are called as their code means; on the two-layer model the cached decodes
+differ from the uncached one (the script reports the fraction of tokens each cached pair shares with the uncached
+decode), so the cached pairs' equality is not the uncached one's.
 
 Batches (``--batch-sizes``): Fast-dLLM's samplers decode one prompt at a time (they build the canvas as
 ``torch.full((1, P + L), mask_id)``; a batch of prompts does not broadcast into it), so at batch ``B > 1`` the peer
@@ -56,7 +57,7 @@ once (batched) and each Fast-dLLM sampler once per prompt: at the defaults 8 sin
 ``--repeats 1 --gen-length 64`` (or fewer ``--modes`` / ``--batch-sizes`` / ``--peers``).
 
 Writes ``benchmarks/results/peers_fast_dllm_rollouts.json`` (``--output``): command, Fast-dLLM commit, dlmrl commit,
-machine, settings, the refusal of ``sampling.cache`` on LLaDA's code, per-repeat seconds and NFE, and the summary.
+machine, settings, per-repeat seconds and NFE, and the summary.
 """
 
 from __future__ import annotations
@@ -75,7 +76,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # (bench_io, remote_code_c
 from bench_io import write_result
 
 PEERS = {"generate": "generate", "prefix_cache": "generate_with_prefix_cache", "dual_cache": "generate_with_dual_cache"}
-EXPECTED_IDENTICAL = {"generate"}  # the peers whose algorithm is dlmrl's (the caches are approximations)
+#: dlmrl's ``sampling.cache`` for each peer: the same algorithm and the same approximation
+DLMRL_CACHE = {"generate": "none", "prefix_cache": "prefix", "dual_cache": "dual"}
+EXPECTED_IDENTICAL = set(PEERS)  # every pair computes the same thing
 MODES = ("threshold", "schedule")
 # equal token length in the checkpoint's character tokenizer: a batch needs no padding on either side
 PROMPTS = ["12+3=", "45+6=", "78-9=", "23*4=", "56+7=", "89-1=", "34*2=", "67+8="]
@@ -141,8 +144,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # -- the two sides ----------------------------------------------------------------------------------------------
-def run_dlmrl(policy, ids, args, mode: str, gen_length: int | None = None) -> dict:
-    """dlmrl's uncached sampler on the ``(B, P)`` prompts: seconds, ``(B, L)`` canvas, mean passes per row."""
+def run_dlmrl(policy, ids, args, mode: str, gen_length: int | None = None, cache: str = "none") -> dict:
+    """dlmrl's sampler with ``cache`` on the ``(B, P)`` prompts: seconds, ``(B, L)`` canvas, mean passes per row."""
     import torch
 
     from dlmrl.models.sampler import generate
@@ -153,7 +156,7 @@ def run_dlmrl(policy, ids, args, mode: str, gen_length: int | None = None) -> di
     with torch.no_grad():
         out = generate(policy, ids, torch.ones_like(ids, dtype=torch.bool), gen_length=length,
                        block_length=args.block_length, steps=steps,
-                       threshold=args.threshold if mode == "threshold" else None)
+                       threshold=args.threshold if mode == "threshold" else None, cache=cache)
     seconds = time.perf_counter() - t0
     return {"seconds": seconds, "canvas": out.canvas, "nfe_per_row": float(out.row_nfe.float().mean())}
 
@@ -175,23 +178,6 @@ def run_peer(fn, model, ids, args, mode: str, mask_id: int, gen_length: int | No
         nfes.append(int(nfe))
     seconds = time.perf_counter() - t0
     return {"seconds": seconds, "canvas": torch.cat(rows), "nfe_per_row": statistics.fmean(nfes)}
-
-
-def cache_refusal(policy) -> str:
-    """What dlmrl's sampler says when asked for a block cache on LLaDA's checkpoint code (the reason it runs
-    uncached here); ``"accepted"`` if it were to run."""
-    import torch
-
-    from dlmrl.models.sampler import generate
-
-    ids = policy.tokenizer(PROMPTS[:1], add_special_tokens=False, return_tensors="pt")["input_ids"]
-    try:
-        with torch.no_grad():
-            generate(policy, ids, torch.ones_like(ids, dtype=torch.bool), gen_length=4, block_length=4, steps=4,
-                     cache="dual")
-    except ValueError as e:
-        return str(e)
-    return "accepted"
 
 
 def one_layer_copy(ckpt: Path, out: Path) -> Path:
@@ -229,7 +215,7 @@ def one_layer_check(ckpt: Path, fns: dict, args) -> dict:
     length = 2 * args.block_length
     out = {}
     for mode in args.modes:
-        ours = run_dlmrl(policy, ids, args, mode, gen_length=length)["canvas"]
+        ours = run_dlmrl(policy, ids, args, mode, gen_length=length)["canvas"]  # (uncached: every cache is exact)
         for peer, fn in fns.items():
             theirs = run_peer(fn, policy.model.eval(), ids, args, mode, policy.mask_token_id, gen_length=length)
             out[f"{mode}/{peer}"] = compare(ours, theirs["canvas"])
@@ -263,20 +249,24 @@ def summarize(repeats: list[dict], args) -> list[dict]:
     for batch in args.batch_sizes:
         for mode in args.modes:
             for peer in args.peers:
-                pairs = [(r["runs"][f"{batch}/{mode}"]["dlmrl"], r["runs"][f"{batch}/{mode}"][peer]) for r in repeats]
+                ours = f"dlmrl/{DLMRL_CACHE[peer]}"
+                pairs = [(r["runs"][f"{batch}/{mode}"][ours], r["runs"][f"{batch}/{mode}"][peer]) for r in repeats]
                 tokens = batch * args.gen_length
                 ratios = [p["seconds"] / d["seconds"] for d, p in pairs]
                 d_med = statistics.median(d["seconds"] for d, _ in pairs)
                 p_med = statistics.median(p["seconds"] for _, p in pairs)
                 eq = repeats[0]["equality"][f"{batch}/{mode}/{peer}"]
                 rows.append({
-                    "batch": batch, "mode": mode, "peer": PEERS[peer], "tokens": tokens,
+                    "batch": batch, "mode": mode, "peer": PEERS[peer], "dlmrl_cache": DLMRL_CACHE[peer],
+                    "tokens": tokens,
                     "dlmrl_median_seconds": d_med, "peer_median_seconds": p_med,
                     "dlmrl_tokens_per_second": tokens / d_med, "peer_tokens_per_second": tokens / p_med,
                     "ratio_dlmrl_over_peer": {"min": min(ratios), "median": statistics.median(ratios),
                                               "max": max(ratios)},
                     "expected_identical": peer in EXPECTED_IDENTICAL, **eq,
                     "same_tokens_every_repeat": all(r["equality"][f"{batch}/{mode}/{peer}"] == eq for r in repeats),
+                    "identical_to_uncached_fraction": repeats[0].get("vs_uncached", {}).get(
+                        f"{batch}/{mode}/{DLMRL_CACHE[peer]}"),
                     "nfe_per_row": {"dlmrl": pairs[0][0]["nfe_per_row"], "peer": pairs[0][1]["nfe_per_row"]},
                 })
     return rows
@@ -289,13 +279,14 @@ def verdict(row: dict) -> str:
 
 
 def format_table(rows: list[dict], threshold: float, steps: int) -> str:
-    header = ("| batch | mode | Fast-dLLM sampler | dlmrl s | peer s | dlmrl / peer tok/s (min, median, max) | "
-              "tokens identical | NFE/row dlmrl, peer | check |")
-    lines = [header, "|---|---|---|---|---|---|---|---|---|"]
+    header = ("| batch | mode | Fast-dLLM sampler | dlmrl cache | dlmrl s | peer s | dlmrl / peer tok/s (min, median, "
+              "max) | tokens identical | NFE/row dlmrl, peer | check |")
+    lines = [header, "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         q = r["ratio_dlmrl_over_peer"]
         mode = f"threshold {threshold}" if r["mode"] == "threshold" else f"schedule, {steps} steps"
-        lines.append(f"| {r['batch']} | {mode} | {r['peer']} | {r['dlmrl_median_seconds']:.2f} | "
+        lines.append(f"| {r['batch']} | {mode} | {r['peer']} | {r.get('dlmrl_cache', 'none')} | "
+                     f"{r['dlmrl_median_seconds']:.2f} | "
                      f"{r['peer_median_seconds']:.2f} | {q['min']:.2f}, **{q['median']:.2f}**, {q['max']:.2f} | "
                      f"{r['identical_fraction']:.4f} | {r['nfe_per_row']['dlmrl']:.1f}, "
                      f"{r['nfe_per_row']['peer']:.1f} | {verdict(r)} |")
@@ -323,7 +314,6 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"the tiny checkpoint loaded as family {policy.family!r}, mask id {policy.mask_token_id}")
     model, mask_id = policy.model.eval(), policy.mask_token_id
     fns = {peer: load_function(clone / GENERATE_PY, PEERS[peer]) for peer in args.peers}
-    refusal = cache_refusal(policy)
     one_layer = one_layer_check(ckpt, fns, args)
     for key, eq in one_layer.items():
         print(f"one-layer copy (caches exact), {key}: tokens identical {eq['identical_fraction']:.4f} "
@@ -332,8 +322,8 @@ def main(argv: list[str] | None = None) -> int:
 
     warm = ids_all[:1]  # one untimed block of each sampler
     for mode in args.modes:
-        run_dlmrl(policy, warm, args, mode, gen_length=args.block_length)
         for peer in args.peers:
+            run_dlmrl(policy, warm, args, mode, gen_length=args.block_length, cache=DLMRL_CACHE[peer])
             run_peer(fns[peer], model, warm, args, mode, mask_id, gen_length=args.block_length)
 
     load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
@@ -343,22 +333,26 @@ def main(argv: list[str] | None = None) -> int:
         for batch in args.batch_sizes:
             ids = ids_all[:batch]
             for mode in args.modes:
-                sides = ["dlmrl", *args.peers] if r % 2 == 0 else [*args.peers, "dlmrl"]
                 runs = {}
-                for side in sides:
-                    runs[side] = (run_dlmrl(policy, ids, args, mode) if side == "dlmrl"
-                                  else run_peer(fns[side], model, ids, args, mode, mask_id))
-                    print(f"repeat {r} batch {batch} {mode} {side}: {runs[side]['seconds']:.2f} s, "
-                          f"{runs[side]['nfe_per_row']:.1f} passes per completion", flush=True)
-                for peer in args.peers:
-                    rep["equality"][f"{batch}/{mode}/{peer}"] = compare(runs["dlmrl"]["canvas"], runs[peer]["canvas"])
+                for peer in args.peers:  # (each pair back to back, dlmrl first on even repeats)
+                    ours = f"dlmrl/{DLMRL_CACHE[peer]}"
+                    for side in ([ours, peer] if r % 2 == 0 else [peer, ours]):
+                        runs[side] = (run_dlmrl(policy, ids, args, mode, cache=DLMRL_CACHE[peer]) if side == ours
+                                      else run_peer(fns[side], model, ids, args, mode, mask_id))
+                        print(f"repeat {r} batch {batch} {mode} {side}: {runs[side]['seconds']:.2f} s, "
+                              f"{runs[side]['nfe_per_row']:.1f} passes per completion", flush=True)
+                    rep["equality"][f"{batch}/{mode}/{peer}"] = compare(runs[ours]["canvas"], runs[peer]["canvas"])
+                if "dlmrl/none" in runs:  # (how far each cache moved the tokens from the exact decode)
+                    for cache in ("prefix", "dual"):
+                        if f"dlmrl/{cache}" in runs:
+                            rep.setdefault("vs_uncached", {})[f"{batch}/{mode}/{cache}"] = compare(
+                                runs["dlmrl/none"]["canvas"], runs[f"dlmrl/{cache}"]["canvas"])["identical_fraction"]
                 rep["runs"][f"{batch}/{mode}"] = {s: {k: v for k, v in run.items() if k != "canvas"}
                                                   for s, run in runs.items()}
         repeats.append(rep)
     rows = summarize(repeats, args)
     table = format_table(rows, args.threshold, args.steps)
     print("\n" + table)
-    print(f"\ndlmrl runs uncached: sampling.cache on LLaDA's checkpoint code: {refusal[:200]}")
     result = {
         "benchmark": "peers_fast_dllm_rollouts",
         "command": " ".join(["python", "benchmarks/peers/fast_dllm_rollouts.py",
@@ -378,8 +372,7 @@ def main(argv: list[str] | None = None) -> int:
                                    f"{model.config.d_model}, vocabulary {model.config.vocab_size}, "
                                    f"{sum(p.numel() for p in model.parameters())} parameters",
                      "peer_batching": "one prompt at a time (Fast-dLLM's samplers take a batch of one)",
-                     "dlmrl_cache": "none (no block cache for LLaDA's checkpoint code)"},
-        "dlmrl_cache_refusal": refusal,
+                     "dlmrl_cache": {PEERS[p]: DLMRL_CACHE[p] for p in args.peers}},
         "one_layer_check": {"what": f"one-layer copy of the checkpoint, batch 1, {2 * args.block_length} tokens, "
                                     "untimed: every sampler exact, tokens must be identical", "pairs": one_layer},
         "seconds": round(time.time() - started, 1), "summary": rows, "table": table, "repeats": repeats,
