@@ -181,7 +181,8 @@ class SamplingConfig:
                 "model (the cached states are stale by the tokens revealed since the block's first pass): the "
                 "rollout log-probs are those of the logits used; with the trajectory estimator at merge 1 the run "
                 "logs their gap to exact scores (rollout_logp_gap_*) and train.rollout_is_cap corrects it. Families with a cache: tiny (transformers "
-                "Llama/Qwen-style models with is_causal=False); others are refused by name. Not with cfg_scale > 0. "
+                "Llama/Qwen-style models with is_causal=False) and llada (LLaDA's released code, run block by block; "
+                "iLLaDA included); others are refused by name. Not with cfg_scale > 0. "
                 "Rollouts only.")
     rollout_batch_size: int = doc(
         0, "Rows (completions) per sampling call on each process: a process samples its share of the rollout batch "
