@@ -29,8 +29,8 @@ def config(*overrides: str) -> Config:
     (["sampling.cache=kv"], "must be one of none, prefix, dual"),
     (["sampling.cache=dual", "sampling.cfg_scale=1"], "classifier-free guidance"),
     # (hub ids, never fetched by the check: a local tiny checkpoint with another family is refused as a mismatch)
-    (["sampling.cache=prefix", "model.family=llada", "model.name_or_path=GSAI-ML/LLaDA-8B-Instruct"],
-     "model family 'llada'"),
+    (["sampling.cache=prefix", "model.family=dream", "model.name_or_path=Dream-org/Dream-v0-Instruct-7B"],
+     "model family 'dream'"),
     (["sampling.cache=dual", "model.family=masked_lm", "model.name_or_path=answerdotai/ModernBERT-base"],
      "encoder-only"),
     (["sampling.cache=dual", "model.kind=ar", "model.name_or_path=tiny-sudoku-ar", "task.answer_mode=full",
@@ -39,6 +39,11 @@ def config(*overrides: str) -> Config:
 def test_bad_cache_settings_name_the_key(overrides, match):
     with pytest.raises(ConfigError, match=f"config key 'sampling.cache'.*{match}"):
         validate(config(*overrides))
+
+
+def test_llada_takes_a_cache():
+    # (LLaDA's released code: dlmrl.models.llada_cache; a hub id, never fetched by the check)
+    validate(config("sampling.cache=dual", "model.family=llada", "model.name_or_path=GSAI-ML/LLaDA-8B-Instruct"))
 
 
 def test_cache_is_off_by_default_and_the_sampler_section_is_an_alias():
