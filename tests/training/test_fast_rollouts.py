@@ -43,7 +43,8 @@ def test_bad_cache_settings_name_the_key(overrides, match):
 
 def test_llada_takes_a_cache():
     # (LLaDA's released code: dlmrl.models.llada_cache; a hub id, never fetched by the check)
-    validate(config("sampling.cache=dual", "model.family=llada", "model.name_or_path=GSAI-ML/LLaDA-8B-Instruct"))
+    validate(config("sampling.cache=dual", "model.family=llada", "model.name_or_path=GSAI-ML/LLaDA-8B-Instruct",
+                    "model.trust_remote_code=true"))
 
 
 def test_cache_is_off_by_default_and_the_sampler_section_is_an_alias():
