@@ -21,6 +21,21 @@ from dlmrl.kinds.families import (
 __all__ = ["MaskedDiffusionKind", "early_stop_plan"]
 
 
+def _warn_blockwise_family(family: str | None, name_or_path: str) -> None:
+    """Warn that ``model.kind: diffusion`` runs a block-diffusion family's checkpoint with full attention
+    (:attr:`dlmrl.models.families.Family.trained_blockwise`): a silent mismatch otherwise, as NVIDIA's RL code warns
+    of a Nemotron checkpoint run in the wrong paradigm."""
+    from dlmrl.kinds.base import warn_key
+    from dlmrl.models.families import FAMILIES
+
+    if family in FAMILIES and FAMILIES.get(family).trained_blockwise:
+        warn_key(f"config key 'model.kind': {name_or_path!r} is a {family} checkpoint, a block-diffusion model trained "
+                 "with block-causal attention (bidirectional inside a block, causal across blocks); model.kind "
+                 "'diffusion' runs it with full bidirectional attention over the whole canvas, a layout it never saw, "
+                 "so its samples and likelihoods are not the model's. Set model.kind: block (its own attention and an "
+                 "exact key/value cache)")
+
+
 class MaskedDiffusionKind(PolicyKind):
     """Full-attention masked diffusion (LLaDA, Dream, masked LMs): the masked-diffusion sampler, the likelihood
     estimators."""
@@ -61,6 +76,8 @@ class MaskedDiffusionKind(PolicyKind):
     def check_loaded(self, cfg, policy) -> None:
         if cfg.sampling.cache != "none":  # (a detected family is known only now)
             check_cache_family(policy.family, cfg.sampling.cache, cfg.model.name_or_path)
+        if cfg.model.family == "auto" and local_families(cfg.model.name_or_path) is None:  # (not known at config time)
+            _warn_blockwise_family(policy.family, cfg.model.name_or_path)
 
     # ----- the config check ----------------------------------------------------------------------------------
     def check_model(self, cfg) -> None:
@@ -68,6 +85,9 @@ class MaskedDiffusionKind(PolicyKind):
         refuse_claimed_checkpoint(cfg)  # (a checkpoint another kind claims, e.g. a DiffusionGemma)
         if m.family != "auto":
             check_family_matches(m.name_or_path, m.family)
+        found = [m.family] if m.family != "auto" else local_families(m.name_or_path) or []
+        if len(found) == 1:
+            _warn_blockwise_family(found[0], m.name_or_path)
         super().check_model(cfg)
 
     def denoising_blocks(self, cfg) -> tuple[int, str]:

@@ -134,6 +134,9 @@ class Family:
         clean_context: how ``model.kind: block`` attends the prompt and the finished blocks
             (:attr:`dlmrl.models.block_policy.BlockDiffusionPolicy.clean_context`): ``"block"`` (block-causally) or
             ``"causal"`` (token-causally, a block's first token from the output before it: Nemotron-Labs-Diffusion).
+        trained_blockwise: the family's checkpoints are block-diffusion models, trained with block-causal attention
+            (SDAR/TraDo, LLaDA2, Fast-dLLM v2, Nemotron-Labs-Diffusion): ``model.kind: diffusion`` warns that it runs
+            them with full bidirectional attention, a layout they never saw.
     """
 
     load: Callable[[str, bool, torch.dtype], nn.Module]
@@ -150,6 +153,7 @@ class Family:
     logit_shift: int = 0
     checkpoint_mask_token_id: Callable[[object, object], int | None] | None = None
     clean_context: str = "block"
+    trained_blockwise: bool = False
 
     def fallback_mask_token_id(self, tokenizer, config) -> int | None:
         """The mask id when neither the tokenizer's ``mask_token`` nor ``config.json``'s ``mask_token_id`` names one:
@@ -419,13 +423,14 @@ FAMILIES.register("dream")(
 FAMILIES.register("sdar")(
     Family(load=load_sdar, logits=sdar_logits, detect=_is_sdar, default_mask_token_id=SDAR_MASK_TOKEN_ID,
            block_forward=sdar_block_forward, prompt_blocks=True, output_head=hf_output_head,
+           trained_blockwise=True,
            no_cache_reason="SDAR and TraDo are block-diffusion checkpoints: run them with model.kind block, "
                            "whose key/value cache is exact")
 )
 FAMILIES.register("llada2")(
     Family(load=load_llada2, logits=llada2_logits, detect=_is_llada2, default_mask_token_id=LLADA2_MASK_TOKEN_ID,
            block_forward=bool_mask_block_forward, prompt_blocks=True, default_block_size=LLADA2_BLOCK_SIZE,
-           output_head=hf_output_head,
+           output_head=hf_output_head, trained_blockwise=True,
            no_cache_reason="LLaDA2 checkpoints are block-diffusion models: run them with model.kind block, whose "
                            "key/value cache is exact")
 )
@@ -440,6 +445,7 @@ FAMILIES.register("nemotron_diffusion")(
     Family(load=load_nemotron_diffusion, logits=nemotron_logits, detect=is_nemotron_diffusion,
            default_mask_token_id=NEMOTRON_MASK_TOKEN_ID, block_forward=nemotron_block_forward,
            default_block_size=NEMOTRON_BLOCK_SIZE, output_head=hf_output_head, clean_context="causal",
+           trained_blockwise=True,
            no_cache_reason="Nemotron-Labs-Diffusion checkpoints are block-diffusion models: run them with model.kind "
                            "block, whose key/value cache is exact (or model.kind ar, the same weights left to right)")
 )
@@ -450,7 +456,7 @@ FAMILIES.register("fast_dllm_v2")(
                                                                    mask),
            default_mask_token_id=FAST_DLLM_V2_MASK_TOKEN_ID, checkpoint_mask_token_id=fast_dllm_v2_mask_token_id,
            block_forward=fast_dllm_v2_block_forward, prompt_blocks=True, default_block_size=FAST_DLLM_V2_BLOCK_SIZE,
-           output_head=hf_output_head, logit_shift=1,
+           output_head=hf_output_head, logit_shift=1, trained_blockwise=True,
            no_cache_reason="Fast-dLLM v2 checkpoints are block-diffusion models: run them with model.kind block, whose "
                            "key/value cache is exact")
 )

@@ -109,3 +109,16 @@ def test_threshold_decoding_does_not_ask_sampling_steps_to_split_over_the_blocks
 def test_an_error_of_a_sampler_alias_override_names_the_override(capsys):
     assert cli.main(["train", "--dry-run", "sampler.cache=Dual"]) == 2
     assert "command-line override 'sampler.cache=Dual': config key 'sampling.cache'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("family", ["sdar", "llada2", "fast_dllm_v2", "nemotron_diffusion"])
+def test_a_block_diffusion_family_under_the_diffusion_kind_warns(family):
+    # (hub ids, never fetched: the named family decides; model.kind block, the layout they were trained in, is quiet)
+    common = (f"model.family={family}", "model.name_or_path=org/some-checkpoint", "model.trust_remote_code=true")
+    with pytest.warns(UserWarning, match=f"config key 'model.kind'.*{family} checkpoint.*Set model.kind: block"):
+        validate(config(*common))
+
+
+def test_full_attention_families_do_not_warn_about_the_kind(recwarn):
+    validate(config("model.family=llada", "model.name_or_path=GSAI-ML/LLaDA-8B-Instruct", "model.trust_remote_code=true"))
+    assert not [w for w in recwarn if "config key 'model.kind'" in str(w.message)]
