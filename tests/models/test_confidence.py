@@ -53,3 +53,22 @@ def test_reveal_cuts():
     assert reveal_cuts(0.9, None, 4) == (0.9,)
     assert reveal_cuts(None, 1.0, 3) == (1 - 1 / 2, 1 - 1 / 3, 1 - 1 / 4)  # 1 - f / (n + 1), n = 1 .. Lb
     assert reveal_cuts(None, None, 4) == ()
+
+
+def test_large_logits_widen_the_margin_and_keep_the_float64_decisions():
+    # logits near 4000: float32's log p = logit - logsumexp is off by ~eps32 * 8000 (1e-3), ten times the fixed
+    # margin; the row's margin grows with its logits, so every decision near the threshold is made in float64
+    from dlmrl.models.reveal import threshold_reveal
+
+    g = torch.Generator().manual_seed(3)
+    n, Lb, V = 4096, 4, 200
+    logits = torch.full((n, Lb, V), 4000.0 - 40.0)
+    a = torch.log(torch.tensor(9.0)) + (torch.rand(n, Lb, generator=g) - 0.5) * 1e-2  # p(x0) = 1 / (1 + e^-a) ~ 0.9
+    logits[..., 0] = 4000.0
+    logits[..., 1] = 4000.0 - a
+    x0 = torch.zeros(n, Lb, dtype=torch.long)
+    masked = torch.ones(n, Lb, dtype=torch.bool)
+    ref = float64_confidence(logits, x0)
+    conf = _confidence(logits, x0, reveal_cuts(0.9, None, Lb))
+    assert torch.equal(threshold_reveal(conf, masked, threshold=0.9), threshold_reveal(ref, masked, threshold=0.9))
+    assert ((ref - 0.9).abs() < 1e-3).any()  # (decisions within float32's error of the threshold exist)
