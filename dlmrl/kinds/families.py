@@ -68,17 +68,22 @@ def check_remote_code(m) -> None:
               f"{why}, and loading it runs that code: set model.trust_remote_code=true if you trust its source")
 
 
-def check_cache_family(family: str | None, mode: str, model: str | None = None) -> None:
+def check_cache_family(family: str | None, mode: str, model: str | None = None, loaded=None) -> None:
     """Refuse ``sampling.cache = mode`` for a model family without a block cache (validation, when the family is
-    named; the trainer, once ``family: auto`` has been detected at load).
+    named; the trainer, once ``family: auto`` has been detected at load), and, given the ``loaded`` model, one its
+    family's cache cannot serve (the cache function's ``check(model)``, e.g. an LLaDA configuration with ALiBi:
+    :func:`dlmrl.models.llada_cache.check_llada_cache`), before any pass runs.
 
     Raises:
         ConfigError: naming ``sampling.cache``, the model when given, the family and why.
     """
     from dlmrl.models.families import cached_logits_of
 
+    where = f" with model {model!r}" if model else ""
     try:
-        cached_logits_of(family, mode)
-    except ValueError as err:
-        where = f" with model {model!r}" if model else ""
+        fn = cached_logits_of(family, mode)
+        check = getattr(fn, "check", None)
+        if loaded is not None and check is not None:
+            check(loaded)
+    except (ValueError, TypeError) as err:
         raise ConfigError(f"config key 'sampling.cache'{where}: {err}") from None

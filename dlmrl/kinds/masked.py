@@ -75,7 +75,7 @@ class MaskedDiffusionKind(PolicyKind):
 
     def check_loaded(self, cfg, policy) -> None:
         if cfg.sampling.cache != "none":  # (a detected family is known only now)
-            check_cache_family(policy.family, cfg.sampling.cache, cfg.model.name_or_path)
+            check_cache_family(policy.family, cfg.sampling.cache, cfg.model.name_or_path, loaded=policy.model)
         if cfg.model.family == "auto" and local_families(cfg.model.name_or_path) is None:  # (not known at config time)
             _warn_blockwise_family(policy.family, cfg.model.name_or_path)
 

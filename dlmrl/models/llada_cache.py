@@ -141,4 +141,15 @@ def llada_cached_logits(model, input_ids, attention_mask, position_ids, past):
     return logits, kv
 
 
-__all__ = ["llada_cached_logits"]
+def check_llada_cache(model: nn.Module) -> None:
+    """Raise unless :func:`llada_cached_logits` can serve ``model`` (run when the model loads, before any pass).
+
+    Raises:
+        TypeError, ValueError: see :func:`_llada_model`.
+    """
+    _llada_model(model)
+
+
+llada_cached_logits.check = check_llada_cache  # (read by dlmrl.kinds.families.check_cache_family)
+
+__all__ = ["check_llada_cache", "llada_cached_logits"]

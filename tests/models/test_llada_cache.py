@@ -86,3 +86,17 @@ def test_a_configuration_the_cache_does_not_cover_is_refused(llada, monkeypatch)
                             torch.arange(2)[None], None)
     with pytest.raises(TypeError, match="no LLaDA block layout"):
         llada_cached_logits(torch.nn.Linear(2, 2), None, None, None, None)
+
+
+def test_a_configuration_the_cache_does_not_cover_is_refused_when_the_model_loads(llada, monkeypatch):
+    # (before any pass: the trainer's load-time check, not the first rollout, names the key)
+    from dlmrl.config import Config, apply_overrides
+    from dlmrl.errors import ConfigError
+    from dlmrl.kinds.masked import MaskedDiffusionKind
+
+    cfg = Config()
+    apply_overrides(cfg, ["sampling.cache=dual", "model.family=llada"])
+    MaskedDiffusionKind().check_loaded(cfg, llada)  # (the stand-in's RoPE configuration: served)
+    monkeypatch.setattr(llada.model.model.config, "block_group_size", 2)
+    with pytest.raises(ConfigError, match="config key 'sampling.cache'.*block_group_size 2"):
+        MaskedDiffusionKind().check_loaded(cfg, llada)
