@@ -250,7 +250,8 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
            and tr.collapse_window >= 0, "train.collapse_window", "must be an integer >= 0 (0 = no collapse monitor)")
     _check(isinstance(tr.collapse_ratio, (int, float)) and not isinstance(tr.collapse_ratio, bool)
            and tr.collapse_ratio > 1, "train.collapse_ratio",
-           f"must be a number > 1 (a value above this many times its running baseline fires), got {tr.collapse_ratio!r}")
+           f"must be a number > 1 (a value above this many times its running baseline fires, or with "
+           f"train.collapse_direction fall/both a sample_nll below baseline / ratio), got {tr.collapse_ratio!r}")
     _check(tr.collapse_direction in COLLAPSE_DIRECTIONS, "train.collapse_direction",
            f"must be one of {', '.join(COLLAPSE_DIRECTIONS)}, got {tr.collapse_direction!r}")
     _check(isinstance(tr.stop_on_collapse, bool), "train.stop_on_collapse", "must be true or false")

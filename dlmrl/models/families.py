@@ -439,7 +439,8 @@ FAMILIES.register("llada_moe")(
     Family(load=load_llada_moe, logits=llada_moe_logits, detect=is_llada_moe,
            checkpoint_mask_token_id=llada_moe_mask_token_id, output_head=hf_output_head,
            no_cache_reason="LLaDA-MoE's modeling_lladamoe.py refuses a key/value cache (its forward asserts use_cache "
-                           "is off)")
+                           "is off), and dlmrl's block-by-block LLaDA cache (dlmrl/models/llada_cache.py) is written "
+                           "for dense LLaDA's modules, not tested on its mixture-of-experts blocks")
 )
 FAMILIES.register("nemotron_diffusion")(
     Family(load=load_nemotron_diffusion, logits=nemotron_logits, detect=is_nemotron_diffusion,

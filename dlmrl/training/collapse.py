@@ -1,5 +1,6 @@
-"""The collapse monitor: a warning (and, opt-in, a resumable stop) when the policy's likelihood of its own samples
-or its KL to the reference rises far above its running baseline.
+"""The collapse monitor: a warning (and, opt-in, a resumable stop) when the policy's negative log-likelihood of its
+own samples or its KL to the reference rises far above its running baseline, or (``direction`` ``fall`` / ``both``)
+that likelihood's NLL falls far below it.
 
 NVIDIA's RL work on diffusion LMs (NeMo RL, pull request 3167) reports DiffuGRPO and coupled-GRPO collapsing under
 full fine-tuning with KL 0: the entropy of the policy's own samples blows up, driven by negative advantages, and
