@@ -102,6 +102,7 @@ class BlockCache:
         self.prompt_ids, self.prompt_mask = prompt_ids, prompt_mask.bool()
         self.past: KeyValues | None = None
         self.rows: torch.Tensor | None = None  # (n0,) the batch rows of the block's first pass
+        self.subset: tuple[torch.Tensor, KeyValues] | None = None  # (rows, their keys/values): the last row subset
         self.keep: torch.Tensor | None = None  # the sequence positions whose keys/values the cache holds
         self.lo = self.hi = 0
         self.full_passes = 0  # passes over the whole sequence (one per block with a masked row)
@@ -109,7 +110,7 @@ class BlockCache:
 
     def start_block(self, lo: int, hi: int) -> None:
         """Forget the cache: the next pass is a full one. ``[lo, hi)``: the block's canvas positions."""
-        self.past, self.rows, self.lo, self.hi = None, None, lo, hi
+        self.past, self.rows, self.subset, self.lo, self.hi = None, None, None, lo, hi
 
     def logits(self, x: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """The block's logits ``(n, Lb, V)`` float32 (float64 for a float64 model) for ``rows`` of ``x``.
@@ -135,7 +136,13 @@ class BlockCache:
         where = torch.searchsorted(self.rows, rows)  # (n,) the rows' slots in the cache
         if not bool((self.rows[where.clamp(max=len(self.rows) - 1)] == rows).all()):
             raise ValueError("BlockCache.logits: rows outside the block's first pass")
-        past = self.past if len(rows) == len(self.rows) else [(k[where], v[where]) for k, v in self.past]
+        if len(rows) == len(self.rows):
+            past = self.past
+        elif self.subset is not None and torch.equal(self.subset[0], rows):
+            past = self.subset[1]  # (threshold decoding asks for the same rows step after step)
+        else:  # (rows that finished their block have left: select the others' keys and values once)
+            past = [(k[where], v[where]) for k, v in self.past]
+            self.subset = (rows, past)
         fresh = slice(P + lo, P + hi) if self.mode == "dual" else slice(P + lo, ids.shape[1])
         out, _ = self.fn(model, ids[:, fresh], torch.cat([mask[:, self.keep], mask[:, fresh]], dim=1),
                          positions[:, fresh], past)

@@ -57,10 +57,12 @@ def test_a_cached_pass_on_the_cached_canvas_is_a_full_pass_with_left_padding(lla
     cache.start_block(4, 8)
     first, again = cache.logits(x), cache.logits(x)
     some = cache.logits(x, torch.tensor([0, 2]))
+    kept = cache.subset[1]
+    assert torch.equal(cache.logits(x, torch.tensor([0, 2])), some) and cache.subset[1] is kept  # (selected once)
     torch.testing.assert_close(first, full[:, 4:8], atol=tol, rtol=0)
     torch.testing.assert_close(again, full[:, 4:8], atol=tol, rtol=0)
     torch.testing.assert_close(some, full[[0, 2], 4:8], atol=tol, rtol=0)
-    assert (cache.full_passes, cache.cached_passes) == (1, 2)
+    assert (cache.full_passes, cache.cached_passes) == (1, 3)
     x[:, 4:6] = 7  # (a real token inside the block: the cached keys are stale only by it)
     stale = (cache.logits(x) - canvas_logits(llada, ids, attn, x)[:, 4:8]).abs().max()
     assert stale > 1e3 * tol  # (the equalities above are not vacuous)
