@@ -147,7 +147,10 @@ class MaskedDiffusionKind(PolicyKind):
                 "scored_positions": s.gen_length, "float_copy_all": True, "cached": cached,
                 "rollout_block": s.block_length,
                 "rollout_forward_positions": prompt + s.gen_length if not cached else s.block_length,
-                "dense_mask": False, "prefill_positions": 0}
+                "dense_mask": False, "prefill_positions": 0,
+                # (the block cache's peak: its kept keys/values, a cached pass's concatenation of them with the
+                # block's, and with threshold decoding the selection of the rows still decoding: BlockCache.logits)
+                "kv_copies": (3 if s.threshold is not None or s.threshold_factor is not None else 2) if cached else 1}
 
     # ----- training ----------------------------------------------------------------------------------------
     def build_scorer(self, policy, ref, cfg, estimator, objective, processes: int):

@@ -179,7 +179,7 @@ def settings_from_config(cfg, nfe: int, processes: int, objective=None, sharding
         float_copy_all=shapes["float_copy_all"], grads_during_forward=per_forward < canvases,
         gradient_checkpointing=m.gradient_checkpointing, logprob_chunk=chunk, dense_mask=shapes["dense_mask"],
         foreach_optimizer=foreach_optimizer, reference_model=reference, rollout_rows=rows,
-        rollout_tokens=(prompt + length) if shapes["cached"] else 0,
+        rollout_tokens=(prompt + length) if shapes["cached"] else 0, rollout_kv_copies=shapes.get("kv_copies", 1),
         rollout_forward_positions=shapes["rollout_forward_positions"],
         rollout_scored_positions=shapes["rollout_block"], rollout_prefill_positions=shapes["prefill_positions"],
         rollout_gathers_weights=getattr(tr, "sharding", "none") == "fsdp2",

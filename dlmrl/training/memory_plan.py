@@ -408,6 +408,9 @@ class MemorySettings:
         reference_model: a frozen second copy of the weights (a KL toward the initial model without LoRA).
         rollout_rows: rows in one sampling call. rollout_tokens: tokens each row's key/value cache holds at the
             end of sampling (prompt + completion), 0 = no cache (full diffusion without ``sampling.cache``).
+            rollout_kv_copies: copies of that cache alive at the sampler's peak (1: the exact caches; a masked
+            model's block cache: 2, the kept keys/values and a cached pass's own concatenation of them with the
+            block's, 3 with threshold decoding, whose rows still decoding keep their own selection).
             rollout_forward_positions: positions one sampling forward runs per row (the whole sequence without a
             cache; one block with one). rollout_scored_positions: positions a sampling step draws from (one block).
             rollout_prefill_positions: positions of the pass that fills the cache with the prompt, whose head
@@ -443,6 +446,7 @@ class MemorySettings:
     reference_model: bool = False
     rollout_rows: int = 0
     rollout_tokens: int = 0
+    rollout_kv_copies: int = 1
     rollout_forward_positions: int = 0
     rollout_scored_positions: int = 0
     rollout_prefill_positions: int = 0
@@ -788,9 +792,9 @@ def rollout_weight_bytes(arch: Architecture, s: MemorySettings) -> int:
 
 
 def kv_cache_bytes(arch: Architecture, s: MemorySettings) -> int:
-    """The rollout's key/value cache at the end of a sampling call: ``rows x tokens x`` :meth:`Architecture.
-    kv_cache_bytes_per_token` (0 without a cache)."""
-    return s.rollout_rows * s.rollout_tokens * arch.kv_cache_bytes_per_token(s.dtype_bytes)
+    """The rollout's key/value cache at the sampler's peak: ``copies x rows x tokens x`` :meth:`Architecture.
+    kv_cache_bytes_per_token` (0 without a cache; ``copies``: ``s.rollout_kv_copies``)."""
+    return s.rollout_kv_copies * s.rollout_rows * s.rollout_tokens * arch.kv_cache_bytes_per_token(s.dtype_bytes)
 
 
 def soft_input_bytes(arch: Architecture, s: MemorySettings) -> int:

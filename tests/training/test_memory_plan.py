@@ -346,3 +346,20 @@ def test_resume_may_change_the_budget_and_the_architecture(tmp_path):
                       tmp_path / "config.yaml")
     with pytest.raises(ConfigError, match="train.learning_rate"):
         check_same_config(tiny_config("train.learning_rate=0.1"), tmp_path / "config.yaml")
+
+
+def test_a_masked_models_block_cache_counts_its_copies_at_peak():
+    # BlockCache.logits holds the kept keys/values and a cached pass's concatenation of them with the block's (2);
+    # with threshold decoding, also the selection of the rows still decoding (3)
+    from dlmrl.config import Config, apply_overrides
+    from dlmrl.kinds import kind_of
+
+    def copies(*overrides):
+        cfg = Config()
+        apply_overrides(cfg, list(overrides))
+        return kind_of("diffusion").memory_shapes(cfg, prompt=8, per_update=4, nfe=2)["kv_copies"]
+
+    assert copies() == 1 and copies("sampling.cache=dual") == 2
+    assert copies("sampling.cache=prefix", "sampling.threshold=0.9") == 3
+    s = MemorySettings(weight_dtype="bfloat16", rollout_rows=3, rollout_tokens=10, rollout_kv_copies=2)
+    assert kv_cache_bytes(SMALL, s) == 2 * 3 * 10 * (2 * 2 * 2 * 16 * 2)
