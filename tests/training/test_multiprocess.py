@@ -94,6 +94,7 @@ def test_two_processes_match_one_process_gdpo(tmp_path):
     assert_same_run(tmp_path / "two", tmp_path / "one")
 
 
+@pytest.mark.slow  # (two launched processes: ~20-27 s on a 2-core CI machine; `pytest -m slow`)
 def test_two_processes_match_one_process_with_trajectory_scoring(tmp_path):
     """TraceRL's trajectory estimator: each process scores its rows along their own sampled orders (the record is
     gathered with the rollout), micro-batched, μ = 2."""
@@ -104,6 +105,7 @@ def test_two_processes_match_one_process_with_trajectory_scoring(tmp_path):
     assert all(r["nfe_scoring"] <= 4 for r in rows(tmp_path / "one"))
 
 
+@pytest.mark.slow  # (two launched processes: ~20-27 s on a 2-core CI machine; `pytest -m slow`)
 def test_two_processes_match_one_process_on_the_block_model(tmp_path):
     """The block kind: each process decodes its share of the rows with the exact-cache block sampler (the whole
     batch's random draws) and scores them in composite passes along the block trajectory, micro-batched, μ = 2."""
@@ -117,6 +119,7 @@ def test_two_processes_match_one_process_on_the_block_model(tmp_path):
     assert all(r["nfe_scoring"] == 2 for r in rows(tmp_path / "one"))  # (8 steps over 4 blocks: 2 per block)
 
 
+@pytest.mark.slow  # (two launched processes: ~20-27 s on a 2-core CI machine; `pytest -m slow`)
 def test_two_processes_train_the_uniform_kind(tmp_path):
     """model.kind uniform (DiffusionGemma) under accelerate's DDP: each process samples only its share of the
     prompts (with its share's seed, so not a one-process run's draws: no equality to compare with) and scores it
@@ -148,6 +151,7 @@ def test_two_processes_match_one_process_with_several_optimizer_steps_per_batch(
     assert all(r["kl"] > 0 for r in rows(tmp_path / "one"))  # (from the second optimizer step on, the KL acts)
 
 
+@pytest.mark.slow  # (two launched processes: ~20-27 s on a 2-core CI machine; `pytest -m slow`)
 def test_two_processes_match_one_process_ar_grpo_through_the_console_script(tmp_path):
     """An AR preset with a KL term (GRPO, β 0.04) launched through the ``dlmrl`` script, evaluation after."""
     overrides = [*COMMON, *AR, "algorithm=grpo", "eval.num_puzzles=16"]
@@ -160,6 +164,7 @@ def test_two_processes_match_one_process_ar_grpo_through_the_console_script(tmp_
     assert done.stdout.count("wrote ") == 1  # (the main process reports)
 
 
+@pytest.mark.slow  # (two launched processes: ~20-27 s on a 2-core CI machine; `pytest -m slow`)
 def test_a_batch_that_does_not_split_over_the_processes_fails_before_training(tmp_path):
     cmd = [str(BIN / "accelerate"), "launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
@@ -180,6 +185,7 @@ def test_processes_that_accelerate_did_not_join_are_refused(tmp_path, monkeypatc
         one_process([*COMMON, "max_steps=1", "prompts_per_step=2"], tmp_path / "run")
 
 
+@pytest.mark.slow  # (two launched processes: ~20-27 s on a 2-core CI machine; `pytest -m slow`)
 def test_an_error_inside_the_processes_is_one_message_not_a_launcher_traceback(tmp_path):
     """A checkpoint folder whose config is readable but whose weights are missing fails in every CPU process: each
     prints its message and the launcher sums up in one line, without torch.distributed's ChildFailedError
