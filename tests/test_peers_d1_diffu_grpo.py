@@ -198,4 +198,4 @@ def test_summary_by_hand(bench):
     assert bench.summarize(repeats[:1])["mean_reward"]["within_noise"] is None
     text = bench.format_summary(s, 3, 12)
     assert "min 0.25x" in text and "median 0.50x" in text and "NOT within" in text
-    assert bench.agreement([None], [0.1])["within_noise"] is None
+    assert bench.agreement([None], [0.1], "d1")["within_noise"] is None

@@ -130,5 +130,5 @@ def test_summary_by_hand(bench):
 
 
 def test_no_kl_gives_no_verdict(bench):
-    a = bench.agreement([None, None], [0.1, 0.2])
+    a = bench.agreement([None, None], [0.1, 0.2], "trl")
     assert a["within_noise"] is None and a["difference"] is None

@@ -102,9 +102,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -113,8 +111,22 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # (bench_io, remote_code_*, however this file is loaded)
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "benchmarks" / "peers")]  # (however it is loaded)
 from bench_io import write_result
+from peer_common import (
+    add_run_options,
+    agreement,
+    agreement_line,
+    check_run_options,
+    dlmrl_commit,
+    git,
+    machine,
+    number,
+    ratio_line,
+    run_worker,
+    set_threads,
+    step_recorder,
+)
 
 CONFIG = ROOT / "configs" / "diffu_grpo_sudoku_tiny.yaml"
 TRAINER = Path("diffu-grpo") / "diffu_grpo_trainer.py"
@@ -178,13 +190,6 @@ def d1_config_kwargs(s: dict, steps: int, seed: int, out_dir: str) -> dict:
         "adam_beta2": s["adam_betas"][1], "weight_decay": s["weight_decay"], "max_grad_norm": s["max_grad_norm"],
         "gradient_checkpointing": False, "dataloader_num_workers": 0, "log_completions": False,
     }
-
-
-def _set_threads(threads: int | None) -> None:
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
 
 
 # -- the checkpoint ------------------------------------------------------------------------------------------------
@@ -256,7 +261,7 @@ def build_sudoku_checkpoint(clone: Path, out: Path, temperature: float) -> dict:
 # -- the dlmrl worker ------------------------------------------------------------------------------------------------
 def run_dlmrl_worker(args) -> dict:
     """One dlmrl run (``dlmrl train`` in this process); per rollout batch: seconds, reward, KL, gradient norm."""
-    _set_threads(args.threads)
+    set_threads(args.threads)
     from dlmrl.cli import main as dlmrl_main
 
     s = settings(args)
@@ -344,12 +349,12 @@ def sudoku_cell_accuracy(prompts, completions, puzzle, solution, **_):
 def run_d1_worker(args) -> dict:
     """One d1 run (``DiffuGRPOTrainer.train`` in this process); per rollout batch (μ TRL steps): seconds summed,
     reward, mean KL and gradient norm over its steps."""
-    _set_threads(args.threads)
+    set_threads(args.threads)
     Peer, DiffuGRPOConfig = import_d1_trainer()
     import torch
     from datasets import Dataset
     from peft import LoraConfig
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer
 
     from dlmrl.data.tasks import SudokuTask
     from dlmrl.models.compat import load_checkpoint_model
@@ -372,25 +377,11 @@ def run_d1_worker(args) -> dict:
     rows = [{"prompt": q, "puzzle": e.puzzle, "solution": e.solution} for q, e in zip(prompts, examples)]
     data = Dataset.from_list(place_for_sampler(rows, args.seed))
 
-    class Record(TrainerCallback):
-        def __init__(self):
-            self.seconds, self.logs, self._t0 = [], [], None
-
-        def on_step_begin(self, a, state, control, **kw):
-            self._t0 = time.perf_counter()
-
-        def on_step_end(self, a, state, control, **kw):
-            self.seconds.append(time.perf_counter() - self._t0)
-
-        def on_log(self, a, state, control, logs=None, **kw):
-            if logs and "kl" in logs:
-                self.logs.append(dict(logs))
-
     peft_config = LoraConfig(r=s["lora_r"], lora_alpha=s["lora_alpha"], lora_dropout=s["lora_dropout"],
                              target_modules=list(s["lora_target_modules"]), task_type="CAUSAL_LM")
     with tempfile.TemporaryDirectory(prefix="peers_d1_d1_") as tmp:
         config = DiffuGRPOConfig(**d1_config_kwargs(s, args.steps, args.seed, tmp))
-        record = Record()
+        record = step_recorder("kl")
         trainer = Peer(model=model, reward_funcs=[sudoku_cell_accuracy], args=config, train_dataset=data,
                        processing_class=tok, peft_config=peft_config, callbacks=[record])
         order, g, mu = list(trainer._get_train_sampler()), s["num_generations"], s["num_iterations"]
@@ -458,38 +449,17 @@ def trl_identity(args) -> dict:
         raise SystemExit("the d1 worker cannot import trl: pass --trl (a checkout of huggingface/trl at d1's pin "
                          f"{D1_TRL_COMMIT[:12]}) or put a TRL 0.16 on PYTHONPATH\n{out.stderr[-2000:]}")
     version, where = out.stdout.split("\n")[:2]
-    return {"version": version, "path": where, "commit": _git(Path(where), "rev-parse", "HEAD")}
-
-
-def _git(folder: Path, *cmd: str) -> str | None:
-    out = subprocess.run(["git", "-C", str(folder), *cmd], capture_output=True, text=True, check=False)
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def _dlmrl_commit() -> str | None:
-    commit = _git(ROOT, "rev-parse", "HEAD")
-    if commit and _git(ROOT, "status", "--porcelain", "--untracked-files=no"):
-        commit += " (with uncommitted changes)"
-    return commit
+    return {"version": version, "path": where, "commit": git(Path(where), "rev-parse", "HEAD")}
 
 
 def run_worker_subprocess(tool: str, args, seed: int) -> dict:
     """This file with ``--worker tool`` in a fresh Python process; its JSON result."""
-    with tempfile.TemporaryDirectory(prefix="peers_d1_") as tmp:
-        out = Path(tmp) / "worker.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), str(args.d1.resolve()), "--llada-code",
-               str(args.llada_code.resolve()),
-               "--worker", tool, "--worker-out", str(out), "--checkpoint", args.checkpoint,
-               "--steps", str(args.steps), "--seed", str(seed), "--lr", str(args.lr),
-               "--num-iterations", str(args.num_iterations), "--prompts", str(args.prompts)]
-        if args.threads:
-            cmd += ["--threads", str(args.threads)]
-        env = d1_env(args) if tool == "d1" else dict(os.environ)
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, check=False)
-        if proc.returncode != 0:
-            raise RuntimeError(f"the {tool} run failed (exit {proc.returncode}): {' '.join(cmd)}\n"
-                               f"{proc.stderr[-4000:]}")
-        return json.loads(out.read_text())
+    argv = [str(args.d1.resolve()), "--llada-code", str(args.llada_code.resolve()), "--worker", tool,
+            "--checkpoint", args.checkpoint, "--steps", str(args.steps), "--seed", str(seed), "--lr", str(args.lr),
+            "--num-iterations", str(args.num_iterations), "--prompts", str(args.prompts)]
+    if args.threads:
+        argv += ["--threads", str(args.threads)]
+    return run_worker(Path(__file__), argv, tool, d1_env(args) if tool == "d1" else dict(os.environ))
 
 
 def per_run_summary(run: dict) -> dict:
@@ -508,22 +478,6 @@ def per_run_summary(run: dict) -> dict:
             "mean_kl": mean("kl"), "mean_grad_norm": mean("grad_norm")}
 
 
-def agreement(ours: list[float | None], theirs: list[float | None]) -> dict:
-    """Means over repeats, their standard deviations, the difference and whether it is within 2 standard errors
-    (``sqrt(sd_dlmrl^2 / R + sd_d1^2 / R)``); ``within_noise`` None with fewer than 2 values a side or a missing one."""
-    out = {"dlmrl_mean": None, "d1_mean": None, "difference": None, "dlmrl_sd": None, "d1_sd": None,
-           "standard_error": None, "within_noise": None}
-    if not ours or not theirs or any(v is None for v in ours + theirs):
-        return out
-    m1, m2 = statistics.fmean(ours), statistics.fmean(theirs)
-    out.update(dlmrl_mean=m1, d1_mean=m2, difference=m1 - m2)
-    if len(ours) >= 2 and len(theirs) >= 2:
-        s1, s2 = statistics.stdev(ours), statistics.stdev(theirs)
-        se = math.sqrt(s1**2 / len(ours) + s2**2 / len(theirs))
-        out.update(dlmrl_sd=s1, d1_sd=s2, standard_error=se, within_noise=abs(m1 - m2) <= 2 * se)
-    return out
-
-
 QUANTITIES = (("mean_reward", "mean reward over the rollouts"), ("mean_kl", "mean KL over the rollouts"),
               ("mean_grad_norm", "mean gradient norm (before clipping)"))
 
@@ -537,26 +491,17 @@ def summarize(repeats: list[dict]) -> dict:
            "ratio_dlmrl_over_d1": {"min": min(ratios), "median": statistics.median(ratios), "max": max(ratios)}
            if ratios else None}
     for key, _ in QUANTITIES:
-        out[key] = agreement([r["dlmrl"]["summary"][key] for r in repeats], [r["d1"]["summary"][key] for r in repeats])
+        out[key] = agreement([r["dlmrl"]["summary"][key] for r in repeats], [r["d1"]["summary"][key] for r in repeats],
+                             "d1")
     return out
 
 
 def format_summary(summary: dict, steps: int, mu: int) -> str:
-    def num(v, fmt="{:.4g}"):
-        return "-" if v is None else fmt.format(v)
-
     med, ratio = summary["median_seconds_rollout"], summary["ratio_dlmrl_over_d1"]
     lines = [(f"median s per rollout batch (μ {mu} optimizer steps; batches 2..{steps}): dlmrl "
-              f"{num(med['dlmrl'], '{:.3f}')}, d1 {num(med['d1'], '{:.3f}')}")]
-    if ratio:
-        lines.append(f"ratio dlmrl/d1 (seconds) over repeats: min {ratio['min']:.2f}x, median {ratio['median']:.2f}x, "
-                     f"max {ratio['max']:.2f}x")
-    for key, label in QUANTITIES:
-        a = summary[key]
-        verdict = {True: "within 2 standard errors", False: "NOT within 2 standard errors",
-                   None: "no verdict (needs --repeats >= 2 and values on both sides)"}[a["within_noise"]]
-        lines.append(f"{label}: dlmrl {num(a['dlmrl_mean'])}, d1 {num(a['d1_mean'])}, difference "
-                     f"{num(a['difference'])}, standard error {num(a['standard_error'])}: {verdict}")
+              f"{number(med['dlmrl'], '{:.3f}')}, d1 {number(med['d1'], '{:.3f}')}"),
+             *ratio_line(ratio, "d1", " (seconds)")]
+    lines += [agreement_line(label, summary[key], "d1", "d1") for key, label in QUANTITIES]
     return "\n".join(lines)
 
 
@@ -569,34 +514,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a clone holding LLaDA's configuration_llada.py + modeling_llada.py (NVlabs/Fast-dLLM)")
     p.add_argument("--trl", type=Path, default=None,
                    help=f"a TRL checkout for the d1 worker's PYTHONPATH (d1's pin: {D1_TRL_COMMIT[:12]})")
-    p.add_argument("--steps", type=int, default=4, help="rollout batches per run (default 4; the first is warm-up)")
-    p.add_argument("--repeats", type=int, default=3, help="dlmrl/d1 pairs of runs, alternating (default 3)")
+    add_run_options(p, worker="d1", peer="d1", steps=4, units="rollout batches", lr=3e-6, lr_source="d1's ")
     p.add_argument("--num-iterations", type=int, default=12,
                    help="μ: optimizer steps per rollout batch (default 12, d1's run.sh); >= 2 (d1 needs it with "
                         "β > 0)")
     p.add_argument("--prompts", type=int, default=2, help="prompts per rollout batch, x G 6 completions (default 2: "
                                                           "d1's 6 per device x 2 accumulation steps)")
-    p.add_argument("--seed", type=int, default=0, help="repeat r uses seed + r on both sides (default 0)")
-    p.add_argument("--lr", type=float, default=3e-6, help="AdamW learning rate on both sides (default d1's 3e-6)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads in both workers (default: torch's own)")
     p.add_argument("--work", type=Path, default=None, help="folder for the tiny checkpoint (default: a temp dir)")
     p.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "peers_d1_diffu_grpo.json"))
-    p.add_argument("--worker", choices=("dlmrl", "d1"), help=argparse.SUPPRESS)
-    p.add_argument("--worker-out", help=argparse.SUPPRESS)
     p.add_argument("--checkpoint", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.steps < 2:
-        p.error("--steps must be >= 2 (the first rollout batch of each run is warm-up, not timed)")
-    if args.repeats < 1:
-        p.error("--repeats must be >= 1")
+    check_run_options(p, args, "rollout batch")
     if args.num_iterations < 2:
         p.error("--num-iterations must be >= 2: d1's trainer computes its reference scores only for μ > 1 (β 0.04)")
     if args.prompts < 1:
         p.error("--prompts must be >= 1")
-    if args.threads is not None and args.threads < 1:
-        p.error("--threads must be >= 1")
-    if not 0 < args.lr < 1:
-        p.error("--lr must be in (0, 1)")
     if not args.worker:
         why = clone_error(args.d1, args.llada_code, args.trl)
         if why:
@@ -644,12 +576,10 @@ def main(argv: list[str] | None = None) -> dict | None:
         "benchmark": "peers_d1_diffu_grpo",
         "command": " ".join(["python", "benchmarks/peers/d1_diffu_grpo_step.py",
                              *(sys.argv[1:] if argv is None else [str(a) for a in argv])]),
-        "d1": {"commit": _git(args.d1, "rev-parse", "HEAD"), "trainer": str(TRAINER)},
-        "trl": {**trl, "d1_pin": D1_TRL_COMMIT}, "llada_code": ckpt, "dlmrl_commit": _dlmrl_commit(),
+        "d1": {"commit": git(args.d1, "rev-parse", "HEAD"), "trainer": str(TRAINER)},
+        "trl": {**trl, "d1_pin": D1_TRL_COMMIT}, "llada_code": ckpt, "dlmrl_commit": dlmrl_commit(),
         "torch": torch.__version__, "transformers": transformers.__version__,
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "processor": platform.processor(), "cpus": os.cpu_count(),
-                    "threads": args.threads or "torch's default", "load_average_1min_before": load_before},
+        "machine": {**machine(args.threads), "load_average_1min_before": load_before},
         "settings": {**settings(args), "steps": args.steps, "repeats": args.repeats, "seed": args.seed},
         "seconds": round(time.time() - started, 1), "summary": summary, "repeats": repeats,
     }

@@ -66,14 +66,14 @@ import argparse
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # (bench_io, remote_code_check, however this file is loaded)
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "benchmarks" / "peers")]  # (however it is loaded)
 from bench_io import write_result
+from peer_common import dlmrl_commit
 
 PEERS = {"generate": "generate", "prefix_cache": "generate_with_prefix_cache", "dual_cache": "generate_with_dual_cache"}
 #: dlmrl's ``sampling.cache`` for each peer: the same algorithm and the same approximation
@@ -229,18 +229,6 @@ def compare(ours, theirs) -> dict:
 
 
 # -- the driver -------------------------------------------------------------------------------------------------
-def _git(folder: Path, *cmd: str) -> str | None:
-    out = subprocess.run(["git", "-C", str(folder), *cmd], capture_output=True, text=True, check=False)
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def _dlmrl_commit() -> str | None:
-    commit = _git(ROOT, "rev-parse", "HEAD")
-    if commit and _git(ROOT, "status", "--porcelain", "--untracked-files=no"):
-        commit += " (with uncommitted changes)"
-    return commit
-
-
 def summarize(repeats: list[dict], args) -> list[dict]:
     """Per (batch size, mode, peer): median seconds and tokens/s of each side, the per-repeat ratio
     dlmrl / peer in tokens per second (= peer seconds / dlmrl seconds) as min / median / max, the token equality
@@ -359,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
                              *(sys.argv[1:] if argv is None else [str(a) for a in argv])]),
         "fast_dllm": {"commit": source.commit, "code": "llada/model (configuration_llada.py, modeling_llada.py)",
                       "samplers": f"llada/generate.py: {', '.join(PEERS[p] for p in args.peers)}"},
-        "dlmrl_commit": _dlmrl_commit(), "transformers": transformers.__version__, "torch": torch.__version__,
+        "dlmrl_commit": dlmrl_commit(), "transformers": transformers.__version__, "torch": torch.__version__,
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "processor": platform.processor(), "cpus": os.cpu_count(),
                     "threads": args.threads or f"torch's default ({torch.get_num_threads()})",

@@ -258,10 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_MODULES_CACHE", str(work / "hf_modules"))  # (before transformers is imported)
     import torch
     import transformers
+    from peer_common import dlmrl_commit, machine
     from remote_code_check import load_function
     from remote_code_checkpoints import build_checkpoint
     from sdar_parity import ReferenceModel, load, prompt_batch
-    from trl_grpo_step import _dlmrl_commit, machine
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                              *(sys.argv[1:] if argv is None else argv)]),
         "sdar": {"clone": clone.name, "commit": source.commit, "generate": str(generate_path.relative_to(clone)),
                  "code": str(source.folder.relative_to(clone))},
-        "dlmrl_commit": _dlmrl_commit(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "dlmrl_commit": dlmrl_commit(), "torch": torch.__version__, "transformers": transformers.__version__,
         "machine": {**machine(args.threads), "load_average_1min_before": load_before},
         "settings": {"batch": args.batch, "prompt_tokens": ids.shape[1], "gen_length": args.gen_length,
                      "block_size": BLOCK_SIZE, "steps_per_block": BLOCK_SIZE, "tokens_per_step": 1,

@@ -79,7 +79,6 @@ import importlib.util
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -88,8 +87,22 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))  # (bench_io, however this file is loaded)
+sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "benchmarks" / "peers")]  # (however this file is loaded)
 from bench_io import write_result
+from peer_common import (
+    add_run_options,
+    agreement,
+    agreement_line,
+    check_run_options,
+    dlmrl_commit,
+    git,
+    machine,
+    number,
+    ratio_line,
+    run_worker,
+    set_threads,
+    step_recorder,
+)
 
 CONFIG = ROOT / "configs" / "grpo_sudoku_tiny_ar.yaml"
 PROMPTS_PER_STEP, NUM_GENERATIONS, CELLS = 64, 8, 16
@@ -115,13 +128,6 @@ def preset_settings(preset: str) -> dict:
     raise ValueError(f"--preset must be grpo or dapo, got {preset!r}")
 
 
-def _set_threads(threads: int | None) -> None:
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
-
-
 # -- the dlmrl worker --------------------------------------------------------------------------------------------
 def _dlmrl_overrides(args, out_dir: str) -> list[str]:
     s = preset_settings(args.preset)
@@ -139,7 +145,7 @@ def _dlmrl_overrides(args, out_dir: str) -> list[str]:
 
 def run_dlmrl_worker(args) -> dict:
     """One dlmrl run (``dlmrl train`` in this process); per-step seconds, task reward and KL from metrics.jsonl."""
-    _set_threads(args.threads)
+    set_threads(args.threads)
     if args.preset == "dapo":
         import dataclasses
 
@@ -216,9 +222,9 @@ class SudokuCellAccuracy:
 
 def run_trl_worker(args) -> dict:
     """One TRL run (``GRPOTrainer.train`` in this process); per-step seconds from callbacks, reward and KL logged."""
-    _set_threads(args.threads)
+    set_threads(args.threads)
     from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     s = preset_settings(args.preset)
@@ -233,20 +239,6 @@ def run_trl_worker(args) -> dict:
 
         rewards.append(get_soft_overlong_punishment(s["max_completion_length"], s["overlong_cache"]))
 
-    class Record(TrainerCallback):
-        def __init__(self):
-            self.seconds, self.logs, self._t0 = [], [], None
-
-        def on_step_begin(self, a, state, control, **kw):
-            self._t0 = time.perf_counter()
-
-        def on_step_end(self, a, state, control, **kw):
-            self.seconds.append(time.perf_counter() - self._t0)
-
-        def on_log(self, a, state, control, logs=None, **kw):
-            if logs and "rewards/sudoku_cell_accuracy/mean" in logs:
-                self.logs.append(dict(logs))
-
     with tempfile.TemporaryDirectory(prefix="peers_trl_trl_") as tmp:
         config = GRPOConfig(
             output_dir=tmp, max_steps=args.steps, seed=args.seed, use_cpu=True, bf16=False, fp16=False,
@@ -258,7 +250,7 @@ def run_trl_worker(args) -> dict:
             scale_rewards="group", learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0,
             max_grad_norm=1.0, adam_beta1=0.9, adam_beta2=0.99, adam_epsilon=1e-8, weight_decay=0.0,
             model_init_kwargs={"dtype": "float32"}, use_vllm=False, log_completions=False, dataloader_num_workers=0)
-        record = Record()
+        record = step_recorder("rewards/sudoku_cell_accuracy/mean")
         trainer = GRPOTrainer(model=str(path), reward_funcs=rewards, args=config, train_dataset=data,
                               processing_class=tokenizer, callbacks=[record])
         trainer.train()
@@ -280,47 +272,17 @@ def trl_identity() -> dict:
     code = "import trl, os; print(trl.__version__); print(os.path.dirname(trl.__file__))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     version, where = out[0], out[1]
-    commit = _git_commit(Path(where))
+    commit = git(Path(where), "rev-parse", "HEAD")
     return {"version": version, "path": where, "commit": commit or f"none (installed package trl=={version})"}
-
-
-def _git_commit(folder: Path) -> str | None:
-    try:
-        out = subprocess.run(["git", "-C", str(folder), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             check=False)
-    except OSError:
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def _dlmrl_commit() -> str | None:
-    commit = _git_commit(ROOT)
-    if commit is None:
-        return None
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, check=False).stdout.strip()
-    return commit + (" (with uncommitted changes)" if dirty else "")
-
-
-def machine(threads: int | None) -> dict:
-    return {"platform": platform.platform(), "python": platform.python_version(), "processor": platform.processor(),
-            "cpus": os.cpu_count(), "threads": threads or "torch's default",
-            "load_average_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
 
 
 def run_worker_subprocess(tool: str, args, seed: int) -> dict:
     """This file with ``--worker tool`` in a fresh Python process; its JSON result."""
-    with tempfile.TemporaryDirectory(prefix="peers_trl_") as tmp:
-        out = Path(tmp) / "worker.json"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", tool, "--worker-out", str(out),
-               "--steps", str(args.steps), "--preset", args.preset, "--seed", str(seed), "--lr", str(args.lr)]
-        if args.threads:
-            cmd += ["--threads", str(args.threads)]
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise RuntimeError(f"the {tool} run failed (exit {proc.returncode}): {' '.join(cmd)}\n"
-                               f"{proc.stderr[-4000:]}")
-        return json.loads(out.read_text())
+    argv = ["--worker", tool, "--steps", str(args.steps), "--preset", args.preset, "--seed", str(seed),
+            "--lr", str(args.lr)]
+    if args.threads:
+        argv += ["--threads", str(args.threads)]
+    return run_worker(Path(__file__), argv, tool)
 
 
 def per_run_summary(run: dict) -> dict:
@@ -329,22 +291,6 @@ def per_run_summary(run: dict) -> dict:
     return {"median_seconds_step": statistics.median(timed) if timed else None,
             "mean_reward": statistics.fmean(run["reward"]) if run["reward"] else None,
             "final_kl": run["kl"][-1] if run["kl"] else None}
-
-
-def agreement(ours: list[float | None], theirs: list[float | None]) -> dict:
-    """Means over repeats, their standard deviations, the difference and whether it is within 2 standard errors.
-
-    ``within_noise`` is None with fewer than 2 values per side (no noise estimate) or missing values."""
-    if any(v is None for v in ours + theirs) or not ours or not theirs:
-        return {"dlmrl_mean": None, "trl_mean": None, "difference": None, "standard_error": None, "within_noise": None}
-    m1, m2 = statistics.fmean(ours), statistics.fmean(theirs)
-    out = {"dlmrl_mean": m1, "trl_mean": m2, "difference": m1 - m2, "dlmrl_sd": None, "trl_sd": None,
-           "standard_error": None, "within_noise": None}
-    if len(ours) >= 2 and len(theirs) >= 2:
-        s1, s2 = statistics.stdev(ours), statistics.stdev(theirs)
-        se = math.sqrt(s1**2 / len(ours) + s2**2 / len(theirs))
-        out.update(dlmrl_sd=s1, trl_sd=s2, standard_error=se, within_noise=abs(m1 - m2) <= 2 * se)
-    return out
 
 
 def summarize(repeats: list[dict]) -> dict:
@@ -357,52 +303,30 @@ def summarize(repeats: list[dict]) -> dict:
         "ratio_dlmrl_over_trl": {"min": min(ratios), "median": statistics.median(ratios), "max": max(ratios)}
         if ratios else None,
         "mean_reward": agreement([r["dlmrl"]["summary"]["mean_reward"] for r in repeats],
-                                 [r["trl"]["summary"]["mean_reward"] for r in repeats]),
+                                 [r["trl"]["summary"]["mean_reward"] for r in repeats], "trl"),
         "final_kl": agreement([r["dlmrl"]["summary"]["final_kl"] for r in repeats],
-                              [r["trl"]["summary"]["final_kl"] for r in repeats]),
+                              [r["trl"]["summary"]["final_kl"] for r in repeats], "trl"),
     }
 
 
 def format_summary(summary: dict, steps: int) -> str:
-    def num(v, fmt="{:.4f}"):
-        return "-" if v is None else fmt.format(v)
-
-    med, ratio = summary["median_seconds_step"], summary["ratio_dlmrl_over_trl"]
-    lines = [f"median s/step (steps 2..{steps}): dlmrl {num(med['dlmrl'], '{:.3f}')}, TRL {num(med['trl'], '{:.3f}')}"]
-    if ratio:
-        lines.append(f"ratio dlmrl/TRL over repeats: min {ratio['min']:.2f}x, median {ratio['median']:.2f}x, "
-                     f"max {ratio['max']:.2f}x")
-    for name, label in (("mean_reward", "mean reward over the steps"), ("final_kl", f"KL at step {steps}")):
-        a = summary[name]
-        verdict = {True: "within 2 standard errors", False: "NOT within 2 standard errors",
-                   None: "no verdict (needs --repeats >= 2 and values on both sides)"}[a["within_noise"]]
-        lines.append(f"{label}: dlmrl {num(a['dlmrl_mean'])}, TRL {num(a['trl_mean'])}, difference "
-                     f"{num(a['difference'])}, standard error {num(a['standard_error'])}: {verdict}")
+    med = summary["median_seconds_step"]
+    lines = [(f"median s/step (steps 2..{steps}): dlmrl {number(med['dlmrl'], '{:.3f}')}, TRL "
+             f"{number(med['trl'], '{:.3f}')}"), *ratio_line(summary["ratio_dlmrl_over_trl"], "TRL")]
+    lines += [agreement_line(label, summary[name], "trl", "TRL", "{:.4f}")
+              for name, label in (("mean_reward", "mean reward over the steps"), ("final_kl", f"KL at step {steps}"))]
     return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 epilog="Needs TRL: pip install trl (or TRL on PYTHONPATH).")
-    p.add_argument("--steps", type=int, default=10, help="optimizer steps per run (default 10; the first is warm-up)")
-    p.add_argument("--repeats", type=int, default=3, help="dlmrl/TRL pairs of runs, alternating (default 3)")
+    add_run_options(p, worker="trl", peer="TRL", steps=10, units="optimizer steps", lr=4e-4)
     p.add_argument("--preset", choices=("grpo", "dapo"), default="grpo",
                    help="grpo (β 0.04 k3, ε 0.2, grpo loss) or dapo (ε 0.2/0.28, dapo loss, β 0, no dynamic sampling)")
-    p.add_argument("--seed", type=int, default=0, help="repeat r uses seed + r on both sides (default 0)")
-    p.add_argument("--lr", type=float, default=4e-4, help="AdamW learning rate on both sides (default 4e-4)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads in both workers (default: torch's own)")
     p.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "peers_trl_grpo.json"))
-    p.add_argument("--worker", choices=("dlmrl", "trl"), help=argparse.SUPPRESS)
-    p.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.steps < 2:
-        p.error("--steps must be >= 2 (the first step of each run is warm-up, not timed)")
-    if args.repeats < 1:
-        p.error("--repeats must be >= 1")
-    if args.threads is not None and args.threads < 1:
-        p.error("--threads must be >= 1")
-    if not 0 < args.lr < 1:
-        p.error("--lr must be in (0, 1)")
+    check_run_options(p, args, "step")
     return args
 
 
@@ -436,7 +360,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     result = {
         "benchmark": f"peers_trl_{args.preset}",
         "command": " ".join(["python", "benchmarks/peers/trl_grpo_step.py", *(sys.argv[1:] if argv is None else argv)]),
-        "trl": trl, "dlmrl_commit": _dlmrl_commit(),
+        "trl": trl, "dlmrl_commit": dlmrl_commit(),
         "machine": {**machine(args.threads), "load_average_1min_before": load_before},
         "settings": {"preset": args.preset, "steps": args.steps, "repeats": args.repeats, "seed": args.seed,
                      "model": "tiny-sudoku-ar (dlmrl/assets/tiny_sudoku_ar)", "prompts_per_step": PROMPTS_PER_STEP,
