@@ -81,6 +81,16 @@ What is not matched, and why:
   generators (d1 reseeds torch's global generator with each prompt mask's seed), so the comparison of numerics is
   statistical (below), not bit for bit.
 - the Gumbel noise's precision: d1 draws it in the model's dtype (float32 here), dlmrl in float64.
+- LoRA dropout (0.05) outside the updates: ``Trainer.training_step`` calls ``model.train()`` before TRL's
+  ``_prepare_inputs``, so d1 samples its completions and computes its old and reference scores with dropout on, and
+  its first update's ratio is not exactly 1; dlmrl samples and scores the old and reference log-probs with dropout
+  off (eval mode) and takes the first update's old log-probs from that update's own pass, detached (ratio 1), as
+  TRL does for μ = 1. Dropout applies in every update on both sides. This changes the numerics (d1's KL runs higher
+  in 2 of 3 seeds), not the passes timed.
+- two settings of d1's ``slurm_scripts/train.yaml`` are not carried over, neither of which changes the work here:
+  ``sync_ref_model`` (every 64 steps: under LoRA TRL 0.16 keeps no reference model to sync, ``ref_model`` is None)
+  and ``generation_batch_size`` 6 (here the whole rollout batch, prompts x G = 12, in one sampling call on both
+  sides, which if anything favours d1).
 - the step's timing boundary: dlmrl's ``seconds_step`` (``metrics.jsonl``) spans sampling, rewards, old and reference
   scoring and the μ optimizer steps of one rollout batch; d1's rollout batch is μ TRL steps, each timed between the
   ``on_step_begin`` and ``on_step_end`` callbacks (the first holds the generation, rewards and scoring), summed. The

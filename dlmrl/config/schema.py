@@ -47,9 +47,9 @@ class ModelConfig:
                                  "(dlmrl list kinds; dlmrl.kinds).")
     name_or_path: str = doc("tiny-sudoku", "Checkpoint: local folder, hub id, or 'tiny-sudoku' (shipped diffusion "
                                            "default) / 'tiny-sudoku-ar' (shipped AR default).")
-    family: str = doc("auto", "Family adapter (diffusion, block): auto | llada | dream | masked_lm | tiny | sdar | llada2; auto "
-                              "reads config.json (model_type / architectures / auto_map), a name overrides it "
-                              "(also llada_moe: LLaDA-MoE, diffusion).")
+    family: str = doc("auto", "Family adapter (diffusion, block): auto | llada | dream | masked_lm | tiny | sdar | llada2 "
+                              "| llada_moe | nemotron_diffusion | fast_dllm_v2 (dlmrl list families); auto reads "
+                              "config.json (model_type / architectures / auto_map), a name overrides it.")
     block_size: int | None = doc(None, "model.kind block: tokens per block B (block-causal attention: bidirectional "
                                        "inside a block, causal across blocks; B = gen_length is full diffusion, B = 1 "
                                        "autoregressive); null = the checkpoint's config.json block_size, else its "

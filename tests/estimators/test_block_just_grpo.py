@@ -83,3 +83,22 @@ def test_the_preset_is_block_only_and_k_is_estimator_merge():
     assert estimator_settings(cfg)[1].merge == 3 and estimator_settings(cfg)[1].order == "left_to_right"
     with pytest.raises(ConfigError, match="'block_just_grpo' runs on block policies only, but model.kind is"):
         default_job_config(["train.algorithm=block_just_grpo"])
+
+
+
+@pytest.mark.parametrize(("steps_per_block", "k", "exact"), [(2, 2, True), (4, 1, True), (4, 2, False)])
+def test_rollouts_revealing_k_tokens_per_step_are_scored_exactly_at_k(policy, prompts, steps_per_block, k, exact):
+    """The sampler's recorded log-probs (left to right, temperature 1) against the level scores: rollouts that reveal
+    k tokens per step (blocks of 4 in 4 / k steps) are scored exactly at k, the same ⌈B/k⌉ passes; at k = 2 rollouts
+    revealing one token per step are not (a level's second token is scored without its first)."""
+    from dlmrl.models.block_sampler import block_generate
+
+    out = block_generate(policy, *prompts, gen_length=8, block_size=4, steps_per_block=steps_per_block,
+                         temperature=1.0, remasking="left_to_right", generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(out.canvas.shape, dtype=torch.bool)
+    plan = block_rollout_plan(Trajectory(order="left_to_right", merge=k), mask, 4)
+    est = score(on_blocks(policy, 4, Counting()), *prompts, out.canvas, mask, plan)
+    gap = (est.per_token - out.token_logprobs).abs().max().item()
+    assert (gap <= ATOL) is exact, gap
+    if not exact:
+        assert gap > 1e-3
