@@ -73,6 +73,13 @@ def _algorithm_section(cfg: Config, preset) -> dict:
         out["kl"] = f"{o.kl_kind} at {o.kl_level} level"
         out["reference_model"] = ("the base under the disabled adapter (no second copy)"
                                   if getattr(cfg.model, "use_peft", False) else "a frozen second copy of the model")
+        if cfg.train.sync_ref_model:
+            tr = cfg.train
+            out["reference_model"] = (
+                ("the base with a second adapter" if getattr(cfg.model, "use_peft", False)
+                 else "a second copy of the model") + f" that follows the policy: every {tr.ref_model_sync_steps} "
+                f"optimizer steps ref <- {tr.ref_model_mixup_alpha:g} x policy + {1 - tr.ref_model_mixup_alpha:g} x ref "
+                "(train.sync_ref_model; TRL's sync_ref_model)")
     else:
         out["reference_model"] = "none (beta = 0)"
     if o.ratio_level == "none":
@@ -80,6 +87,7 @@ def _algorithm_section(cfg: Config, preset) -> dict:
     elif one_step:
         out["ratio"] = ("1 at every token (one optimizer step per rollout batch, from the policy that sampled it): "
                         "the clip does not act")
+    out["collapse_monitor"] = _collapse_line(cfg.train, watches_kl=o.beta > 0)
     if cfg.train.rollout_is_cap is not None:
         out["rollout_is_cap"] = cfg.train.rollout_is_cap
         out["rollout_correction"] = (f"each token's policy loss x min(exp(logp_old - logp_rollout), "
@@ -109,6 +117,18 @@ def _algorithm_section(cfg: Config, preset) -> dict:
                                   "length normalisation",
             "logged": "turns_mean, tool_errors_mean, observation_tokens_mean per step"}
     return out
+
+
+def _collapse_line(tr, watches_kl: bool) -> str:
+    """What the collapse monitor (:mod:`dlmrl.training.collapse`) watches and does, from ``train.collapse_*``."""
+    rule = {"rise": f"sample_nll{' or kl' if watches_kl else ''} above {tr.collapse_ratio:g} x",
+            "fall": f"sample_nll below 1/{tr.collapse_ratio:g} x",
+            "both": f"sample_nll above {tr.collapse_ratio:g} x or below 1/{tr.collapse_ratio:g} x"
+                    + (f", or kl above {tr.collapse_ratio:g} x" if watches_kl else "")}[tr.collapse_direction]
+    action = ("warns and stops after that step's checkpoint (train.stop_on_collapse)" if tr.stop_on_collapse
+              else "warns")
+    return (f"{action} when {rule} the median of its previous {tr.collapse_window} steps "
+            f"(train.collapse_direction {tr.collapse_direction}, collapse_ratio, collapse_window)")
 
 
 def _estimator_section(cfg: Config, spec: RunSpec) -> dict:

@@ -142,3 +142,22 @@ def test_direction_fall_watches_the_sample_nll_fall_alone():
     assert [f["collapse"] for f, _ in out] == [False, False, False, False, True, False]
     assert [f["collapse"] for f, _ in out_both] == [False, False, False, True, True, True]
     assert "a fall" in out[4][1] and out_both[5][1].startswith("step 6: possible collapse: kl 0.8")
+
+
+def test_the_dry_run_describes_the_monitor_and_the_following_reference(capsys):
+    from dlmrl import cli
+
+    base = ["train", "--config", "configs/grpo_sudoku_tiny_ar.yaml", "--dry-run"]
+    assert cli.main(base) == 0
+    text = " ".join(capsys.readouterr().out.split())  # (YAML folds long lines)
+    assert "collapse_monitor: warns when sample_nll or kl above 3 x the median of its previous 20 steps" in text
+    assert "reference_model: a frozen second copy of the model" in text
+    assert cli.main([*base, "train.sync_ref_model=true", "train.ref_model_sync_steps=64",
+                     "train.ref_model_mixup_alpha=0.5", "train.collapse_direction=fall", "train.collapse_ratio=1.25",
+                     "train.stop_on_collapse=true", "train.collapse_window=5"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "follows the policy: every 64 optimizer steps ref <- 0.5 x policy + 0.5 x ref" in text
+    assert ("warns and stops after that step's checkpoint (train.stop_on_collapse) when sample_nll below 1/1.25 x "
+            "the median of its previous 5 steps") in text
+    assert cli.main([*base, "model.use_peft=true", "train.sync_ref_model=true"]) == 0
+    assert "the base with a second adapter that follows the policy" in " ".join(capsys.readouterr().out.split())
