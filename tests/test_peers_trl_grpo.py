@@ -132,3 +132,9 @@ def test_summary_by_hand(bench):
 def test_no_kl_gives_no_verdict(bench):
     a = bench.agreement([None, None], [0.1, 0.2], "trl")
     assert a["within_noise"] is None and a["difference"] is None
+
+
+def test_the_output_file_follows_the_preset(bench):
+    assert bench.parse_args(["--preset", "dapo"]).output.endswith("peers_trl_dapo.json")
+    assert bench.parse_args([]).output.endswith("peers_trl_grpo.json")
+    assert bench.parse_args(["--output", "x.json"]).output == "x.json"

@@ -441,7 +441,7 @@ def clone_error(d1: Path, llada_code: Path, trl: Path | None) -> str | None:
                 "(git clone https://github.com/NVlabs/Fast-dLLM: llada/model/)")
     if trl is not None and not (trl / "trl" / "trainer" / "grpo_trainer.py").is_file():
         return (f"{trl} is not a TRL checkout (no trl/trainer/grpo_trainer.py): git clone "
-                f"https://github.com/huggingface/trl && git -C trl checkout {D1_TRL_COMMIT[:12]}")
+                f"https://github.com/huggingface/trl trl-d1 && git -C trl-d1 checkout {D1_TRL_COMMIT[:12]}")
     return None
 
 
@@ -531,7 +531,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=2, help="prompts per rollout batch, x G 6 completions (default 2: "
                                                           "d1's 6 per device x 2 accumulation steps)")
     p.add_argument("--work", type=Path, default=None, help="folder for the tiny checkpoint (default: a temp dir)")
-    p.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "peers_d1_diffu_grpo.json"))
+    p.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "peers_d1_diffu_grpo.json"),
+                   help="the result JSON (default benchmarks/results/peers_d1_diffu_grpo.json)")
     p.add_argument("--checkpoint", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     check_run_options(p, args, "rollout batch")

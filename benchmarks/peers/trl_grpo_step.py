@@ -324,8 +324,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_run_options(p, worker="trl", peer="TRL", steps=10, units="optimizer steps", lr=4e-4)
     p.add_argument("--preset", choices=("grpo", "dapo"), default="grpo",
                    help="grpo (β 0.04 k3, ε 0.2, grpo loss) or dapo (ε 0.2/0.28, dapo loss, β 0, no dynamic sampling)")
-    p.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "peers_trl_grpo.json"))
+    p.add_argument("--output", default=None,
+                   help="the result JSON (default benchmarks/results/peers_trl_<preset>.json)")
     args = p.parse_args(argv)
+    if args.output is None:
+        args.output = str(ROOT / "benchmarks" / "results" / f"peers_trl_{args.preset}.json")
     check_run_options(p, args, "step")
     return args
 

@@ -75,11 +75,16 @@ def _algorithm_section(cfg: Config, preset) -> dict:
                                   if getattr(cfg.model, "use_peft", False) else "a frozen second copy of the model")
         if cfg.train.sync_ref_model:
             tr = cfg.train
+            lora = getattr(cfg.model, "use_peft", False)
+            total = tr.max_steps * tr.num_iterations * tr.steps_per_generation  # (optimizer steps in the run)
             out["reference_model"] = (
-                ("the base with a second adapter" if getattr(cfg.model, "use_peft", False)
-                 else "a second copy of the model") + f" that follows the policy: every {tr.ref_model_sync_steps} "
-                f"optimizer steps ref <- {tr.ref_model_mixup_alpha:g} x policy + {1 - tr.ref_model_mixup_alpha:g} x ref "
-                "(train.sync_ref_model; TRL's sync_ref_model)")
+                ("the base with a second adapter" if lora else "a second copy of the model")
+                + f" that follows the policy: every {tr.ref_model_sync_steps} optimizer steps ref <- "
+                f"{tr.ref_model_mixup_alpha:g} x policy + {1 - tr.ref_model_mixup_alpha:g} x ref"
+                + (" (mixed on the adapter factors lora_A and lora_B)" if lora else "")
+                + " (train.sync_ref_model; TRL's sync_ref_model)"
+                + (f"; never within the {total} optimizer steps of this run: lower train.ref_model_sync_steps"
+                   if tr.ref_model_sync_steps > total else ""))
     else:
         out["reference_model"] = "none (beta = 0)"
     if o.ratio_level == "none":
@@ -121,6 +126,9 @@ def _algorithm_section(cfg: Config, preset) -> dict:
 
 def _collapse_line(tr, watches_kl: bool) -> str:
     """What the collapse monitor (:mod:`dlmrl.training.collapse`) watches and does, from ``train.collapse_*``."""
+    from dlmrl.training.collapse import FLOORS
+    if tr.collapse_window <= 0:
+        return "off (train.collapse_window 0): sample_nll (and kl) are still logged, nothing fires"
     rule = {"rise": f"sample_nll{' or kl' if watches_kl else ''} above {tr.collapse_ratio:g} x",
             "fall": f"sample_nll below 1/{tr.collapse_ratio:g} x",
             "both": f"sample_nll above {tr.collapse_ratio:g} x or below 1/{tr.collapse_ratio:g} x"
@@ -128,7 +136,9 @@ def _collapse_line(tr, watches_kl: bool) -> str:
     action = ("warns and stops after that step's checkpoint (train.stop_on_collapse)" if tr.stop_on_collapse
               else "warns")
     return (f"{action} when {rule} the median of its previous {tr.collapse_window} steps "
-            f"(train.collapse_direction {tr.collapse_direction}, collapse_ratio, collapse_window)")
+            f"(train.collapse_direction {tr.collapse_direction}, collapse_ratio, collapse_window"
+            + (f"; a kl baseline under {FLOORS['kl']:g} is not multiplied" if watches_kl and tr.collapse_direction != "fall"
+               else "") + ")")
 
 
 def _estimator_section(cfg: Config, spec: RunSpec) -> dict:

@@ -159,5 +159,9 @@ def test_the_dry_run_describes_the_monitor_and_the_following_reference(capsys):
     assert "follows the policy: every 64 optimizer steps ref <- 0.5 x policy + 0.5 x ref" in text
     assert ("warns and stops after that step's checkpoint (train.stop_on_collapse) when sample_nll below 1/1.25 x "
             "the median of its previous 5 steps") in text
-    assert cli.main([*base, "model.use_peft=true", "train.sync_ref_model=true"]) == 0
-    assert "the base with a second adapter that follows the policy" in " ".join(capsys.readouterr().out.split())
+    assert "never within" not in text  # (64 <= the run's 260 optimizer steps)
+    assert cli.main([*base, "model.use_peft=true", "train.sync_ref_model=true", "train.collapse_window=0"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "the base with a second adapter that follows the policy" in text and "lora_A and lora_B" in text
+    assert "never within the 260 optimizer steps of this run" in text  # (TRL's default 512 > 260)
+    assert "off (train.collapse_window 0): sample_nll (and kl) are still logged, nothing fires" in text
