@@ -165,10 +165,10 @@ def paradigm_problem(paradigm, kind: str, where: str = "config.json") -> str | N
     (the code's ``__init__`` raises on them).
     """
     if paradigm not in PARADIGMS:
-        return (f"{where} declares {PARADIGM_KEY} {paradigm!r}, which Nemotron-Labs-Diffusion's released code does not know "
-                f"(its modeling_ministral_dlm.py accepts {', '.join(map(repr, PARADIGMS))} and raises on anything else; "
-                "dlmrl runs the released paradigms only): set {PARADIGM_KEY} in that "
-                "file to one of them")
+        return (f"{where} declares {PARADIGM_KEY} {paradigm!r}, which Nemotron-Labs-Diffusion's released code does "
+                f"not know (its modeling_ministral_dlm.py accepts {', '.join(map(repr, PARADIGMS))} and raises on "
+                f"anything else; dlmrl runs the released paradigms only): set {PARADIGM_KEY} in that file to one of "
+                "them")
     if kind in ("block", "diffusion") and paradigm == "autoregressive":
         return (f"{where} declares {PARADIGM_KEY} 'autoregressive': Nemotron-Labs-Diffusion's code then builds plain "
                 "causal attention (Ministral3Attention with diffusion_lm False), next-token prediction's, and a "

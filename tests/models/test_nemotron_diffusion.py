@@ -229,8 +229,9 @@ def test_an_unknown_paradigm_is_refused_for_every_kind(nemotron_path, root, kind
 
     path = root / f"unknown_{kind}"
     _copy_with(nemotron_path, path, dlm_paradigm="sbd_block_diff")
-    with pytest.raises(ConfigError, match="dlm_paradigm 'sbd_block_diff'.*does not know"):
+    with pytest.raises(ConfigError, match="dlm_paradigm 'sbd_block_diff'.*does not know") as err:
         _validate(path, kind)
+    assert "set dlm_paradigm in that file" in str(err.value)  # (the key named, not a template's braces)
 
 
 def test_the_ar_kind_on_a_bidirectional_declaration_is_explained_and_runs_causally(nemotron_path, ar):
