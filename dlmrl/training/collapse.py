@@ -49,6 +49,14 @@ DIRECTIONS = COLLAPSE_DIRECTIONS
 FLOORS = {"sample_nll": 1e-3, "kl": 0.05}
 
 
+def watched(direction: str) -> dict[str, tuple[str, ...]]:
+    """Per series of :data:`SERIES`, the ways it fires under ``direction`` (``"rise"``: above ``ratio x`` its
+    baseline, ``"fall"``: below ``baseline / ratio``; empty: not watched). A KL that falls is no failure, and
+    ``"fall"`` leaves the KL alone (module docstring)."""
+    return {"sample_nll": {"rise": ("rise",), "fall": ("fall",), "both": ("rise", "fall")}[direction],
+            "kl": () if direction == "fall" else ("rise",)}
+
+
 @dataclass
 class CollapseMonitor:
     """Running baselines of :data:`SERIES` and the firing rule (module docstring).
@@ -91,10 +99,9 @@ class CollapseMonitor:
             if baseline is not None:
                 fields[f"{name}_baseline"] = baseline
             usable = value is not None and baseline is not None and baseline > FLOORS[name]
-            watch_rise = self.direction in ("rise", "both")
-            watch_fall = name == "sample_nll" and self.direction in ("fall", "both")
-            rose = usable and watch_rise and value > self.ratio * baseline
-            fell = usable and watch_fall and value * self.ratio < baseline
+            ways = watched(self.direction)[name]
+            rose = usable and "rise" in ways and value > self.ratio * baseline
+            fell = usable and "fall" in ways and value * self.ratio < baseline
             now = rose or fell
             if now and not self.firing.get(name):
                 started.append(f"{name} {value:.4g} is {value / baseline:.2f}x its running baseline {baseline:.4g} "

@@ -76,7 +76,7 @@ def _algorithm_section(cfg: Config, preset) -> dict:
         if cfg.train.sync_ref_model:
             tr = cfg.train
             lora = getattr(cfg.model, "use_peft", False)
-            total = tr.max_steps * tr.num_iterations * tr.steps_per_generation  # (optimizer steps in the run)
+            total = tr.max_steps * _updates_per_step(tr)  # (optimizer steps in the run)
             out["reference_model"] = (
                 ("the base with a second adapter" if lora else "a second copy of the model")
                 + f" that follows the policy: every {tr.ref_model_sync_steps} optimizer steps ref <- "
@@ -125,20 +125,23 @@ def _algorithm_section(cfg: Config, preset) -> dict:
 
 
 def _collapse_line(tr, watches_kl: bool) -> str:
-    """What the collapse monitor (:mod:`dlmrl.training.collapse`) watches and does, from ``train.collapse_*``."""
-    from dlmrl.training.collapse import FLOORS
+    """What the collapse monitor (:mod:`dlmrl.training.collapse`) watches and does, from ``train.collapse_*``: its
+    own rule (:func:`~dlmrl.training.collapse.watched`), the KL left out of the line when the run has none."""
+    from dlmrl.training.collapse import FLOORS, watched
+
     if tr.collapse_window <= 0:
         return "off (train.collapse_window 0): sample_nll (and kl) are still logged, nothing fires"
-    rule = {"rise": f"sample_nll{' or kl' if watches_kl else ''} above {tr.collapse_ratio:g} x",
-            "fall": f"sample_nll below 1/{tr.collapse_ratio:g} x",
-            "both": f"sample_nll above {tr.collapse_ratio:g} x or below 1/{tr.collapse_ratio:g} x"
-                    + (f", or kl above {tr.collapse_ratio:g} x" if watches_kl else "")}[tr.collapse_direction]
+    phrase = {"rise": f"above {tr.collapse_ratio:g} x", "fall": f"below 1/{tr.collapse_ratio:g} x"}
+    groups: dict[tuple[str, ...], list[str]] = {}  # (the series that fire the same ways share a phrase)
+    for series, ways in watched(tr.collapse_direction).items():
+        if ways and (series != "kl" or watches_kl):
+            groups.setdefault(ways, []).append(series)
+    rule = ", or ".join(f"{' or '.join(names)} {' or '.join(phrase[w] for w in ways)}" for ways, names in groups.items())
     action = ("warns and stops after that step's checkpoint (train.stop_on_collapse)" if tr.stop_on_collapse
               else "warns")
+    floor = f"; a kl baseline under {FLOORS['kl']:g} is not multiplied" if any("kl" in n for n in groups.values()) else ""
     return (f"{action} when {rule} the median of its previous {tr.collapse_window} steps "
-            f"(train.collapse_direction {tr.collapse_direction}, collapse_ratio, collapse_window"
-            + (f"; a kl baseline under {FLOORS['kl']:g} is not multiplied" if watches_kl and tr.collapse_direction != "fall"
-               else "") + ")")
+            f"(train.collapse_direction {tr.collapse_direction}, collapse_ratio, collapse_window{floor})")
 
 
 def _estimator_section(cfg: Config, spec: RunSpec) -> dict:
@@ -282,13 +285,18 @@ def _sizes_section(cfg: Config, nfe_scoring: int, processes: int, written: tuple
     return out
 
 
+def _updates_per_step(tr) -> int:
+    """Optimizer steps per rollout step: ``num_iterations`` passes of ``steps_per_generation`` mini-batches."""
+    return tr.num_iterations * tr.steps_per_generation
+
+
 def _update_structure(cfg: Config, processes: int) -> dict:
     """How a rollout batch becomes optimizer steps: ``num_iterations`` passes of ``steps_per_generation``
     mini-batches of whole groups (:func:`dlmrl.training.update.split_minibatches`), and the LR schedule's length
     in optimizer steps."""
     tr = cfg.train
     count, passes = tr.steps_per_generation, tr.num_iterations
-    per_step = passes * count
+    per_step = _updates_per_step(tr)
     out: dict = {"updates_per_step": per_step, "steps_per_generation": count}
     groups = tr.prompts_per_step // count if tr.prompts_per_step % count == 0 else tr.prompts_per_step / count
     out["minibatch"] = {"groups": groups, "completions": groups * tr.num_generations}
