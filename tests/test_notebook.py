@@ -43,6 +43,7 @@ def stream_text(cell) -> str:
 
 
 # about 15 s (a kernel start and a small lab run): in the default run, so CI executes the notebook
+@pytest.mark.slow  # (~11 s on a 2-core CI machine; the training notebook stays in the default run)
 def test_estimator_variance_notebook_runs(monkeypatch):
     code = run_notebook(NOTEBOOK, monkeypatch)
     text = stream_text(code[-1])
