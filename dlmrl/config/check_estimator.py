@@ -52,6 +52,31 @@ def check_logits_chunk(e: EstimatorConfig) -> None:
            f"logits), got {e.logits_chunk!r}")
 
 
+def check_self_conditioning(cfg: Config, kind) -> None:
+    """``estimator.self_conditioning``: ``detached`` or ``through``; ``through`` only where the kind's default
+    likelihood replays self-conditioned steps (:attr:`~dlmrl.kinds.base.PolicyKind.self_conditioned`) and that
+    likelihood runs, with ``estimator.micro_batch`` 0 or at least ``sampling.steps`` (its gradient chains a
+    canvas's steps, so they cannot be cut into separate passes).
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    e = cfg.estimator
+    _check(e.self_conditioning in ("detached", "through"), "estimator.self_conditioning",
+           f"must be 'detached' or 'through', got {e.self_conditioning!r}")
+    if e.self_conditioning == "detached":
+        return
+    default = kind.estimator_names[0] if kind.estimator_names else None
+    _check(kind.self_conditioned and (e.name or default) == default, "estimator.self_conditioning",
+           f"'through' differentiates the self-conditioning inputs of model.kind uniform's trajectory likelihood; "
+           f"model.kind {kind.name!r} with estimator {e.name or default!r} has none (use 'detached')")
+    steps = cfg.sampling.steps
+    _check(not e.micro_batch or e.micro_batch >= steps, "estimator.micro_batch",
+           f"{e.micro_batch} step canvases per pass cut a canvas's {steps} steps, whose gradient estimator."
+           f"self_conditioning 'through' chains from step to step; use 0 or >= {steps}, or self_conditioning "
+           "'detached'")
+
+
 def check_own_estimator(cfg: Config, kind) -> None:
     """``estimator.name`` on a kind that resolves its own (:attr:`~dlmrl.kinds.base.PolicyKind.estimator_names`):
     one of its names (null: the first, its default likelihood). The default takes no estimator settings (as
@@ -68,7 +93,7 @@ def check_own_estimator(cfg: Config, kind) -> None:
            f"model.kind {kind.name!r} scores with {' | '.join(names)} (null: {names[0]}), got {e.name!r}")
     name = e.name or names[0]
     if name == names[0]:
-        refuse_estimator_keys(cfg, skip=("name",))
+        refuse_estimator_keys(cfg, skip=("name", "self_conditioning"))
         return
     part_options(kind.estimator_class(name), e.options, "estimator.options")
     kind.own_estimator(cfg)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 #: ``estimator`` fields that are not flat estimator settings: the choice, the class's own options, the chunking
-NOT_FLAT = ("name", "options", "micro_batch", "logits_chunk")
+NOT_FLAT = ("name", "options", "micro_batch", "logits_chunk", "self_conditioning")
 
 
 def flat_settings(e: EstimatorConfig) -> dict:

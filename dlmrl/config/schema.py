@@ -261,6 +261,14 @@ class EstimatorConfig:
     mix_weight: float = doc(0.5, "spg: weight omega of the upper bound on negative-advantage rows, the rest the ELBO "
                                  "(1 = SPG's pure EUBO, 0.5 its mixture).")
     mask_block_length: int = doc(0, "spg: block size of the block-wise masks (0 = sampling.block_length, as SPG).")
+    self_conditioning: str = doc(
+        "detached",
+        "model.kind uniform, estimator trajectory: how the gradient treats each replayed step's self-conditioning "
+        "input (the previous step's logits): detached (recomputed under the current weights without gradient; a "
+        "canvas's steps in batched passes, which estimator.micro_batch can cut into passes of fewer steps) | "
+        "through (the exact gradient of the trajectory log-prob, also through the previous steps' logits: one "
+        "sequential pass with grad per canvas, its steps' graphs held together, so estimator.micro_batch must be 0 "
+        "or >= sampling.steps). The log-prob values are the same. Other kinds and estimators refuse through.")
     options: dict = field(default_factory=dict, metadata={"help": (
         "Settings of the named estimator by its own field names (its class is built as cls(**options) over the "
         "keys above it reads): a registered estimator of your own takes its settings here, e.g. "

@@ -17,6 +17,7 @@ from dlmrl.config.check_estimator import (
     check_logits_chunk,
     check_own_estimator,
     check_rollout_is_cap,
+    check_self_conditioning,
     is_number,
     refuse_estimator_keys,
     warn_estimator_fields,
@@ -137,6 +138,7 @@ def validate(cfg: Config, for_training: bool = True, data: bool = True) -> RunSp
     sudoku_grid = t.name == "sudoku" and t.answer_mode != "text"  # (the tiny model's 16-cell canvas)
     _check(m.dtype in ("float32", "bfloat16", "float16", "float64"), "model.dtype", f"unknown dtype {m.dtype!r}")
     _check_lora(m)
+    check_self_conditioning(cfg, kind)
     if kind.estimator_names:  # (a kind that resolves estimator.name itself)
         check_own_estimator(cfg, kind)
     elif not kind.scores_with_estimators:  # (no estimator runs: its keys would be ignored)

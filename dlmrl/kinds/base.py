@@ -145,6 +145,9 @@ class PolicyKind(ABC):
         sampling_keys: the ``sampling.*`` keys only this kind reads; every other kind refuses them when set
             (:func:`refuse_other_kinds_keys`).
         checkpoint_description: what a checkpoint this kind claims is (:meth:`claims_config`), for messages.
+        self_conditioned: its default likelihood (``estimator_names[0]``) replays steps that read the previous
+            step's logits (self-conditioning), so ``estimator.self_conditioning`` chooses whether the gradient
+            flows through them (default False: every kind but ``uniform`` refuses a value other than ``detached``).
         checkpoint_kinds: the other kinds whose saved checkpoints (``config.json``'s ``dlmrl_kind``) this kind runs
             without the config check calling it a contradiction (default: none; its own name always).
     """
@@ -163,6 +166,7 @@ class PolicyKind(ABC):
     checkpoint_description: str = ""
     scores_by: str = "exact token log-probs"
     estimator_names: tuple[str, ...] = ()
+    self_conditioned: bool = False
 
     def __repr__(self) -> str:
         return f"<policy kind {self.name!r}>"

@@ -61,6 +61,7 @@ class UniformNoiseKind(PolicyKind):
                      "draw_last_step")
     checkpoint_description = "DiffusionGemma checkpoint (uniform-noise diffusion, model_type diffusion_gemma)"
     estimator_names = ("trajectory", "uniform_double_mc", "uniform_sdmc", "uniform_flat_ce")
+    self_conditioned = True
 
     # ----- loading -----------------------------------------------------------------------------------------
     def load(self, model_cfg):
@@ -329,7 +330,8 @@ class UniformNoiseKind(PolicyKind):
             return UniformELBOScorer(policy, ref, elbo, old_scores=objective.needs_old_scores,
                                      micro_batch=cfg.estimator.micro_batch or None)
         return UniformTrajectoryScorer(policy, ref, old_scores=objective.needs_old_scores,
-                                       micro_batch=cfg.estimator.micro_batch or None)
+                                       micro_batch=cfg.estimator.micro_batch or None,
+                                       through=cfg.estimator.self_conditioning == "through")
 
     def estimator_class(self, name: str):
         from dlmrl.estimators.uniform_elbo import UniformDoubleMC, UniformFlatCE, UniformSDMC
@@ -411,6 +413,16 @@ class UniformNoiseKind(PolicyKind):
                     "rollout_logp_gap": "not defined (a bound of UDLM's reverse process, not the sampler's "
                                         "distribution): not logged"}
         micro, steps = cfg.estimator.micro_batch, int(cfg.sampling.steps)
+        if cfg.estimator.self_conditioning == "through":
+            rows = "all the rows" if not micro else f"{micro // steps} row(s) at a time (estimator.micro_batch {micro})"
+            return {"name": "trajectory likelihood (uniform): the accepted draws' log-probs of every step",
+                    "passes": f"per canvas: the encoder pass, then one sequential pass with grad per step over {rows}, "
+                              "each step reading the previous step's logits with their graph (old and reference "
+                              "scores: the same passes without grad)",
+                    "nfe": steps,
+                    "nfe_formula": "at most sampling.steps canvas passes per canvas (the run logs nfe_scoring)",
+                    "gradient": "exact (estimator.self_conditioning through): through each step's logits and, by its "
+                                "self-conditioning input, through the previous steps' logits"}
         if not micro:
             grad = "then one batched pass with grad over all the rows' steps of the canvas"
         elif micro >= steps:
@@ -427,7 +439,8 @@ class UniformNoiseKind(PolicyKind):
                 "nfe_formula": "at most 2 x sampling.steps canvas passes per canvas (a no-grad pass per step, then "
                                "the batched passes over the steps; the run logs nfe_scoring)",
                 "gradient": "through each step's logits at the recorded input canvas; the self-conditioning input "
-                            "(the previous step's logits) is recomputed under the current weights and detached"}
+                            "(the previous step's logits) is recomputed under the current weights and detached "
+                            "(estimator.self_conditioning detached; through gives the exact gradient)"}
 
     def plan_sampler(self, cfg, preset, written) -> dict:
         s = cfg.sampling
