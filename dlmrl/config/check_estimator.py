@@ -71,6 +71,8 @@ def check_self_conditioning(cfg: Config, kind) -> None:
            f"'through' differentiates the self-conditioning inputs of model.kind uniform's trajectory likelihood; "
            f"model.kind {kind.name!r} with estimator {e.name or default!r} has none (use 'detached')")
     steps = cfg.sampling.steps
+    if not (isinstance(e.micro_batch, int) and not isinstance(e.micro_batch, bool) and e.micro_batch >= 0):
+        return  # (refuse_estimator_keys names a micro_batch that is not a count)
     _check(not e.micro_batch or e.micro_batch >= steps, "estimator.micro_batch",
            f"{e.micro_batch} step canvases per pass cut a canvas's {steps} steps, whose gradient estimator."
            f"self_conditioning 'through' chains from step to step; use 0 or >= {steps}, or self_conditioning "

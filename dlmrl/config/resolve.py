@@ -249,7 +249,7 @@ def _default_recipe() -> Config:
 
 def use_the_algorithms_estimator(cfg: Config, overrides: list[str]) -> bool:
     """Give a config built on the default recipe its algorithm's own estimator when ``overrides`` change the
-    algorithm but name no ``estimator.*`` key that chooses one (``estimator.options``, ``micro_batch`` and ``logits_chunk`` tune the one that runs); True if it did. Prints a line on stderr saying so.
+    algorithm but name no ``estimator.*`` key that chooses one (``estimator.options``, ``micro_batch``, ``logits_chunk`` and ``self_conditioning`` tune the one that runs); True if it did. Prints a line on stderr saying so.
 
     The default recipe's estimator (``trajectory``, merge 2) is its GDPO's choice; ``dlmrl train
     algorithm=diffu_grpo`` means diffu_grpo with its own estimator (``one_step``), as a config file naming no
@@ -260,12 +260,13 @@ def use_the_algorithms_estimator(cfg: Config, overrides: list[str]) -> bool:
 
     recipe = _default_recipe()
     # (estimator.options and estimator.micro_batch tune whichever estimator runs: they choose none)
-    tuning = ("estimator.options", "estimator.micro_batch", "estimator.logits_chunk")
+    tuning = ("estimator.options", "estimator.micro_batch", "estimator.logits_chunk", "estimator.self_conditioning")
     chosen = any(k.startswith("estimator.") and not k.startswith(tuning)
                  for k in (_resolve_key(Config, o.split("=", 1)[0].strip()) for o in overrides))
     untuned = dataclasses.replace(cfg.estimator, options=recipe.estimator.options,
                                   micro_batch=recipe.estimator.micro_batch,
-                                  logits_chunk=recipe.estimator.logits_chunk)
+                                  logits_chunk=recipe.estimator.logits_chunk,
+                                  self_conditioning=recipe.estimator.self_conditioning)
     # (a kind that runs no estimator has none to choose; an unknown kind is refused by the config check)
     kind = find_kind(cfg.model.kind)
     runs_none = kind is not None and not kind.scores_with_estimators
@@ -273,7 +274,8 @@ def use_the_algorithms_estimator(cfg: Config, overrides: list[str]) -> bool:
             or untuned != recipe.estimator):
         return False
     cfg.estimator = EstimatorConfig(options=cfg.estimator.options, micro_batch=cfg.estimator.micro_batch,
-                                    logits_chunk=cfg.estimator.logits_chunk)
+                                    logits_chunk=cfg.estimator.logits_chunk,
+                                    self_conditioning=cfg.estimator.self_conditioning)
     print(f"dlmrl: train.algorithm={cfg.train.algorithm}: the default recipe's estimator ({recipe.estimator.name}, "
           f"merge {recipe.estimator.merge}) is its {recipe.train.algorithm}'s; using {cfg.train.algorithm}'s own "
           f"({estimator_name(cfg)}; set an estimator.* key to choose another)", file=sys.stderr)

@@ -288,6 +288,18 @@ def repeated_cache(cache, repeats: int):
     return out
 
 
+def snapshot_cache(cache):
+    """A view of ``cache`` as it stands: new cache and layer objects sharing its key/value tensors (no copy). The
+    next encoder pass extends a layer by rebinding its tensors (``torch.cat``), so the view keeps what a decoder
+    pass read; under gradient checkpointing the backward's recompute reads the cache object again, and must see the
+    tensors the forward saw, not the extended ones."""
+    import copy
+
+    out = copy.copy(cache)
+    out.layers = [copy.copy(layer) for layer in cache.layers]
+    return out
+
+
 def detached_cache(cache) -> tuple[object, list[tuple[torch.Tensor, torch.Tensor]]]:
     """A copy of ``cache`` whose keys/values are detached leaves (requiring grad where the originals do), and the
     ``(original, leaf)`` pairs of those that do.

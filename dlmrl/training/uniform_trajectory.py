@@ -28,21 +28,24 @@ current weights and detached; the self-conditioning module's own weights and the
 into soft embeddings do get gradients. This is an approximation of the gradient (dlmrl's choice, so that a canvas's
 steps can be scored in batched passes and cut into passes of fewer steps); ``through`` gives the exact gradient of
 the same log-prob, each step's logits differentiated also through the previous steps' (sequential; tested against
-finite differences in ``tests/training/test_uniform_self_conditioning.py``). On the shipped tiny model the two
-gradients of one rollout batch's grpo loss had cosine 0.94 (norms 2.3 and 3.1).
+forward-mode AD in ``tests/training/test_uniform_self_conditioning.py``). How far apart the two are on the shipped
+tiny model is measured by ``benchmarks/uniform_gradient_direction.py`` (their cosine on one rollout batch).
 
 **Scoring** (:func:`trajectory_logprobs`), per canvas as the sampler ran it: the encoder pass over the prompt (then
 the previous canvas) extends the key/value cache; a sequential no-grad pass over the recorded input canvases
 recomputes each step's self-conditioning input from the previous step's logits (exactly the sampler's
 computation); with grad, one batched pass runs all the canvas's steps at once (the cache repeated along the batch,
-``S`` steps × ``B`` rows) with those inputs detached. The value equals the sampler's recorded log-probs at the same
+``S`` steps × ``B`` rows) with those inputs detached. With ``through`` the sequential pass itself runs with grad
+(each step reading the previous step's logits with their graph) and its log-probs are the result: no batched
+pass, and the no-grad pass is not needed. The value equals the sampler's recorded log-probs at the same
 weights up to floating-point batch effects; the trainer logs the gap as ``rollout_logp_gap_mean`` /
 ``rollout_logp_gap_max``, as for the masked-diffusion trajectory.
 
 **Memory.** A batched pass over ``k`` steps holds ``k`` steps' self-conditioning inputs and logits, ``k·L·V``
 values each: at DiffusionGemma's ``L = 256`` and ``V = 262,144``, 48 steps at once are about 3.2·10⁹ per row (6.4 GB
 in bfloat16, twice that in float32). ``estimator.micro_batch`` below the steps per canvas cuts a row's steps into
-passes of that many, each back-propagated and freed before the next (:func:`trajectory_logprobs`'s surrogate mode;
+passes of that many, each back-propagated and freed before the next (``detached`` only: ``through`` chains a
+canvas's steps, so it holds all ``S`` steps' graphs of a row chunk, as the unchunked batched pass does; :func:`trajectory_logprobs`'s surrogate mode;
 the encoder's graph is kept for the row and back-propagated once), so one step per pass (``L·V`` per pass) is the
 floor.
 """
@@ -62,6 +65,7 @@ from dlmrl.models.diffusion_gemma import (
     position_ids,
     repeated_cache,
     self_conditioning_input,
+    snapshot_cache,
     unwrap_diffusion_gemma,
 )
 from dlmrl.training.rollout import Rollout, _prompt_rows, consecutive_groups, mean_nfe
@@ -222,7 +226,8 @@ def trajectory_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     Per canvas: the encoder pass (with grad when ``grad``) and a sequential no-grad pass over the recorded input
     canvases for the self-conditioning inputs; with ``grad``, batched passes over the canvas's steps (``S`` at once,
     or chunks of ``steps_per_pass``; the cache repeated along the batch) whose logits carry the gradient; without
-    ``grad`` the sequential pass's own logits are used.
+    ``grad`` the sequential pass's own logits are used. With ``grad`` and ``through`` the sequential pass runs with
+    grad instead and its logits carry the gradient (no batched pass).
 
     With ``weights`` and ``backward`` (the two-pass surrogate: ``weights`` = ``∂loss/∂logp`` from a no-grad pass),
     each batched pass is back-propagated at once, ``backward(Σ weights · logp_part)``, where ``logp_part`` is that
@@ -302,6 +307,8 @@ def trajectory_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
                 leaves.extend(pairs)
             sc, sc_inputs, parts = None, [], []
             if grad and through:  # (the exact gradient: each step's logits through the previous step's, sequential)
+                if weights is None:  # (a view the next canvas's encoder pass does not extend: see snapshot_cache)
+                    read = snapshot_cache(cache)
                 for s in range(S):
                     raw = canvas_logits(inner, inputs[:, c, s], read, masks, dec_pos, sc)
                     processed = raw / temps[:, c, s, None, None]

@@ -62,9 +62,9 @@ def _rollout(policy, cfg, seed: int = 3):
     return rollout_uniform(policy, task, cfg, task.train_batch(2, 0, 0), torch.Generator().manual_seed(seed), 17)
 
 
-def _score(policy, ro, grad: bool = False) -> torch.Tensor:
+def _score(policy, ro, grad: bool = False, through: bool = False) -> torch.Tensor:
     return trajectory_logprobs(policy.model, ro.prompt_ids, ro.prompt_mask, ro.completion, ro.completion_mask,
-                               ro.kind_record, grad=grad)[0]
+                               ro.kind_record, grad=grad, through=through)[0]
 
 
 def _train_adapter(policy, seed: int = 0) -> None:
@@ -279,9 +279,12 @@ def test_an_adapter_folder_trained_in_full_is_merged_everywhere(checkpoint, tmp_
     assert (_score(load_uniform_policy(str(checkpoint)), ro) - expected).abs().max() > 100 * tol
 
 
-def test_gradient_checkpointing_recomputes_the_decoder_layers_with_the_same_gradient(checkpoint):
+@pytest.mark.parametrize("through", [False, True])
+def test_gradient_checkpointing_recomputes_the_decoder_layers_with_the_same_gradient(checkpoint, through):
     """model.gradient_checkpointing: the decoder's layers run again in the backward pass (their forward count
-    doubles) and the trajectory's gradient is that of the plain run."""
+    doubles) and the trajectory's gradient is that of the plain run; with estimator.self_conditioning through too,
+    whose sequential passes read the encoder's cache while the next canvas's encoder pass extends it (the
+    recompute must see what the forward read)."""
     grads, calls = [], []
     for checkpointing in (False, True):
         cfg = _config(checkpoint, "model.use_peft=true", "model.lora_dropout=0.0", "train.num_generations=3",
@@ -298,7 +301,7 @@ def test_gradient_checkpointing_recomputes_the_decoder_layers_with_the_same_grad
         handle = layer.self_attn.register_forward_pre_hook(lambda *a, c=count: c.__setitem__(0, c[0] + 1))
         weights = torch.linspace(-1, 1, ro.completion.numel()).reshape(ro.completion.shape)
         before = count[0]
-        (_score(policy, ro, grad=True) * weights).sum().backward()
+        (_score(policy, ro, grad=True, through=through) * weights).sum().backward()
         handle.remove()
         calls.append(count[0] - before)
         grads.append(torch.cat([p.grad.flatten() for p in policy.model.parameters() if p.grad is not None]))

@@ -1,7 +1,7 @@
 """``estimator.self_conditioning`` (``model.kind: uniform``): the trajectory likelihood's gradient through the
-self-conditioning inputs (``through``) is the exact gradient of the replayed log-prob, checked against central
-finite differences in float64; the default (``detached``) is not, and the check says so; values, the chunked
-surrogate and the config check."""
+self-conditioning inputs (``through``) is the exact gradient of the replayed log-prob, checked against forward-mode
+AD in float64; the default (``detached``) is not, and the check says so; values, the chunked surrogate, the config
+check and --dry-run."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ def rollout():
                           "sampling.draw_last_step=true"])
     policy = build_tiny_uniform_policy(seed=3)
     policy.model.set_experts_implementation("eager")  # (grouped_mm, the default, has no float64 kernel)
+    policy.model.set_attn_implementation("eager")  # (sdpa's CPU kernel has no forward-mode derivative)
     # (every expert on every token: the router's top-k choice is a discontinuity finite differences would cross; with
     # all 4 of 4 its weights are the softmax itself, smooth)
     policy.model.config.text_config.top_k_experts = policy.model.config.text_config.num_experts
@@ -50,52 +51,74 @@ def _grads(policy, ro, weights, **kw) -> list[torch.Tensor]:
     return [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in policy.model.parameters()]
 
 
-def test_the_gradient_through_self_conditioning_matches_finite_differences(rollout):
-    """f(θ) = Σ w·logp(θ) at the recorded trajectory, differentiated along the unit direction d in which the two
-    gradients differ, d ∝ g_through − g_detached (excluding the padding row of the token embedding: nn.Embedding's
-    padding_idx gives its lookups no gradient by definition, while a pad id in a renoised canvas or after EOS does
-    change f). Central differences at h and h/2, Richardson-combined, judge which gradient is f's.
+#: parameter groups whose own directions are checked separately (an error confined to one group, or orthogonal to
+#: the whole difference of the two gradients, is still seen)
+GROUPS = {"token embedding": "embed_tokens", "attention": "self_attn", "dense MLP": ".mlp.", "experts": "experts",
+          "norms": "norm", "self-conditioning MLP": "self_conditioning."}
 
-    Tolerance: the model casts logits to float32, so f carries rounding δf ≈ eps32·Σ|w·logp| (a few 1e-6 here) and
-    a difference quotient δf/h; truncation after Richardson is O(h⁴). The check needs the quotient's error well
-    under the separation s = |g_through − g_detached| (≈ 0.3·|g| on this model): asserted as |FD − g_through·d|
-    ≤ 0.05·s with the rounding bound itself asserted below 0.01·s, and |FD − g_detached·d| ≥ 0.5·s."""
+
+def _forward_mode(policy, ro, weights, tangents: list[torch.Tensor]) -> float:
+    """d/dε f(θ + ε·d) at 0 by forward-mode AD (``torch.func.jvp``): a second method, independent of the backward
+    pass, with no step size. The parameters are swapped in with their ties kept (the token embedding is also the
+    decoder's and the output head's)."""
+    from torch.func import jvp
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    names = [n for n, _ in policy.model.named_parameters()]
+    primals = tuple(p.detach() for _, p in policy.model.named_parameters())
+
+    def f(*values):
+        with _reparametrize_module(policy.model, dict(zip(names, values)), tie_weights=True):
+            return _objective(policy, ro, weights)
+
+    return float(jvp(f, primals, tuple(tangents))[1])
+
+
+def test_the_gradient_through_self_conditioning_is_the_exact_derivative(rollout):
+    """f(θ) = Σ w·logp(θ) at the recorded trajectory. Its derivative along unit directions d by forward-mode AD
+    (:func:`_forward_mode`) against the backward gradients: along Δ = g_through − g_detached as a whole and
+    restricted to each parameter group (an error confined to one group is not hidden by the others), and along a
+    random direction. The padding row of the token embedding is left out: nn.Embedding's padding_idx gives its
+    lookups no backward gradient by definition, while a pad id in a renoised canvas or after EOS does change f.
+
+    Tolerance: both methods sum the same per-parameter contributions; the model casts its logits to float32, so each
+    carries float32 rounding relative to its own size: |jvp − g_through·d| ≤ 1e-4·Σ_k |g_through,k·d_k| (a few
+    hundred terms of a few eps32 each, 1.2e-7, with margin). Where the two gradients' separation s =
+    (g_through − g_detached)·d exceeds 10 times that, the forward-mode value must side with through: this decides
+    the whole difference and most groups."""
     policy, ro, weights = rollout
-    params = list(policy.model.parameters())
+    params = list(policy.model.named_parameters())
     through = _grads(policy, ro, weights, through=True)
     detached = _grads(policy, ro, weights)
     embed = unwrap_diffusion_gemma(policy.model).model.decoder.embed_tokens
-    d = [t - g for t, g in zip(through, detached)]
-    for p, di in zip(params, d):
-        if p is embed.weight:
-            di[embed.padding_idx] = 0
-    norm = torch.sqrt(sum((di * di).sum() for di in d))
-    d = [di / norm for di in d]
-    along_through = sum(float((g * di).sum()) for g, di in zip(through, d))
-    along_detached = sum(float((g * di).sum()) for g, di in zip(detached, d))
-    separation = along_through - along_detached
-    base = [p.detach().clone() for p in params]
 
-    def f_at(scale: float) -> float:
-        with torch.no_grad():
-            for p, b, di in zip(params, base, d):
-                p.copy_(b + scale * di)
-            return float(_objective(policy, ro, weights))
+    def without_padding(d: list[torch.Tensor]) -> list[torch.Tensor]:
+        d = [di.clone() for di in d]
+        for (_, p), di in zip(params, d):
+            if p is embed.weight:
+                di[embed.padding_idx] = 0
+        norm = torch.sqrt(sum((di * di).sum() for di in d))
+        return [di / norm for di in d]
 
-    h = 1e-3
-    try:
-        f0 = f_at(0.0)
-        quotients = [(f_at(k) - f_at(-k)) / (2 * k) for k in (h, h / 2)]
-    finally:
-        f_at(0.0)
-    fd = (4 * quotients[1] - quotients[0]) / 3
-    with torch.no_grad():
-        logp, _ = trajectory_logprobs(policy.model, ro.prompt_ids, ro.prompt_mask, ro.completion, ro.completion_mask,
-                                      ro.kind_record)
-    rounding = 8 * torch.finfo(torch.float32).eps * float((weights * logp).abs().sum()) / (h / 2)
-    assert separation > 0 and rounding < 0.01 * separation, (separation, rounding, f0)
-    assert abs(fd - along_through) <= 0.05 * separation, (fd, along_through, along_detached)
-    assert abs(fd - along_detached) >= 0.5 * separation  # (the default is the approximation it says it is)
+    delta = [t - g for t, g in zip(through, detached)]
+    directions = {"all": delta}
+    for group, key in GROUPS.items():
+        directions[group] = [di if key in name else torch.zeros_like(di) for (name, _), di in zip(params, delta)]
+    gen = torch.Generator().manual_seed(6)
+    directions["random"] = [torch.randn(p.shape, generator=gen, dtype=p.dtype) for _, p in params]
+    decided = []
+    for name, d in directions.items():
+        d = without_padding(d)
+        along = sum(float((g * di).sum()) for g, di in zip(through, d))
+        scale = sum(float((g * di).abs().sum()) for g, di in zip(through, d))
+        separation = along - sum(float((g * di).sum()) for g, di in zip(detached, d))
+        exact = _forward_mode(policy, ro, weights, d)
+        tol = 1e-4 * scale
+        assert abs(exact - along) <= tol, (name, exact, along, tol)
+        if abs(separation) > 10 * tol:
+            assert abs(exact - (along - separation)) > 9 * tol  # (and detached is off by the separation)
+            decided.append(name)
+    assert "all" in decided and len(decided) >= 4, decided
 
 
 def test_through_gives_the_same_values_and_its_chunked_surrogate_the_same_gradient(rollout):
@@ -171,3 +194,10 @@ def test_the_dry_run_says_which_gradient(checkpoint, capsys):
     assert "exact (estimator.self_conditioning through)" in through and "sequential pass with grad" in through
     assert cli.main(base) == 0
     assert "recomputed under the current weights and detached" in capsys.readouterr().out
+
+
+def test_choosing_the_gradient_mode_does_not_choose_an_estimator(capsys):
+    """estimator.self_conditioning tunes the likelihood that runs, like micro_batch: on the default recipe,
+    train.algorithm=diffu_grpo still gets diffu_grpo's own estimator (one_step)."""
+    assert cli.main(["train", "--dry-run", "train.algorithm=diffu_grpo", "estimator.self_conditioning=detached"]) == 0
+    assert "using diffu_grpo's own (one_step" in capsys.readouterr().err
