@@ -13,6 +13,10 @@ the ratio and the gradient:
   (arXiv 2412.10193; Duo, arXiv 2506.10892), ``uniform_sdmc`` (GDPO's SDMC, arXiv 2510.08554): 2 quadrature
   nodes over t x 2 noise draws.
 
+A third run, ``exact`` (``--runs exact``; not in the default pair), is ``trajectory`` with the exact gradient
+(``estimator.self_conditioning: through``: also through each step's self-conditioning input); it is tabulated
+separately (``--runs exact --finished-only --output benchmarks/results/uniform_learning_exact.json``).
+
 The block (B = 4, TraceRL) and AR (grpo) rows are read from ``benchmarks/results/block_size_sweep.json`` and
 ``benchmarks/results/algorithms_sudoku.json`` (same Sudoku data, same 81,920-completion budget, 3 seeds each;
 their commands are in those files), not rerun here. The machinery is ``benchmarks/sudoku_runs.py``; a run whose
@@ -43,6 +47,9 @@ SPECS = {
                           "uniform, trajectory likelihood (grpo)"),
     "elbo": RunSpec("elbo", "uniform", "configs/grpo_sudoku_tiny_uniform_elbo.yaml", (),
                     "uniform, uniform-noise ELBO (grpo, uniform_sdmc 2x2)"),
+    "exact": RunSpec("exact", "uniform", "configs/grpo_sudoku_tiny_uniform.yaml",
+                     ("estimator.self_conditioning=through",),
+                     "uniform, trajectory likelihood, exact gradient (grpo, estimator.self_conditioning through)"),
 }
 
 
@@ -67,7 +74,8 @@ def reference_rows() -> list[dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", nargs="+", choices=sorted(SPECS), default=sorted(SPECS), help="which likelihoods")
+    p.add_argument("--runs", nargs="+", choices=sorted(SPECS), default=["elbo", "trajectory"],
+                   help="which runs (default: the two likelihoods at the recipe's settings)")
     add_run_arguments(p, "runs/bench_uniform_learning", "benchmarks/results/uniform_learning.json", what="run")
     args = p.parse_args()
     specs = [SPECS[name] for name in args.runs]
