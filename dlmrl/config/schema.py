@@ -210,7 +210,7 @@ class SamplingConfig:
               "to t_min); > 0; null = the checkpoint's generation_config. Other kinds refuse it.")
     t_min: float | None = doc(
         None, "model.kind uniform: the temperature the schedule falls towards (its last step: t_min + (t_max - "
-              "t_min) / steps); > 0; null = the checkpoint's generation_config. Other kinds refuse it.")
+              "t_min) / steps); > 0 and < t_max; null = the checkpoint's generation_config. Other kinds refuse it.")
     stability_threshold: int | None = doc(
         None, "model.kind uniform: early stopping of a canvas once its argmax is unchanged for this many steps (and "
               "confident: confidence_threshold); integer >= 0; null = the checkpoint's generation_config. Other "

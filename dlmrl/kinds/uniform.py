@@ -199,9 +199,11 @@ class UniformNoiseKind(PolicyKind):
             t_max = saved.get("t_max") if t_max is None else t_max
             t_min = saved.get("t_min") if t_min is None else t_min
         if isinstance(t_max, (int, float)) and isinstance(t_min, (int, float)):
-            check_key(t_max >= t_min, "sampling.t_max" if s.t_max is not None else "sampling.t_min",
-                      f"the temperature falls from t_max to t_min over a canvas's steps, so t_max must be >= t_min; "
-                      f"got t_max {t_max} and t_min {t_min}" + ("" if s.t_max is not None and s.t_min is not None
+            # (transformers' DiffusionGemmaGenerationConfig.validate refuses t_max <= t_min at the first rollout)
+            check_key(t_max > t_min, "sampling.t_max" if s.t_max is not None else "sampling.t_min",
+                      f"the temperature falls from t_max to t_min over a canvas's steps, and transformers' "
+                      f"DiffusionGemmaGenerationConfig refuses equal ends, so t_max must be > t_min (for a nearly "
+                      f"constant temperature set t_min slightly below t_max); got t_max {t_max} and t_min {t_min}" + ("" if s.t_max is not None and s.t_min is not None
                                                                 else " (the other from the checkpoint's "
                                                                      "generation_config.json)"))
         v = s.stability_threshold

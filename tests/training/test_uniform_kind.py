@@ -153,6 +153,15 @@ def test_dry_run_describes_the_sampler_and_the_likelihoods_passes(checkpoint, ca
     assert "trajectory likelihood (uniform)" in out and "self-conditioning" in out and "batched pass" in out
 
 
+def test_equal_temperature_ends_are_refused_up_front(checkpoint):
+    """transformers' generation config refuses t_max == t_min when the first rollout builds it; the config check
+    refuses it before, naming the key."""
+    cfg = _config(checkpoint, "train.algorithm=grpo", "sampling.t_max=0.6", "sampling.t_min=0.6")
+    with pytest.raises(ConfigError, match="config key 'sampling.t_max'") as err:
+        validate(cfg, data=False)
+    assert "must be > t_min" in str(err.value)
+
+
 @pytest.mark.parametrize("override, key", [
     ("sampling.entropy_bound=-1", "sampling.entropy_bound"),
     ("sampling.stability_threshold=-1", "sampling.stability_threshold"),
