@@ -109,18 +109,23 @@ def main() -> None:
     p.add_argument("--etas", type=float, nargs="+", default=[1e-4, 2e-4, 5e-4])
     p.add_argument("--group-eta", type=float, default=5e-4)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--no-groups", action="store_true", help="skip the per-group points")
     p.add_argument("--output", default=None, help="default: benchmarks/results/<kind>_gradient_direction.json")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="config overrides for the recipe, e.g. sampling.entropy_bound=1e9 (every position accepted "
+                        "at every step: the acceptance no longer depends on the entropies)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     output = args.output or f"benchmarks/results/{args.kind}_gradient_direction.json"
 
-    from dlmrl.config import Config, load_yaml
+    from dlmrl.config import Config, apply_overrides, load_yaml
     from dlmrl.training.run_setup import build_task
 
     start = time.time()
     config = {"uniform": "configs/grpo_sudoku_tiny_uniform.yaml", "ar": "configs/grpo_sudoku_tiny_ar.yaml"}[args.kind]
     cfg = Config()
     load_yaml(cfg, config)
+    apply_overrides(cfg, args.overrides)
     adapter = UniformAdapter(cfg) if args.kind == "uniform" else ARAdapter(cfg)
     policy = adapter.policy
     task = build_task(cfg, policy)
@@ -188,7 +193,7 @@ def main() -> None:
             rows.append(point(name, direction, eta))
     groups = []
     names = [name for name, _ in named]
-    for group, pick in GROUPS.items():
+    for group, pick in ({} if args.no_groups else GROUPS).items():
         direction = [torch.sign(x) * (1.0 if pick(name) else 0.0) for name, x in zip(names, g)]
         size = sum(q.numel() for name, q in named if pick(name))
         if not size:
@@ -201,7 +206,7 @@ def main() -> None:
     result = {
         "benchmark": "uniform_gradient_direction",
         "command": "python " + " ".join(sys.argv),
-        "kind": args.kind, "model": cfg.model.name_or_path, "config": config, "prompts": n, "group_size": G,
+        "kind": args.kind, "overrides": args.overrides, "model": cfg.model.name_or_path, "config": config, "prompts": n, "group_size": G,
         "samples_per_prompt": args.samples, "parameters": count, "gradient_norm": norm,
         "cosine_through_detached": cosine,
         "batch_reward": float(r.mean()), "rows": rows, "groups": groups,
