@@ -61,15 +61,22 @@ def _forward_mode(policy, ro, weights, tangents: list[torch.Tensor]) -> float:
     """d/dε f(θ + ε·d) at 0 by forward-mode AD (``torch.func.jvp``): a second method, independent of the backward
     pass, with no step size. The parameters are swapped in with their ties kept (the token embedding is also the
     decoder's and the output head's)."""
-    from torch.func import jvp
-    from torch.nn.utils.stateless import _reparametrize_module
+    from torch.func import functional_call, jvp
 
-    names = [n for n, _ in policy.model.named_parameters()]
-    primals = tuple(p.detach() for _, p in policy.model.named_parameters())
+    class Objective(torch.nn.Module):  # (f as a module's forward, so functional_call can swap the weights in)
+        def __init__(self):
+            super().__init__()
+            self.model = policy.model
+
+        def forward(self):
+            return _objective(policy, ro, weights)
+
+    objective = Objective()
+    names = [n for n, _ in objective.named_parameters()]
+    primals = tuple(p.detach() for _, p in objective.named_parameters())
 
     def f(*values):
-        with _reparametrize_module(policy.model, dict(zip(names, values)), tie_weights=True):
-            return _objective(policy, ro, weights)
+        return functional_call(objective, dict(zip(names, values)), (), tie_weights=True)
 
     return float(jvp(f, primals, tuple(tangents))[1])
 
