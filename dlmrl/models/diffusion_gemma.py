@@ -280,10 +280,7 @@ def repeated_cache(cache, repeats: int):
     its layers are recomputed in the backward pass from the same cache object: repeating ``cache`` in place and
     cutting it back after the forward would hand the recompute the cut-back tensors; a separate copy keeps what the
     forward read. Costs the repeated tensors, as the in-place repeat does."""
-    import copy
-
-    out = copy.copy(cache)
-    out.layers = [copy.copy(layer) for layer in cache.layers]  # (each layer's repeat rebinds its own tensors)
+    out = snapshot_cache(cache)  # (each layer's repeat rebinds its own tensors, leaving cache's)
     out.batch_repeat_interleave(int(repeats))
     return out
 
@@ -308,20 +305,15 @@ def detached_cache(cache) -> tuple[object, list[tuple[torch.Tensor, torch.Tensor
     and adds to their ``.grad``; one later ``torch.autograd.backward([originals], [leaf grads])`` takes the sum
     through the encoder, so the encoder's graph is back-propagated once, however many passes read it (the chain
     rule; ours, no reference does this). ``cache`` itself is untouched."""
-    import copy
-
-    out = copy.copy(cache)
-    out.layers, pairs = [], []
-    for layer in cache.layers:
-        new = copy.copy(layer)
+    out, pairs = snapshot_cache(cache), []
+    for new in out.layers:
         for name in ("keys", "values"):
-            tensor = getattr(layer, name, None)
+            tensor = getattr(new, name, None)
             if isinstance(tensor, torch.Tensor):
                 leaf = tensor.detach().requires_grad_(tensor.requires_grad)
                 setattr(new, name, leaf)
                 if tensor.requires_grad:
                     pairs.append((tensor, leaf))
-        out.layers.append(new)
     return out, pairs
 
 

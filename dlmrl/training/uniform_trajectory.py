@@ -285,6 +285,12 @@ def trajectory_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
         part = torch.cat([terms.new_zeros((B, c * L)), terms, terms.new_zeros((B, width - (c + 1) * L))], dim=1)
         return torch.where(completion_mask.bool(), fold_after_eos(part, completion_mask), zero)
 
+    def emit(c: int, terms: torch.Tensor) -> torch.Tensor:  # (surrogate mode: back-propagate this pass's share now)
+        if weights is None:
+            return terms
+        backward((share(c, terms) * weights.to(terms.dtype)).sum())
+        return terms.detach()
+
     context = torch.enable_grad() if grad else torch.no_grad()
     with context:
         for c in range(C):
@@ -312,16 +318,10 @@ def trajectory_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
                 for s in range(S):
                     raw = canvas_logits(inner, inputs[:, c, s], read, masks, dec_pos, sc)
                     processed = raw / temps[:, c, s, None, None]
-                    logp = torch.log_softmax(processed, dim=-1).gather(-1, drawn[:, c, s, :, None]).squeeze(-1)
-                    parts.append(torch.where(scored[:, c, s], logp, zero))
+                    parts.append(torch.where(scored[:, c, s], drawn_logprobs(processed, drawn[:, c, s]), zero))
                     sc = self_conditioning_input(inner, processed)
                     passes += 1
-                    del raw
-                terms = torch.stack(parts).sum(dim=0)
-                if weights is not None:
-                    backward((share(c, terms) * weights.to(terms.dtype)).sum())
-                    terms = terms.detach()
-                per_position.append(terms)
+                per_position.append(emit(c, torch.stack(parts).sum(dim=0)))
                 continue
             for s in range(S):
                 with torch.no_grad():  # (the self-conditioning inputs, as the sampler computed them)
@@ -330,8 +330,7 @@ def trajectory_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
                     raw = canvas_logits(inner, inputs[:, c, s], cache, masks, dec_pos, sc)
                     processed = raw / temps[:, c, s, None, None]
                     if not grad:
-                        parts.append(torch.log_softmax(processed, dim=-1).gather(
-                            -1, drawn[:, c, s, :, None]).squeeze(-1))
+                        parts.append(drawn_logprobs(processed, drawn[:, c, s]))
                     sc = self_conditioning_input(inner, processed)
                     del raw, processed
                 passes += 1
@@ -341,11 +340,7 @@ def trajectory_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
                     logp = _batched_steps(inner, read, inputs[:, c, first:s + 1], drawn[:, c, first:s + 1],
                                           temps[:, c, first:s + 1], sc_inputs, dec_mask, dec_pos)
                     passes += k
-                    terms = torch.where(scored[:, c, first:s + 1], logp, zero).sum(dim=1)  # (B, L)
-                    if weights is not None:
-                        backward((share(c, terms) * weights.to(terms.dtype)).sum())
-                        terms = terms.detach()
-                    parts.append(terms)
+                    parts.append(emit(c, torch.where(scored[:, c, first:s + 1], logp, zero).sum(dim=1)))  # (B, L)
                     sc_inputs = []
             if grad:
                 per_position.append(torch.stack(parts).sum(dim=0))
@@ -361,6 +356,11 @@ def trajectory_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
             out = torch.cat([out, out.new_zeros((B, width - out.shape[1]))], dim=1)
         out = fold_after_eos(out, completion_mask)
         return torch.where(completion_mask.bool(), out, torch.zeros((), device=dev, dtype=out.dtype)), passes
+
+
+def drawn_logprobs(processed: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:
+    """``log softmax(ℓ/τ)[x̃]``: ``(N, L, V)`` temperature-scaled logits and ``(N, L)`` long draws -> ``(N, L)``."""
+    return torch.log_softmax(processed, dim=-1).gather(-1, drawn[..., None]).squeeze(-1)
 
 
 def _batched_steps(inner, cache, inputs: torch.Tensor, drawn: torch.Tensor, temps: torch.Tensor, sc_inputs: list,
@@ -383,9 +383,7 @@ def _batched_steps(inner, cache, inputs: torch.Tensor, drawn: torch.Tensor, temp
     masks = canvas_attention_masks(inner, flat, steps_cache, dec_mask.repeat_interleave(k, dim=0))
     raw = canvas_logits(inner, flat, steps_cache, masks, dec_pos, sc, sc_mask)
     del steps_cache
-    processed = raw / temps.reshape(B * k)[:, None, None]
-    logp = torch.log_softmax(processed, dim=-1).gather(-1, drawn.reshape(B * k, L, 1)).squeeze(-1)
-    return logp.reshape(B, k, L)
+    return drawn_logprobs(raw / temps.reshape(B * k)[:, None, None], drawn.reshape(B * k, L)).reshape(B, k, L)
 
 
 def adapter_off(policy):
