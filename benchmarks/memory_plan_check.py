@@ -7,7 +7,10 @@ a loss on the estimate, ``backward``, ``AdamW.step``, ``zero_grad``. Settings va
 linear layers; q/k/v only), gradient checkpointing on or off, float32 or bfloat16 weights, canvas lengths, the
 number of canvases per forward. One case is a rollout instead: a block model's sampling call
 (``sample_blocks``, exact key/value cache, temperature 1), compared with the plan's key/value cache and sampling
-logits.
+logits. The ``dg_`` cases are a DiffusionGemma (``build_tiny_diffusion_gemma``, vocabulary 8,192): its
+entropy-bounded sampler's calls (compared with the key/value cache, the step's tensors and the self-conditioning
+input), and steps of the trajectory likelihood with grad (``trajectory_logprobs``, backward, AdamW) planned
+through the uniform kind's own ``memory_shapes``.
 
 How memory is measured (one fresh subprocess per case):
 
@@ -51,6 +54,8 @@ SIZES = {
     "s": {"H": 128, "layers": 4, "heads": 4, "kv": 4, "I": 384, "V": 512, "tie": True},  # ~0.9M parameters
     "m": {"H": 256, "layers": 8, "heads": 8, "kv": 4, "I": 768, "V": 8192, "tie": True},  # ~8.6M
     "l": {"H": 512, "layers": 6, "heads": 8, "kv": 8, "I": 1536, "V": 8192, "tie": False},  # ~29M
+    # a DiffusionGemma (dlmrl.models.diffusion_gemma.build_tiny_diffusion_gemma: dense MLP of I beside 4 experts)
+    "dg": {"H": 128, "layers": 2, "heads": 4, "kv": 1, "I": 256, "V": 8192, "tie": True},  # ~1.6M
 }
 
 #: the cases: size, dtype, LoRA (rank, targets) or full, checkpointing, kind, canvases B x samples S, prompt P,
@@ -73,13 +78,29 @@ CASES = {
     "l_lora_fp32_L512": {"size": "l", "B": 2, "S": 1, "P": 32, "L": 512, "lora": (16, "all-linear")},
     # a block model's sampling call (no grad): the exact key/value cache and one step's full-vocabulary tensors
     "m_block_rollout": {"size": "m", "B": 32, "S": 1, "P": 32, "L": 128, "kind": "rollout", "block": 8},
+    # DiffusionGemma's entropy-bounded sampler (dlmrl.models.uniform_sampler, no grad): one canvas of L, 4 steps, the
+    # self-conditioning input and each step's full-vocabulary tensors over the canvas
+    "dg_uniform_rollout": {"size": "dg", "B": 32, "S": 1, "P": 32, "L": 64, "kind": "uniform_rollout"},
+    "dg_uniform_rollout_bf16": {"size": "dg", "B": 32, "S": 1, "P": 32, "L": 64, "kind": "uniform_rollout",
+                                "dtype": "bfloat16"},
+    "dg_uniform_rollout_L128": {"size": "dg", "B": 16, "S": 1, "P": 32, "L": 128, "kind": "uniform_rollout"},
+    # DiffusionGemma's trajectory likelihood with grad (dlmrl.training.uniform_trajectory.trajectory_logprobs): a
+    # rollout of B rows, one canvas of L in S denoising steps (no early stopping), scored in one batched pass of
+    # B x S step canvases, backward, AdamW; the plan from the uniform kind's own memory_shapes
+    "dg_uniform_train": {"size": "dg", "B": 16, "S": 4, "P": 32, "L": 32, "kind": "uniform_train"},
+    "dg_uniform_train_bf16": {"size": "dg", "B": 16, "S": 4, "P": 32, "L": 32, "kind": "uniform_train",
+                              "dtype": "bfloat16"},
+    # the 26B recipe's setup: bfloat16, LoRA on the kind's all-linear targets (attention and dense MLP, shared by
+    # encoder and decoder), gradient checkpointing
+    "dg_uniform_train_lora_bf16_ckpt": {"size": "dg", "B": 16, "S": 4, "P": 32, "L": 32, "kind": "uniform_train",
+                                        "dtype": "bfloat16", "lora": (16, "all-linear"), "ckpt": True},
 }
 
 MMAP_THRESHOLD = "65536"
 
 #: parts of the plan these cases do not exercise (their formulas are the plan's reading of the code, unmeasured)
 NOT_MEASURED = [
-    "mixture-of-experts layers (LLaDA2): routed copies and expert activations",
+    "LLaDA2's mixture-of-experts layers: routed copies and expert activations (DiffusionGemma's are measured)",
     ("fp32 master weights under torch.autocast (the residual stream and norms stay float32: the plan counts the "
     "activations in bfloat16)"),
     "DDP buckets, ZeRO / FSDP sharding, FSDP's gathered layer, AdamW's multi-tensor (GPU) step temporary",
@@ -103,6 +124,17 @@ def plan_for(case: dict):
                         tie_embeddings=z["tie"], source="benchmark")
     lora = case.get("lora")
     block = case.get("kind") == "block"
+    if case.get("kind") == "uniform_rollout":
+        from dlmrl.training.memory_plan import architecture_from_config
+
+        arch = architecture_from_config(_diffusion_gemma(case, z, build=False).to_dict(), "benchmark")
+        settings = MemorySettings(weight_dtype=case.get("dtype", "float32"), rollout_rows=case["B"],
+                                  rollout_tokens=case["P"] + case["L"], rollout_forward_positions=case["L"],
+                                  rollout_scored_positions=case["L"], rollout_soft_inputs=True,
+                                  rollout_sampler="entropy_bound")
+        return plan_memory(arch, settings), arch, settings
+    if case.get("kind") == "uniform_train":
+        return _uniform_train_plan(case, z)
     if case.get("kind") == "rollout":
         settings = MemorySettings(weight_dtype=case.get("dtype", "float32"), rollout_rows=case["B"],
                                   rollout_tokens=case["P"] + case["L"], rollout_forward_positions=case["block"],
@@ -114,6 +146,31 @@ def plan_for(case: dict):
         canvases_per_forward=case["B"] * case["S"], positions=case["P"] + (2 if block else 1) * case["L"],
         scored_positions=case["L"], float_copy_all=True, gradient_checkpointing=bool(case.get("ckpt")),
         dense_mask=block, foreach_optimizer=False, logprob_chunk=case.get("chunk"))
+    return plan_memory(arch, settings), arch, settings
+
+
+def _uniform_train_plan(case: dict, z: dict):
+    """The plan of a ``uniform_train`` case through the uniform kind's ``memory_shapes`` (what ``--dry-run``
+    plans): a config with the case's canvas, steps and rows (``prompts_per_step = B``, ``G = 1``, one canvas:
+    ``gen_length = L - 1``), no KL reference, AdamW's one-weight-at-a-time step, the case's prompt length."""
+    from dlmrl.config import Config
+    from dlmrl.kinds import kind_of
+    from dlmrl.training.memory_plan import MemorySettings, architecture_from_config, plan_memory
+
+    arch = architecture_from_config(_diffusion_gemma(case, z, build=False).to_dict(), "benchmark")
+    cfg = Config()
+    cfg.model.kind, cfg.model.name_or_path = "uniform", "benchmark-diffusion-gemma"
+    cfg.model.architecture = {"canvas_length": case["L"]}
+    cfg.sampling.steps, cfg.sampling.gen_length = case["S"], case["L"] - 1
+    shapes = kind_of("uniform").memory_shapes(cfg, case["P"], case["B"], 1)
+    lora = case.get("lora")
+    settings = MemorySettings(
+        weight_dtype=case.get("dtype", "float32"), lora_r=lora[0] if lora else None,
+        lora_targets=lora[1] if lora else "all-linear", gradient_checkpointing=bool(case.get("ckpt")),
+        master_weights=False, canvases_per_forward=shapes["canvases"],
+        positions=shapes["positions"], head_positions=shapes["head_positions"],
+        scored_positions=shapes["scored_positions"], float_copy_all=shapes["float_copy_all"],
+        soft_inputs=shapes["soft_inputs"], foreach_optimizer=False)
     return plan_memory(arch, settings), arch, settings
 
 
@@ -130,9 +187,75 @@ def _status() -> tuple[int, int]:
     return values["VmHWM"], values["VmRSS"]
 
 
+def _diffusion_gemma(case: dict, z: dict, build: bool = True):
+    """The case's DiffusionGemma (``build=False``: only its config), one canvas of ``L`` in 4 steps, no early
+    stopping."""
+    import torch
+
+    from dlmrl.models.diffusion_gemma import build_tiny_diffusion_gemma, tiny_generation_config
+
+    generation = tiny_generation_config(max_new_tokens=case["L"], max_denoising_steps=4, stability_threshold=None,
+                                        confidence_threshold=None)
+    model = build_tiny_diffusion_gemma(
+        vocab_size=z["V"], canvas_length=case["L"], hidden_size=z["H"], num_layers=z["layers"],
+        num_heads=z["heads"], head_dim=z["H"] // z["heads"], intermediate_size=z["I"],
+        moe_intermediate_size=z["I"] // 4, generation_config=generation,
+        dtype=getattr(torch, case.get("dtype", "float32")))
+    return model if build else model.config
+
+
 def _build(case: dict, z: dict):
     """The model (LoRA and checkpointing applied), its policy, the inputs and the step function."""
     import torch
+
+    if case.get("kind") == "uniform_train":  # (the rollout is drawn here, outside the measured steps)
+        from dlmrl.models.diffusion_gemma import lora_target_pattern, share_encoder_adapters
+        from dlmrl.models.lora import apply_lora, enable_gradient_checkpointing, parse_target_modules
+        from dlmrl.models.uniform_sampler import sample_diffusion_gemma
+        from dlmrl.training.uniform_trajectory import completion_of, record_of, trajectory_logprobs
+
+        model = _diffusion_gemma(case, z)
+        model.generation_config.max_denoising_steps = case["S"]
+        g = torch.Generator().manual_seed(0)
+        prompt = torch.randint(3, z["V"] - 3, (case["B"], case["P"]), generator=g)
+        prompt_mask = torch.ones_like(prompt, dtype=torch.bool)
+        with torch.no_grad():
+            out = sample_diffusion_gemma(model.eval(), prompt, prompt_mask, generator=torch.Generator().manual_seed(1),
+                                         draw_last_step=True)
+        record, _ = record_of(out, 1)
+        completion, completion_mask = completion_of(out, 1, eos_id=None, pad_id=0)
+        if case.get("lora"):  # (as the uniform kind applies it: UniformNoiseKind.lora_targets)
+            r, targets = case["lora"]
+            model = apply_lora(model, r, 2 * r, 0.0, targets, targets=lora_target_pattern(parse_target_modules(targets)))
+            share_encoder_adapters(model)
+        if case.get("ckpt"):
+            enable_gradient_checkpointing(model)
+        model.train()
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4, foreach=False)
+
+        def forward():
+            return trajectory_logprobs(model, prompt, prompt_mask, completion, completion_mask, record, grad=True)[0]
+
+        def step():
+            loss = -forward().sum() / case["B"]
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        return model, forward, step
+    if case.get("kind") == "uniform_rollout":  # (a sampling call: no grad, eval mode)
+        from dlmrl.models.uniform_sampler import sample_diffusion_gemma
+
+        model = _diffusion_gemma(case, z).eval()
+        g = torch.Generator().manual_seed(0)
+        prompt = torch.randint(3, z["V"] - 3, (case["B"], case["P"]), generator=g)
+
+        def sample():
+            with torch.no_grad():
+                sample_diffusion_gemma(model, prompt, torch.ones_like(prompt),
+                                       generator=torch.Generator().manual_seed(1))
+
+        return model, None, sample
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from dlmrl.estimators.mask_plan import MaskPlan
@@ -250,10 +373,10 @@ def run_case(name: str) -> dict:
     from dlmrl.training.memory_plan import kept_logits_bytes
 
     plan, arch, settings = plan_for(CASES[name])
-    rollout = CASES[name].get("kind") == "rollout"
+    rollout = CASES[name].get("kind") in ("rollout", "uniform_rollout")
     # (the weights are in the baseline; a sampling call builds no optimizer state either)
-    planned = (plan.terms["rollout_kv_cache"] + plan.terms["rollout_logits"] if rollout
-               else plan.peak - plan.terms["parameters"])
+    planned = (plan.terms["rollout_kv_cache"] + plan.terms["rollout_logits"] + plan.terms["rollout_soft_inputs"]
+               if rollout else plan.peak - plan.terms["parameters"])
     row = {"case": name, **CASES[name], "parameters": measured["parameters"],
            "planned_parameters": plan.total_parameters, "trainable": measured["trainable"],
            "measured_step_bytes": measured["measured_step_bytes"], "planned_step_bytes": planned,
@@ -262,7 +385,11 @@ def run_case(name: str) -> dict:
            "planned_terms": {k: v for k, v in plan.terms.items() if v},
            "seconds": measured["seconds"]}
     if measured["saved_activation_bytes"] is not None:
-        act = plan.terms["activations"] + kept_logits_bytes(arch, settings)  # (the log-softmax is kept too)
+        # (the log-softmax is kept too; DiffusionGemma: the softmax of the self-conditioning inputs, the second of
+        # the two copies soft_inputs counts with a trained embedding: the first, the detached input, is held by the
+        # scorer, not saved by autograd)
+        act = plan.terms["activations"] + kept_logits_bytes(arch, settings) + (
+            plan.terms["soft_inputs"] // 2 if settings.full else 0)
         row["saved_activation_bytes"] = measured["saved_activation_bytes"]
         row["activation_relative_error"] = round((act - measured["saved_activation_bytes"])
                                                  / measured["saved_activation_bytes"], 4)
@@ -280,6 +407,9 @@ def _table(rows: list[dict]) -> str:
             "checkpointing" if r.get("ckpt") else "", f"logits_chunk {r['chunk']}" if r.get("chunk") else "",
             r.get("kind", "diffusion"),
             f"{r['B']} rows, prompt {r['P']} + {r['L']} in blocks of {r['block']}" if r.get("kind") == "rollout" else
+            f"{r['B']} rows, prompt {r['P']} + a canvas of {r['L']}" if r.get("kind") == "uniform_rollout" else
+            f"{r['B']} rows x {r['S']} steps, prompt {r['P']} + a canvas of {r['L']}" if r.get("kind") == "uniform_train"
+            else
             f"{r['B'] * r['S']} canvases x {r['P']}+{(2 if r.get('kind') == 'block' else 1) * r['L']}"]))
         act = f"{r['activation_relative_error']:+.1%}" if "activation_relative_error" in r else "-"
         lines.append(f"| {r['case']} | {r['parameters'] / 1e6:.1f}M | {setting} | "

@@ -306,7 +306,8 @@ class UniformNoiseKind(PolicyKind):
         L = self.canvas_length(cfg)
         canvases = math.ceil((cfg.sampling.gen_length + 1) / L)
         common = {"float_copy_all": True, "cached": True, "rollout_block": L, "rollout_forward_positions": L,
-                  "dense_mask": False, "prefill_positions": prompt, "rollout_soft_inputs": True}
+                  "dense_mask": False, "prefill_positions": 0, "rollout_soft_inputs": True,
+                  "rollout_sampler": "entropy_bound"}  # (the encoder's pass over the prompt computes no logits)
         if self.own_estimator(cfg) is not None:
             return {**common, "canvases": per_update * max(int(nfe or 1), 1),
                     "positions": prompt + 2 * canvases * L, "head_positions": canvases * L,

@@ -182,6 +182,7 @@ def settings_from_config(cfg, nfe: int, processes: int, objective=None, sharding
         rollout_tokens=(prompt + length) if shapes["cached"] else 0, rollout_kv_copies=shapes.get("kv_copies", 1),
         rollout_forward_positions=shapes["rollout_forward_positions"],
         rollout_scored_positions=shapes["rollout_block"], rollout_prefill_positions=shapes["prefill_positions"],
+        rollout_sampler=shapes.get("rollout_sampler", "gumbel"),
         rollout_gathers_weights=getattr(tr, "sharding", "none") == "fsdp2",
         soft_inputs=bool(shapes.get("soft_inputs", False)),
         rollout_soft_inputs=bool(shapes.get("rollout_soft_inputs", False)),

@@ -54,6 +54,8 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 #: (replicated weights; DDP's reducer keeps a flat bucket copy of the gradients), ``zero1`` (optimizer state and
 #: master copy sharded), ``zero2`` (gradients too), ``fsdp`` (ZeRO-3 / FSDP FULL_SHARD: weights too)
 SHARDING = ("none", "ddp", "zero1", "zero2", "fsdp")
+#: the samplers whose step tensors :func:`rollout_logits_bytes` knows (``MemorySettings.rollout_sampler``)
+ROLLOUT_SAMPLERS = ("gumbel", "entropy_bound")
 
 #: module-name layouts :class:`Architecture` knows: transformers' Llama/Qwen/SDAR names, LLaDA's own, LLaDA2's MoE,
 #: DiffusionGemma's (Gemma 4's MoE text layers: a dense MLP and routed experts side by side in every layer)
@@ -416,6 +418,9 @@ class MemorySettings:
             rollout_prefill_positions: positions of the pass that fills the cache with the prompt, whose head
             output is computed too (the block kind's exact cache; 0 where the head keeps only the last position,
             as transformers' ``generate`` does).
+        rollout_sampler: which sampler's step tensors :func:`rollout_logits_bytes` counts: ``"gumbel"`` (the
+            masked and block samplers' Gumbel-max draw) or ``"entropy_bound"`` (DiffusionGemma's step: a draw at
+            every position and the entropies the acceptance sorts).
         rollout_gathers_weights: sharded weights are gathered whole for the rollout (``train.sharding: fsdp2``,
             :mod:`dlmrl.training.sharding`: once per rollout, since processes sample different numbers of passes).
         soft_inputs: each head position of a forward with grad also reads a vocabulary-sized input in the weights'
@@ -450,6 +455,7 @@ class MemorySettings:
     rollout_forward_positions: int = 0
     rollout_scored_positions: int = 0
     rollout_prefill_positions: int = 0
+    rollout_sampler: str = "gumbel"
     rollout_gathers_weights: bool = False
     soft_inputs: bool = False
     rollout_soft_inputs: bool = False
@@ -462,6 +468,9 @@ class MemorySettings:
             raise ValueError(f"sharding must be one of {', '.join(SHARDING)}, got {self.sharding!r}")
         if self.processes < 1:
             raise ValueError(f"processes must be >= 1, got {self.processes}")
+        if self.rollout_sampler not in ROLLOUT_SAMPLERS:
+            raise ValueError(f"rollout_sampler must be one of {', '.join(ROLLOUT_SAMPLERS)}, "
+                             f"got {self.rollout_sampler!r}")
         if self.logprob_chunk is not None and self.logprob_chunk < 1:
             raise ValueError(f"logprob_chunk must be >= 1 or None, got {self.logprob_chunk}")
 
@@ -612,22 +621,24 @@ def layer_activation_bytes_per_token(arch: Architecture, s: MemorySettings, moe:
 
     An MoE layer (LLaDA2; not measured here): the router's float32 logits and scores ``8E``, each of the
     ``k`` routed copies of a token with its expert MLP ``k (H + 4 I_e) d`` (``3 I_e`` with frozen experts), the
-    shared experts' MLP ``4 S I_e d`` (likewise). Masks are per row, not per token (:func:`mask_bytes`).
+    shared experts' MLP ``4 S I_e d`` (likewise). DiffusionGemma's layer has its own count
+    (:func:`_diffusion_gemma_layer_bytes`). Masks are per row, not per token (:func:`mask_bytes`).
     """
     h, nh, kv, hd, d = arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim, s.dtype_bytes
     full = s.full
     kvh = nh if s.dense_mask and kv != nh else kv  # (transformers repeats k, v when a mask is passed with GQA)
-    total = 2 * (4 * h + (d * h if full else 0))  # (the two RMSNorms)
-    total += d * nh * hd + 2 * d * kvh * hd + d * nh * hd + 4 * nh  # (q, k, v, attention output, log-sum-exp)
-    if arch.qk_norm:
-        total += (4 + (d if full else 0)) * (nh + kv) * hd
-    if moe:
-        e, k, mi, sh = arch.num_experts, arch.experts_per_token, arch.moe_intermediate_size, arch.shared_experts
-        total += 8 * e + k * (h + (3 + full) * mi) * d + (3 + full) * sh * mi * d
-        if arch.layout == "diffusion_gemma":  # (the dense MLP beside the experts)
-            total += (3 + full) * d * arch.intermediate_size
+    attention = d * nh * hd + 2 * d * kvh * hd + d * nh * hd + 4 * nh  # (q, k, v, attention output, log-sum-exp)
+    if arch.layout == "diffusion_gemma":
+        total = attention + _diffusion_gemma_layer_bytes(arch, s)
     else:
-        total += (3 + full) * d * arch.intermediate_size  # (gate out, SiLU out, up out; the product for down)
+        total = 2 * (4 * h + (d * h if full else 0)) + attention  # (the two RMSNorms)
+        if arch.qk_norm:
+            total += (4 + (d if full else 0)) * (nh + kv) * hd
+        if moe:
+            e, k, mi, sh = arch.num_experts, arch.experts_per_token, arch.moe_intermediate_size, arch.shared_experts
+            total += 8 * e + k * (h + (3 + full) * mi) * d + (3 + full) * sh * mi * d
+        else:
+            total += (3 + full) * d * arch.intermediate_size  # (gate out, SiLU out, up out; the product for down)
     if full:
         return total + 2 * d * h  # (the two norms' outputs, q/k/v's and gate/up's input)
     # LoRA on frozen base weights: the inputs of the adapted layers, grouped by the tensor they read
@@ -650,6 +661,40 @@ def layer_activation_bytes_per_token(arch: Architecture, s: MemorySettings, moe:
         else:  # (each adapter casts its own float32 copy, or drops out its own)
             total += times * len(adapted) * (4 * size + (size if s.lora_dropout > 0 else 0))
         total += times * len(adapted) * 4 * s.lora_r  # (A x, float32)
+    return total
+
+
+def _diffusion_gemma_layer_bytes(arch: Architecture, s: MemorySettings) -> int:
+    """What a DiffusionGemma decoder layer keeps for its backward per token besides SDPA's tensors and the linear
+    inputs :func:`layer_activation_bytes_per_token` counts for every layout (``d`` the weights' dtype bytes).
+
+    Our reading of transformers' ``DiffusionGemmaDecoderTextLayer`` (the encoder layer computes the same), checked
+    tensor by tensor with ``torch.autograd.graph.saved_tensors_hooks`` on a tiny layer in float32 and bfloat16, full
+    and LoRA (all-linear), with transformers' default ``grouped_mm`` experts (within 1%):
+
+    - eight RMSNorms over ``H`` (input, post-attention, pre-/post-feed-forward, the dense MLP's post-norm, the
+      experts' pre- and post-norms, the router's unscaled norm): each computes in float32, so keeps a float32 input
+      (``4H``; in float32 the input itself, which the residual's three norms share: six distinct inputs) and two
+      per-token scalars (``8``), and with its scale trained the normalised value (``4H``, seven scaled norms);
+    - the head norms ``q_norm``, ``k_norm`` and the unscaled ``v_norm``: float32 inputs ``4 (nh + 2 kv) hd``, the
+      scalars ``8 (nh + 2 kv)``, and with trained scales the normalised ``q``, ``k`` (``4 (nh + kv) hd``);
+    - the dense GELU MLP beside the experts: gate out, GELU out, up out (``3 d I``) and, with ``down_proj``
+      trained, the product it reads (``d I``; a LoRA adapter's input is counted with the adapters);
+    - the router: float32 probabilities, top-k indices and weights (``4E + 20k + 4``) and, trained, the scaled
+      norm's output for ``scale`` and ``proj`` (``2 d H``);
+    - the experts (``grouped_mm``): the routing permutations (``24k``) and weights (``4k``), and per routed copy the
+      gate/up output, GELU output (``3 d I_e``) and the expert output that the routing weight multiplies
+      (``d H``); trained experts also keep their two matmuls' inputs (``d (H + I_e)``).
+    """
+    h, nh, kv, hd, d = arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim, s.dtype_bytes
+    full = s.full
+    e, k, mi = arch.num_experts, arch.experts_per_token, arch.moe_intermediate_size
+    total = (6 if d == 4 else 8) * 4 * h + 8 * 8 + (7 * 4 * h if full else 0)  # (the eight norms over H)
+    total += 4 * (nh + 2 * kv) * hd + 8 * (nh + 2 * kv) + (4 * (nh + kv) * hd if full else 0)  # (q/k/v norms)
+    total += (3 + full) * d * arch.intermediate_size  # (the dense MLP; trained: the product, down_proj's input)
+    total += 4 * e + 20 * k + 4 + (2 * d * h if full else 0)  # (the router)
+    if e:
+        total += 28 * k + k * d * (h + 3 * mi) + (k * d * (h + mi) if full else 0)  # (the experts)
     return total
 
 
@@ -735,8 +780,10 @@ def logits_peak_bytes(arch: Architecture, s: MemorySettings) -> int:
     ``torch.profiler``'s memory timeline) and its output ``nSV4``, kept for the backward. In the backward, the gather's gradient and the log-softmax's
     gradient (``nSV4`` each, next to the kept output), then the slice's gradient over all ``T`` positions (``4``
     or ``d`` bytes, as the copy it undoes), then the head's weight gradient ``V H g`` when the head is trained.
-    The peak is the largest of these moments. With ``logprob_chunk`` (``estimator.logits_chunk``):
-    :func:`chunked_logits_bytes`."""
+    The peak is the largest of these moments. DiffusionGemma (``layout`` ``diffusion_gemma``) softcaps its float32
+    logits (``tanh(ℓ / 30) · 30``, ``DiffusionGemmaForBlockDiffusion.forward``): the ``tanh``'s output ``nTV4`` is
+    kept for its backward and held through every moment (:func:`_softcap_bytes`). With ``logprob_chunk``
+    (``estimator.logits_chunk``): :func:`chunked_logits_bytes`."""
     v, d = arch.vocab_size, s.dtype_bytes
     t = s.canvases_per_forward * (s.head_positions or s.positions)  # (positions the head scores)
     n_s = s.canvases_per_forward * s.scored_positions  # (positions whose log-softmax is taken)
@@ -757,7 +804,16 @@ def logits_peak_bytes(arch: Architecture, s: MemorySettings) -> int:
     log_softmax = 3 * sv * 4  # (kept output, the gather's gradient, the log-softmax's gradient)
     head_grad = v * arch.hidden_size * _trainable_bytes(s) if s.full else 0
     head = tv * d + head_grad + t * arch.hidden_size * d  # (the head's backward: its weight's and input's gradients)
-    return int(max(forward, log_softmax, undo, head))
+    capped = _softcap_bytes(arch, s)
+    return int(max(forward + capped, log_softmax + capped, undo + capped, head))
+
+
+def _softcap_bytes(arch: Architecture, s: MemorySettings) -> int:
+    """DiffusionGemma's softcapped logits: the float32 ``tanh`` output over the head's positions, kept for the
+    backward (``n T V x 4``); 0 for the other layouts."""
+    if arch.layout != "diffusion_gemma":
+        return 0
+    return s.canvases_per_forward * (s.head_positions or s.positions) * arch.vocab_size * 4
 
 
 def chunked_logits_bytes(arch: Architecture, s: MemorySettings) -> int:
@@ -775,12 +831,12 @@ def chunked_logits_bytes(arch: Architecture, s: MemorySettings) -> int:
 
 def kept_logits_bytes(arch: Architecture, s: MemorySettings) -> int:
     """The part of the logits' bytes autograd keeps from the forward to the backward: the float32 ``log_softmax``
-    of the scored positions, ``n S V x 4``; with chunked log-probs only the scored positions' final hidden states
-    (``n S H d``, gathered for the head)."""
+    of the scored positions, ``n S V x 4`` (DiffusionGemma: and the softcap's ``tanh``, :func:`_softcap_bytes`);
+    with chunked log-probs only the scored positions' final hidden states (``n S H d``, gathered for the head)."""
     n_s = s.canvases_per_forward * s.scored_positions
     if s.logprob_chunk is not None:
         return n_s * arch.hidden_size * s.dtype_bytes
-    return n_s * arch.vocab_size * 4
+    return n_s * arch.vocab_size * 4 + _softcap_bytes(arch, s)
 
 
 def rollout_weight_bytes(arch: Architecture, s: MemorySettings) -> int:
@@ -799,10 +855,14 @@ def kv_cache_bytes(arch: Architecture, s: MemorySettings) -> int:
 
 def soft_input_bytes(arch: Architecture, s: MemorySettings) -> int:
     """The vocabulary-sized inputs of one forward with grad (``s.soft_inputs``): ``canvases x head positions x V``
-    values in the weights' dtype (DiffusionGemma's detached self-conditioning logits, one per scored position)."""
+    values in the weights' dtype (DiffusionGemma's detached self-conditioning logits, one per scored position)
+    and, when the (tied) embedding is trained, as many again: the decoder's soft embeddings multiply the
+    embedding by the inputs' softmax cast to that dtype, which the matmul keeps for the embedding's gradient
+    (``DiffusionGemmaDecoderModel.forward``)."""
     if not s.soft_inputs:
         return 0
-    return s.canvases_per_forward * (s.head_positions or s.positions) * arch.vocab_size * s.dtype_bytes
+    copies = 2 if s.full else 1
+    return copies * s.canvases_per_forward * (s.head_positions or s.positions) * arch.vocab_size * s.dtype_bytes
 
 
 def rollout_soft_input_bytes(arch: Architecture, s: MemorySettings) -> int:
@@ -814,15 +874,33 @@ def rollout_soft_input_bytes(arch: Architecture, s: MemorySettings) -> int:
     return s.rollout_rows * s.rollout_forward_positions * arch.vocab_size * s.dtype_bytes
 
 
+#: float32 ``(rows, L, V)`` tensors alive at the peak of an entropy-bounded sampling step (DiffusionGemma,
+#: :func:`dlmrl.models.uniform_sampler.sample_diffusion_gemma`): the head's logits (float32 whatever the weights'
+#: dtype), the tempered copy ``ℓ/τ``, and, in ``Categorical(logits=ℓ/τ).entropy()``, the normalised logits, their
+#: probabilities, the clamped logits and ``p · log p``
+ENTROPY_BOUND_STEP_FLOAT32 = 6
+
+
 def rollout_logits_bytes(arch: Architecture, s: MemorySettings) -> int:
-    """One sampling step's full-vocabulary tensors (no grad), ``rows x V x`` bytes per position: the head's output
-    over the positions the forward runs (``d``) and its float32 copy (``4``, when ``d != 4``), and over the block
-    being drawn two more float32 tensors (the copy with the mask token removed, the confidence's) and five float64
-    ones, the Gumbel-max draw's uniforms, their logarithms and the noised logits
-    (:func:`dlmrl.models.gumbel.add_gumbel_noise`; counted with ``torch.profiler``'s memory timeline at the
-    sampler's peak, ``benchmarks/memory_plan_check.py``'s rollout case); or, when larger, the prompt's pass that
-    fills the cache (its head output and float32 copy over ``rollout_prefill_positions``)."""
+    """One sampling step's full-vocabulary tensors (no grad), ``rows x V x`` bytes per position.
+
+    ``rollout_sampler="gumbel"`` (masked and block samplers): the head's output over the positions the forward runs
+    (``d``) and its float32 copy (``4``, when ``d != 4``), and over the block being drawn two more float32 tensors
+    (the copy with the mask token removed, the confidence's) and five float64 ones, the Gumbel-max draw's uniforms,
+    their logarithms and the noised logits (:func:`dlmrl.models.gumbel.add_gumbel_noise`; counted with
+    ``torch.profiler``'s memory timeline at the sampler's peak, ``benchmarks/memory_plan_check.py``'s rollout
+    case); or, when larger, the prompt's pass that fills the cache (its head output and float32 copy over
+    ``rollout_prefill_positions``).
+
+    ``rollout_sampler="entropy_bound"`` (DiffusionGemma): over the canvas, the head's output in the weights' dtype
+    when that is not float32 (``d``) and :data:`ENTROPY_BOUND_STEP_FLOAT32` float32 tensors (the sampler's step
+    1.c.ii-iii); the self-conditioning input the step reads is :func:`rollout_soft_input_bytes`. Checked against the
+    measured peak of sampling calls in ``benchmarks/memory_plan_check.py``'s uniform rollout cases."""
     v, d = arch.vocab_size, s.dtype_bytes
+    if s.rollout_sampler == "entropy_bound":
+        per_position = (d if d != 4 else 0) + ENTROPY_BOUND_STEP_FLOAT32 * 4
+        return s.rollout_rows * v * max(s.rollout_scored_positions * per_position,
+                                        s.rollout_prefill_positions * (d + (4 if d != 4 else 0)))
     head = d + (4 if d != 4 else 0)
     per_row = s.rollout_forward_positions * head + s.rollout_scored_positions * (2 * 4 + 5 * 8)
     return s.rollout_rows * v * max(per_row, s.rollout_prefill_positions * head)

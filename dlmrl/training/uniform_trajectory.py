@@ -372,9 +372,10 @@ def _batched_steps(inner, cache, inputs: torch.Tensor, drawn: torch.Tensor, temp
     B, k, L = inputs.shape
     flat = inputs.reshape(B * k, L)
     sc, sc_mask = None, None
-    given = [x for x in sc_inputs if x is not None]
-    if given:
-        V, dtype = given[0].shape[-1], given[0].dtype
+    given = next((x for x in sc_inputs if x is not None), None)  # (not a list: it would hold every input twice)
+    if given is not None:
+        V, dtype = given.shape[-1], given.dtype
+        del given
         sc_mask = torch.tensor([x is not None for x in sc_inputs], device=inputs.device).repeat(B)
         sc = torch.stack([torch.zeros((B, L, V), dtype=dtype, device=inputs.device) if x is None else x
                           for x in sc_inputs], dim=1).reshape(B * k, L, V).detach()

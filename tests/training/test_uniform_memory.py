@@ -100,7 +100,10 @@ def test_the_self_conditioning_inputs_are_planned(tmp_path):
     checkpoint = save_tiny_uniform_checkpoint(tmp_path / "tiny_dg")  # (canvas 8)
     base = [f"model.name_or_path={checkpoint}", "model.kind=uniform", "task.answer_mode=full", "sampling.steps=4",
             "train.prompts_per_step=2", "train.num_generations=3"]
-    for extra, forward in ((["estimator.micro_batch=2"], 2 * 8), (["estimator.name=uniform_sdmc"], 0)):
+    # (full training keeps a second copy, the inputs' softmax the soft embeddings' matmul saves for the trained
+    # embedding; LoRA freezes the embedding)
+    for extra, forward in ((["estimator.micro_batch=2"], 2 * 2 * 8), (["estimator.name=uniform_sdmc"], 0),
+                           (["estimator.micro_batch=2", "model.use_peft=true"], 2 * 8)):
         cfg = Config()
         apply_overrides(cfg, [*base, *extra])
         arch, _ = architecture_for(cfg)
@@ -108,6 +111,88 @@ def test_the_self_conditioning_inputs_are_planned(tmp_path):
         terms = plan_memory(arch, settings).terms
         assert terms["soft_inputs"] == forward * arch.vocab_size * 4  # (float32 weights)
         assert terms["rollout_soft_inputs"] == 6 * 8 * arch.vocab_size * 4  # (6 rows x the canvas's 8 positions)
+
+
+def test_a_sampling_step_is_planned_as_the_entropy_bounded_samplers_tensors(tmp_path):
+    """The rollout's full-vocabulary term is the entropy-bounded step's: six float32 ``(rows, L, V)`` tensors (the
+    float32 logits, ``ℓ/τ``, and in ``Categorical.entropy`` the normalised logits, probabilities, clamped logits
+    and ``p log p``) plus, in bfloat16, the head's own output; the encoder's prefill computes no logits. (Measured
+    against sampling calls' peaks in benchmarks/memory_plan_check.py's uniform rollout cases.)"""
+    from dataclasses import replace
+
+    from dlmrl.training.memory_config import architecture_for, settings_from_config
+    from dlmrl.training.memory_plan import plan_memory
+
+    checkpoint = save_tiny_uniform_checkpoint(tmp_path / "tiny_dg")  # (canvas 8)
+    cfg = Config()
+    apply_overrides(cfg, [f"model.name_or_path={checkpoint}", "model.kind=uniform", "task.answer_mode=full",
+                          "sampling.steps=4", "train.prompts_per_step=2", "train.num_generations=3"])
+    arch, _ = architecture_for(cfg)
+    settings, _ = settings_from_config(cfg, 4, 1)
+    assert settings.rollout_sampler == "entropy_bound" and settings.rollout_prefill_positions == 0
+    units = 6 * 8 * arch.vocab_size  # (6 rows x the canvas's 8 positions x V)
+    assert plan_memory(arch, settings).terms["rollout_logits"] == units * 6 * 4
+    bf16 = replace(settings, weight_dtype="bfloat16")
+    assert plan_memory(arch, bf16).terms["rollout_logits"] == units * (6 * 4 + 2)
+    # (the masked and block samplers' Gumbel-max step, for contrast: 4 + 2 x 4 + 5 x 8 bytes per position)
+    assert plan_memory(arch, replace(settings, rollout_sampler="gumbel")).terms["rollout_logits"] == units * 52
+
+
+def _saved_bytes_per_token(dtype, lora: str | None) -> tuple[int, int]:
+    """``(bytes per token autograd saves in one tiny DiffusionGemma decoder layer, rotary cos/sin's share)``: the
+    distinct storages ``saved_tensors_hooks`` sees over ``B x T`` tokens, weights excluded (the layer's input, a
+    non-leaf as between layers, counts: it is the first norm's float32 input)."""
+    import torch
+
+    from dlmrl.models.diffusion_gemma import build_tiny_diffusion_gemma, lora_target_pattern
+    from dlmrl.models.lora import apply_lora, parse_target_modules
+
+    model = build_tiny_diffusion_gemma(vocab_size=64, hidden_size=64, num_layers=2, num_heads=4, head_dim=16,
+                                       intermediate_size=96, moe_intermediate_size=24, dtype=dtype).train()
+    assert model.config.text_config._experts_implementation == "grouped_mm"  # (the implementation counted)
+    if lora:
+        model = apply_lora(model, 8, 16, 0.0, lora, targets=lora_target_pattern(parse_target_modules(lora)))
+    layer = next(m for n, m in model.named_modules() if n.endswith("decoder.layers.0"))
+    B, T = 3, 8
+    x = torch.randn(B, T, 64, dtype=dtype, requires_grad=True).clone()  # (a non-leaf, as a layer's input is)
+    cos, sin = torch.randn(B, T, 16, dtype=dtype), torch.randn(B, T, 16, dtype=dtype)
+    skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in skip:
+            seen.setdefault(storage.data_ptr(), storage.nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x, position_embeddings=(cos, sin), attention_mask=None)
+    return sum(seen.values()) // (B * T), 2 * 16 * x.element_size()
+
+
+def test_the_diffusion_gemma_layer_is_planned_as_autograd_saves_it():
+    """The plan's per-token count of a DiffusionGemma decoder layer (eight norms over H, q/k/v norms, the dense
+    MLP beside the routed experts, the router) against the bytes autograd's saved-tensor hooks see, in float32 and
+    bfloat16, full and LoRA on all-linear (experts and router frozen). The rotary cos/sin the hooks see in the
+    layer are a model-level term of the plan. Tolerance: float32 is counted exactly (up to the router's few
+    per-token bytes, 8 of ~6,000 in LoRA); in bfloat16 each norm keeps a few more bytes than counted (~1% of the
+    layer, measured), so 3%."""
+    import torch
+
+    from dlmrl.training.memory_plan import Architecture, MemorySettings, layer_activation_bytes_per_token
+
+    arch = Architecture(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=1, head_dim=16,
+                        intermediate_size=96, vocab_size=64, tie_embeddings=True, num_experts=4,
+                        experts_per_token=2, moe_intermediate_size=24, qk_norm=True, layout="diffusion_gemma")
+    for dtype, lora in ((torch.float32, None), (torch.bfloat16, None), (torch.float32, "all-linear"),
+                        (torch.bfloat16, "all-linear")):
+        saved, rotary = _saved_bytes_per_token(dtype, lora)
+        settings = MemorySettings(weight_dtype=str(dtype).removeprefix("torch."), lora_r=8 if lora else None,
+                                  lora_targets=lora or "all-linear", master_weights=False)
+        planned = layer_activation_bytes_per_token(arch, settings, moe=True)
+        assert abs(planned - (saved - rotary)) <= 0.03 * (saved - rotary), (dtype, lora, planned, saved - rotary)
+        if dtype == torch.float32 and lora is None:
+            assert planned == saved - rotary
 
 
 def test_a_micro_batch_above_the_steps_is_planned_as_the_whole_rows_the_scorer_runs(tmp_path):
