@@ -170,7 +170,8 @@ def _uniform_train_plan(case: dict, z: dict):
         master_weights=False, canvases_per_forward=shapes["canvases"],
         positions=shapes["positions"], head_positions=shapes["head_positions"],
         scored_positions=shapes["scored_positions"], float_copy_all=shapes["float_copy_all"],
-        soft_inputs=shapes["soft_inputs"], foreach_optimizer=False)
+        soft_inputs=shapes["soft_inputs"], foreach_optimizer=False,
+        uncheckpointed_positions=shapes["uncheckpointed_positions"], kv_copy_positions=shapes["kv_copy_positions"])
     return plan_memory(arch, settings), arch, settings
 
 

@@ -415,7 +415,8 @@ class PolicyKind(ABC):
         Optional (``False`` when absent): ``soft_inputs`` / ``rollout_soft_inputs``: each scored position of a
         forward with grad / of a sampling step also reads a vocabulary-sized input in the weights' dtype
         (DiffusionGemma's self-conditioning logits); ``rollout_sampler`` (``"gumbel"`` when absent): whose step
-        tensors the plan counts (``MemorySettings.rollout_sampler``); ``canvases_per_forward`` (``None`` when absent): the canvases
+        tensors the plan counts (``MemorySettings.rollout_sampler``); ``uncheckpointed_positions`` /
+        ``kv_copy_positions`` (0 when absent): ``MemorySettings``' fields of those names; ``canvases_per_forward`` (``None`` when absent): the canvases
         the kind's scorer runs in one forward with grad when that is not ``estimator.micro_batch`` (the uniform kind
         rounds it down to whole rows).
         """

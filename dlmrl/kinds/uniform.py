@@ -301,8 +301,11 @@ class UniformNoiseKind(PolicyKind):
         which a forward's step canvases sum back to whole encoders. The detached self-conditioning inputs a pass
         reads, another ``L × V`` values per step canvas in the weights' dtype, and the sampler's per row, are the
         plan's ``soft_inputs`` terms; not a term: the no-grad sequential pass's one step of logits. The ELBO estimators: ``nfe`` noisy copies of each completion through the
-        decoder (``C·L`` positions) after the encoder (``P + C·L``). A rollout step runs ``L`` positions against the
-        key/value cache of the prompt and the finished canvases."""
+        decoder (``C·L`` positions) after the encoder (``P + C·L``). Gradient checkpointing covers the decoder layers
+        only (transformers' ``DiffusionGemmaEncoderTextLayer`` is not a ``GradientCheckpointingLayer``), so the
+        encoder's positions keep every layer's activations (``uncheckpointed_positions``); the trajectory's passes
+        also hold each step canvas's copy of the row's encoder cache (``kv_copy_positions``). A rollout step runs
+        ``L`` positions against the key/value cache of the prompt and the finished canvases."""
         L = self.canvas_length(cfg)
         canvases = math.ceil((cfg.sampling.gen_length + 1) / L)
         common = {"float_copy_all": True, "cached": True, "rollout_block": L, "rollout_forward_positions": L,
@@ -311,7 +314,7 @@ class UniformNoiseKind(PolicyKind):
         if self.own_estimator(cfg) is not None:
             return {**common, "canvases": per_update * max(int(nfe or 1), 1),
                     "positions": prompt + 2 * canvases * L, "head_positions": canvases * L,
-                    "scored_positions": canvases * L}
+                    "scored_positions": canvases * L, "uncheckpointed_positions": prompt + canvases * L}
         steps, micro = int(cfg.sampling.steps), cfg.estimator.micro_batch
         # (step canvases sharing one row's encoder graph in a forward: all C·S without micro_batch, whose one
         # backward keeps every canvas's graph; S for row chunks; micro_batch for passes of fewer steps)
@@ -319,8 +322,11 @@ class UniformNoiseKind(PolicyKind):
         encoder = -(-(prompt + canvases * L) // sharing)
         # (micro_batch >= S: the scorer runs whole rows, micro_batch // S of them, all S steps of a canvas at once)
         per_forward = (micro // steps) * steps if micro and micro >= steps else None
+        # (transformers checkpoints only the decoder layers: the encoder's share keeps every layer's activations;
+        # each step canvas of a pass reads its own copy of the row's encoder cache, repeated_cache)
         return {**common, "canvases": per_update * canvases * steps, "positions": L + encoder, "head_positions": L,
-                "scored_positions": L, "soft_inputs": True, "canvases_per_forward": per_forward}
+                "scored_positions": L, "soft_inputs": True, "canvases_per_forward": per_forward,
+                "uncheckpointed_positions": encoder, "kv_copy_positions": prompt + canvases * L}
 
     # ----- training ----------------------------------------------------------------------------------------
     def build_scorer(self, policy, ref, cfg, estimator, objective, processes: int):

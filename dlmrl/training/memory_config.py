@@ -186,6 +186,8 @@ def settings_from_config(cfg, nfe: int, processes: int, objective=None, sharding
         rollout_gathers_weights=getattr(tr, "sharding", "none") == "fsdp2",
         soft_inputs=bool(shapes.get("soft_inputs", False)),
         rollout_soft_inputs=bool(shapes.get("rollout_soft_inputs", False)),
+        uncheckpointed_positions=int(shapes.get("uncheckpointed_positions", 0)),
+        kv_copy_positions=int(shapes.get("kv_copy_positions", 0)),
         reference_adapter=bool(getattr(tr, "sync_ref_model", False)) and m.use_peft and objective is not None
         and objective.beta > 0 and "logp_ref" in objective.required_inputs)
     numbers = {"prompt_tokens": f"{prompt} ({prompt_note})", "completions_per_update": per_update,

@@ -427,6 +427,12 @@ class MemorySettings:
             dtype, held (detached) through the forward and the backward: DiffusionGemma's self-conditioning input,
             the previous step's logits (:func:`soft_input_bytes`). rollout_soft_inputs: the same in each sampling
             step (:func:`rollout_soft_input_bytes`).
+        uncheckpointed_positions: of each canvas's ``positions``, those whose layers gradient checkpointing does not
+            cover, kept in full with it on (DiffusionGemma: transformers checkpoints the decoder layers, not the
+            encoder's, whose positions the uniform kind shares out over the step canvases).
+        kv_copy_positions: key/value positions of which each canvas of a forward with grad holds its own copy,
+            kept until the backward (DiffusionGemma's trajectory pass repeats the row's encoder cache, ``P + C·L``
+            positions, along the step canvases: ``repeated_cache``).
         reference_adapter: a LoRA run's KL reference is a second adapter (``train.sync_ref_model``), counted in
             ``reference_model``'s term (:func:`reference_bytes`).
     """
@@ -460,6 +466,8 @@ class MemorySettings:
     soft_inputs: bool = False
     rollout_soft_inputs: bool = False
     reference_adapter: bool = False
+    uncheckpointed_positions: int = 0
+    kv_copy_positions: int = 0
 
     def __post_init__(self) -> None:
         if self.weight_dtype not in DTYPE_BYTES:
@@ -726,17 +734,23 @@ def kept_activation_bytes(arch: Architecture, s: MemorySettings, checkpointing: 
     §4.2, full recomputation: ``2sbhL`` bytes in 16 bits), plus the same model-level tensors and mask. With LoRA the
     residual stream needs no gradient before the first adapter: the first layer's first RMSNorm keeps nothing
     (anything else of that layer before its first adapted module is still counted, a slight over-count when the
-    adapters sit late in the layer)."""
+    adapters sit late in the layer). Positions checkpointing does not cover (``s.uncheckpointed_positions``) keep
+    every layer's activations with it on too; each canvas's own key/value copy (``s.kv_copy_positions``) is kept
+    either way."""
     ckpt = s.gradient_checkpointing if checkpointing is None else checkpointing
     tokens = s.canvases_per_forward * s.positions
     outside = model_activation_bytes_per_token(arch, s)
+    full_layers = sum(layer_activation_bytes_per_token(arch, s, arch.is_moe_layer(i)) for i in range(arch.num_layers))
+    if not s.full:  # (frozen embeddings: the first layer's first norm reads a stream that needs no gradient)
+        full_layers -= 4 * arch.hidden_size
+    kv_copies = s.canvases_per_forward * s.kv_copy_positions * arch.kv_cache_bytes_per_token(s.dtype_bytes)
     if ckpt:
-        layers = arch.num_layers * arch.hidden_size * s.dtype_bytes
+        inputs_only = arch.num_layers * arch.hidden_size * s.dtype_bytes
+        uncovered = s.canvases_per_forward * min(s.uncheckpointed_positions, s.positions)
+        layers = (tokens - uncovered) * inputs_only + uncovered * full_layers
     else:
-        layers = sum(layer_activation_bytes_per_token(arch, s, arch.is_moe_layer(i)) for i in range(arch.num_layers))
-        if not s.full:  # (frozen embeddings: the first layer's first norm reads a stream that needs no gradient)
-            layers -= 4 * arch.hidden_size
-    return int(tokens * (layers + outside) + mask_bytes(arch, s, s.canvases_per_forward))
+        layers = tokens * full_layers
+    return int(layers + tokens * outside + kv_copies + mask_bytes(arch, s, s.canvases_per_forward))
 
 
 def layer_backward_bytes(arch: Architecture, s: MemorySettings, checkpointing: bool | None = None) -> int:

@@ -206,3 +206,36 @@ def test_a_micro_batch_above_the_steps_is_planned_as_the_whole_rows_the_scorer_r
                           "sampling.steps=4", "estimator.micro_batch=10"])
     settings, numbers = settings_from_config(cfg, 4, 1)
     assert numbers["canvases_per_forward"] == settings.canvases_per_forward == 8
+
+
+def test_checkpointing_leaves_the_encoder_and_its_cache_copies_in_the_plan(tmp_path):
+    """transformers checkpoints DiffusionGemma's decoder layers only (``DiffusionGemmaEncoderTextLayer`` is not a
+    ``GradientCheckpointingLayer``): with ``model.gradient_checkpointing`` the encoder's share of each step canvas
+    (``P + C·L`` over the step canvases of a pass) keeps every layer's activations, and each step canvas holds its
+    own copy of the row's encoder cache (``repeated_cache``), with checkpointing or without."""
+    from dataclasses import replace
+
+    from dlmrl.training.memory_config import architecture_for, settings_from_config
+    from dlmrl.training.memory_plan import kept_activation_bytes, layer_activation_bytes_per_token
+
+    checkpoint = save_tiny_uniform_checkpoint(tmp_path / "tiny_dg")  # (canvas 8)
+    cfg = Config()
+    apply_overrides(cfg, [f"model.name_or_path={checkpoint}", "model.kind=uniform", "task.answer_mode=full",
+                          "sampling.steps=4", "train.prompts_per_step=2", "train.num_generations=3",
+                          "estimator.micro_batch=4", "model.gradient_checkpointing=true"])
+    arch, _ = architecture_for(cfg)
+    settings, _ = settings_from_config(cfg, 4, 1)
+    P, L = 17, 8  # (Sudoku's prompt; the tiny canvas)
+    C = -(-(cfg.sampling.gen_length + 1) // L)
+    encoder = -(-(P + C * L) // 4)  # (the row's encoder positions over the pass's 4 step canvases)
+    assert settings.uncheckpointed_positions == encoder and settings.kv_copy_positions == P + C * L
+    n = settings.canvases_per_forward
+    full = sum(layer_activation_bytes_per_token(arch, settings, arch.is_moe_layer(i)) for i in range(arch.num_layers))
+    full -= 4 * arch.hidden_size * (not settings.full)
+    inputs_only = arch.num_layers * arch.hidden_size * 4
+    as_checkpointed = replace(settings, uncheckpointed_positions=0)
+    assert kept_activation_bytes(arch, settings) - kept_activation_bytes(arch, as_checkpointed) == (
+        n * encoder * (full - inputs_only))
+    no_copy = replace(settings, kv_copy_positions=0, gradient_checkpointing=False)
+    assert kept_activation_bytes(arch, replace(settings, gradient_checkpointing=False)) - kept_activation_bytes(
+        arch, no_copy) == n * (P + C * L) * arch.kv_cache_bytes_per_token(4)
