@@ -368,7 +368,7 @@ def _batched_steps(inner, cache, inputs: torch.Tensor, drawn: torch.Tensor, temp
     """One canvas pass with grad over ``k`` consecutive steps of a canvas at once: rows ``b·k + s``, the cache
     repeated along the batch (a copy), the detached self-conditioning inputs (``None``: a canvas's first step,
     which has none: zeros, switched off by the mask). Consumes ``sc_inputs`` (emptied once stacked, so the forward
-    holds one copy of them, ``k·L·V`` values, not two). Returns ``(B, k, L)`` float32 log-probs of the draws."""
+    holds one copy of them, ``k·L·V`` values, not two; the caller's next step's input is alive too: ``k + 1``). Returns ``(B, k, L)`` float32 log-probs of the draws."""
     B, k, L = inputs.shape
     flat = inputs.reshape(B * k, L)
     sc, sc_mask = None, None
