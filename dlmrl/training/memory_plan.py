@@ -911,12 +911,11 @@ def rollout_logits_bytes(arch: Architecture, s: MemorySettings) -> int:
     1.c.ii-iii); the self-conditioning input the step reads is :func:`rollout_soft_input_bytes`. Checked against the
     measured peak of sampling calls in ``benchmarks/memory_plan_check.py``'s uniform rollout cases."""
     v, d = arch.vocab_size, s.dtype_bytes
-    if s.rollout_sampler == "entropy_bound":
-        per_position = (d if d != 4 else 0) + ENTROPY_BOUND_STEP_FLOAT32 * 4
-        return s.rollout_rows * v * max(s.rollout_scored_positions * per_position,
-                                        s.rollout_prefill_positions * (d + (4 if d != 4 else 0)))
-    head = d + (4 if d != 4 else 0)
-    per_row = s.rollout_forward_positions * head + s.rollout_scored_positions * (2 * 4 + 5 * 8)
+    head = d + (4 if d != 4 else 0)  # (the head's output and its float32 copy)
+    if s.rollout_sampler == "entropy_bound":  # (the float32 copy is the first of the step's float32 tensors)
+        per_row = s.rollout_scored_positions * (head - 4 + ENTROPY_BOUND_STEP_FLOAT32 * 4)
+    else:
+        per_row = s.rollout_forward_positions * head + s.rollout_scored_positions * (2 * 4 + 5 * 8)
     return s.rollout_rows * v * max(per_row, s.rollout_prefill_positions * head)
 
 
