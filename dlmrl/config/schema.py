@@ -73,8 +73,9 @@ class ModelConfig:
     lora_dropout: float = doc(0.05, "Dropout on the LoRA branch's input (train mode only).")
     lora_target_modules: str = doc("all-linear", "Layers that get an adapter: all-linear (every linear layer but "
                                                  "the output head; model.kind uniform: the attention and dense MLP "
-                                                 "of the text layers) | a comma list of module names matched as name "
-                                                 "suffixes, e.g. q_proj,k_proj,v_proj.")
+                                                 "of the text layers) | a comma list of module names matched as peft "
+                                                 "matches them, by module-path suffix, e.g. q_proj,k_proj,v_proj or "
+                                                 "self_attn.q_proj; a name no module matches is refused.")
     gradient_checkpointing: bool = doc(False, "Recompute each layer's activations in the backward pass (less "
                                               "memory, more time; same gradients).")
     architecture: dict = field(default_factory=dict, metadata={"help": (

@@ -125,8 +125,9 @@ def apply_lora(model: nn.Module, r: int, alpha: float, dropout: float = 0.0, tar
     Returns:
         the ``PeftModel`` (no task type: its ``forward`` passes every argument to the base model unchanged).
     Raises:
-        ValueError: ``r < 1``, a bad ``target_modules`` spec, or no module of the model matches it (peft's
-            message lists what it looked for).
+        ValueError: ``r < 1``, a bad ``target_modules`` spec, no module of the model matches it (peft's
+            message lists what it looked for), or a name of the list matches no module while others do (peft
+            itself would skip it).
     """
     from peft import LoraConfig, get_peft_model
 
@@ -140,7 +141,22 @@ def apply_lora(model: nn.Module, r: int, alpha: float, dropout: float = 0.0, tar
         peft_model = get_peft_model(model, config)
     if base_model_name_or_path is not None:
         peft_model.peft_config["default"].base_model_name_or_path = base_model_name_or_path
+    names = parse_target_modules(target_modules)
+    if names != "all-linear":
+        # (peft refuses a list none of whose names matches, but silently skips a misspelt one beside a good one)
+        adapted = list(getattr(peft_model, "targeted_module_names", []))
+        missing = [n for n in names if not any(a == n or a.endswith("." + n) for a in adapted)]
+        if missing:
+            raise ValueError(f"no module of the model matches {', '.join(map(repr, missing))} (a name matches a "
+                             f"module whose path ends with it, e.g. 'q_proj' or 'self_attn.q_proj'); adapted: "
+                             f"{_short_list(adapted)}")
     return peft_model
+
+
+def _short_list(names: list[str], shown: int = 6) -> str:
+    """The first ``shown`` of ``names``, and how many more."""
+    head = ", ".join(names[:shown])
+    return head + (f" ... ({len(names) - shown} more)" if len(names) > shown else "") if names else "none"
 
 
 def lora_parameter_count(model: nn.Module) -> int:

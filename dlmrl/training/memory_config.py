@@ -251,6 +251,12 @@ def memory_section(cfg, nfe: int, processes: int, objective=None) -> dict:
                   "scoring_gathered_weights", "soft_inputs", "rollout_soft_inputs"):
         if t[extra]:
             out["terms"][extra] = gb[extra]
+    unmatched = arch.unmatched_lora_targets(settings.lora_targets) if settings.lora_r else []
+    if unmatched:  # (the run itself stops on them: dlmrl.models.lora.apply_lora)
+        out["lora_target_modules"] = (f"model.lora_target_modules: {', '.join(unmatched)} "
+                                      f"{'matches' if len(unmatched) == 1 else 'match'} no linear layer of "
+                                      f"this architecture by the plan's module names, so no adapter is counted for "
+                                      f"them; the run refuses a name no module of the model matches")
     out["phases"] = {k: format_bytes(v) for k, v in plan.phases.items()}
     out["peak"] = f"{format_bytes(plan.peak)} ({plan.peak_phase})"
     budget = getattr(cfg.train, "memory_budget", None)

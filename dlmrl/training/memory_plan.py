@@ -146,29 +146,47 @@ class Architecture:
     def linear_modules(self, moe: bool) -> list[tuple[str, int, int, int]]:
         """``(name, in_features, out_features, count)`` of one decoder layer's ``nn.Linear`` modules (``moe``: an
         expert layer's), by the module names of :attr:`layout` (what ``model.lora_target_modules`` matches)."""
+        return [(name, fan_in, fan_out, count) for name, fan_in, fan_out, count, _ in self._linears(moe)]
+
+    def _linears(self, moe: bool) -> list[tuple[str, int, int, int, str]]:
+        """:meth:`linear_modules` with each module's path inside a decoder layer (``*`` standing for an expert's
+        index), the names the published model code gives them: transformers' Llama / Qwen / SDAR / DiffusionGemma
+        (``self_attn.q_proj``, ``mlp.gate_proj``; LLaDA-MoE's ``modeling_lladamoe.py`` the same, its experts
+        ``mlp.experts.<i>.gate_proj``), LLaDA's ``modeling_llada.py`` (the block's own ``q_proj`` ... ``ff_out``),
+        LLaDA2's ``modeling_llada2_moe.py`` (``attention.query_key_value``, ``attention.dense``,
+        ``mlp.experts.<i>.gate_proj``, ``mlp.shared_experts.gate_proj``)."""
         h, nh, kv, hd = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim
         if self.layout == "llada2":
-            attn = [("query_key_value", h, (nh + 2 * kv) * hd, 1), ("dense", nh * hd, h, 1)]
+            attn = [("query_key_value", h, (nh + 2 * kv) * hd, 1, "attention.query_key_value"),
+                    ("dense", nh * hd, h, 1, "attention.dense")]
         elif self.layout == "llada":
-            attn = [("q_proj", h, nh * hd, 1), ("k_proj", h, kv * hd, 1), ("v_proj", h, kv * hd, 1),
-                    ("attn_out", nh * hd, h, 1)]
+            attn = [("q_proj", h, nh * hd, 1, "q_proj"), ("k_proj", h, kv * hd, 1, "k_proj"),
+                    ("v_proj", h, kv * hd, 1, "v_proj"), ("attn_out", nh * hd, h, 1, "attn_out")]
         else:
-            attn = [("q_proj", h, nh * hd, 1), ("k_proj", h, kv * hd, 1), ("v_proj", h, kv * hd, 1),
-                    ("o_proj", nh * hd, h, 1)]
-        gate, up, down = ("ff_proj", "up_proj", "ff_out") if self.layout == "llada" else ("gate_proj", "up_proj",
-                                                                                            "down_proj")
+            attn = [("q_proj", h, nh * hd, 1, "self_attn.q_proj"), ("k_proj", h, kv * hd, 1, "self_attn.k_proj"),
+                    ("v_proj", h, kv * hd, 1, "self_attn.v_proj"), ("o_proj", nh * hd, h, 1, "self_attn.o_proj")]
+        llada = self.layout == "llada"
+        gate, up, down = ("ff_proj", "up_proj", "ff_out") if llada else ("gate_proj", "up_proj", "down_proj")
+        mlp = "" if llada else "mlp."
+
+        def swiglu(width: int, count: int, where: str) -> list[tuple[str, int, int, int, str]]:
+            return [(gate, h, width, count, where + gate), (up, h, width, count, where + up),
+                    (down, width, h, count, where + down)]
+
         if not moe or self.layout == "diffusion_gemma":
-            i = self.intermediate_size
-            dense = attn + [(gate, h, i, 1), (up, h, i, 1), (down, i, h, 1)]
+            dense = attn + swiglu(self.intermediate_size, 1, mlp)
             if not moe:
                 return dense
             mi, e = self.moe_intermediate_size, self.num_experts  # (gate_up_proj holds gate and up: two entries)
-            return dense + [(EXPERTS + gate, h, mi, e), (EXPERTS + up, h, mi, e), (EXPERTS + down, mi, h, e)]
+            return dense + [(EXPERTS + gate, h, mi, e, "mlp.experts.gate_up_proj"),
+                            (EXPERTS + up, h, mi, e, "mlp.experts.gate_up_proj"),
+                            (EXPERTS + down, mi, h, e, "mlp.experts.down_proj")]
         mi, e, s = self.moe_intermediate_size, self.num_experts, self.shared_experts
-        mlp = [(gate, h, mi, e), (up, h, mi, e), (down, mi, h, e)]
+        experts = swiglu(mi, e, mlp + "experts.*.")
         if s:
-            mlp += [(gate, h, mi * s, 1), (up, h, mi * s, 1), (down, mi * s, h, 1)]
-        return attn + mlp
+            # (LLaDA2's name; Qwen2-MoE's for the Llama layout: LLaDA-MoE's released checkpoints have no shared expert)
+            experts += swiglu(mi * s, 1, mlp + ("shared_experts." if self.layout == "llada2" else "shared_expert."))
+        return attn + experts
 
     @property
     def head_name(self) -> str:
@@ -209,30 +227,71 @@ class Architecture:
     def lora_parameters(self, r: int, target_modules: str) -> int:
         """Trainable LoRA parameters: ``r x (in + out)`` per targeted ``nn.Linear`` (Hu et al., arXiv 2106.09685).
         ``target_modules``: ``all-linear`` (every linear but the output head, peft's rule) or a comma list matched
-        as module-name suffixes (a name that is the head's, e.g. LLaDA's ``ff_out``, targets the head too)."""
-        names = None if target_modules.strip() == "all-linear" else {n.strip() for n in target_modules.split(",")}
+        as peft matches it, by module-path suffix (``q_proj`` and ``self_attn.q_proj`` both name Llama's query
+        projection; a name that is the head's, e.g. LLaDA's ``ff_out``, targets the head too; an expert's index,
+        ``experts.0.gate_proj``, names that one expert)."""
         n = 0
         for i in range(self.num_layers):
-            for name, fan_in, fan_out, count in self.linear_modules(self.is_moe_layer(i)):
+            for name, fan_in, fan_out, count, path in self._linears(self.is_moe_layer(i)):
                 if name.startswith(EXPERTS):  # (3-D expert parameters: peft adapts no such layer)
                     continue
-                if names is None or name in names:
-                    n += count * r * (fan_in + fan_out)
-        if names is not None and self.head_name in names:
+                n += r * (fan_in + fan_out) * self._adapted(target_modules, path, count)
+        if target_modules.strip() != "all-linear" and any(_matches(t, self.head_path) for t in _names(target_modules)):
             n += r * (self.hidden_size + self.vocab_size)
         return n
 
-    def lora_targets(self, target_modules: str) -> set[str]:
-        """The per-layer module names ``target_modules`` adapts (all of them for ``all-linear``)."""
-        every = {name for moe in (False, True) for name, *_ in self.linear_modules(moe) if not name.startswith(EXPERTS)}
+    def lora_targets(self, target_modules: str, moe: bool | None = None) -> set[str]:
+        """The per-layer module names (:meth:`linear_modules`' names) ``target_modules`` adapts, by peft's
+        module-path suffix rule (all of them for ``all-linear``); ``moe``: in an expert layer (``True``), a dense
+        one (``False``) or either (``None``)."""
+        kinds = (False, True) if moe is None else (moe,)
+        return {name for m in kinds for name, _, _, count, path in self._linears(m)
+                if not name.startswith(EXPERTS) and self._adapted(target_modules, path, count)}
+
+    def unmatched_lora_targets(self, target_modules: str) -> list[str]:
+        """The names of a comma list that match no module the plan knows (a decoder layer's linears, the head):
+        peft refuses a list none of whose names matches, and this plan would count no adapter for them."""
         if target_modules.strip() == "all-linear":
-            return every
-        return every & {n.strip() for n in target_modules.split(",")}
+            return []
+        paths = [path for m in (False, True) for name, *_, path in self._linears(m) if not name.startswith(EXPERTS)]
+        return [t for t in _names(target_modules)
+                if not any(_matches(t, p) for p in paths + [self.head_path])]
+
+    def _adapted(self, target_modules: str, path: str, count: int) -> int:
+        """How many of the ``count`` modules at ``path`` (one per expert for ``*``) ``target_modules`` adapts."""
+        if target_modules.strip() == "all-linear":
+            return count
+        hits = [t for t in _names(target_modules) if _matches(t, path)]
+        if not hits:
+            return 0
+        # (a name that pins an expert's index adapts that expert only; any other hit adapts every one)
+        return count if any(_matches(t, path, pinned=False) for t in hits) else 1
+
+    @property
+    def head_path(self) -> str:
+        """The output head's module path (LLaDA's ``transformer.ff_out``; ``lm_head`` elsewhere)."""
+        return "transformer." + self.head_name if self.layout == "llada" else self.head_name
 
     def kv_cache_bytes_per_token(self, dtype_bytes: int) -> int:
         """Bytes one cached token costs: ``2 x layers x kv_heads x head_dim x dtype bytes`` (keys and values of
         every layer)."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+
+def _names(target_modules: str) -> list[str]:
+    return [n.strip() for n in target_modules.split(",") if n.strip()]
+
+
+def _matches(target: str, path: str, pinned: bool = True) -> bool:
+    """peft's rule for a name in ``target_modules`` (``tuners_utils.check_target_module_exists``): the module's full
+    name equals it or ends with ``"." + target``, read here on a path inside a decoder layer (or the head's), which
+    the layers' own prefix (``model.layers.<i>.``) precedes. A ``*`` component of ``path`` stands for an expert's
+    index: ``pinned`` lets a number there match it (``experts.0.gate_proj``); ``pinned=False`` only a target that
+    ends before it (``gate_proj``)."""
+    want, have = target.split("."), path.split(".")
+    if len(want) > len(have):
+        return False
+    return all(w == h or (h == "*" and pinned and w.isdigit()) for w, h in zip(want, have[len(have) - len(want):]))
 
 
 def _int(config: Mapping, key: str, default=None):
@@ -650,7 +709,7 @@ def layer_activation_bytes_per_token(arch: Architecture, s: MemorySettings, moe:
     if full:
         return total + 2 * d * h  # (the two norms' outputs, q/k/v's and gate/up's input)
     # LoRA on frozen base weights: the inputs of the adapted layers, grouped by the tensor they read
-    targets = arch.lora_targets(s.lora_targets)
+    targets = arch.lora_targets(s.lora_targets, moe)
     qkv = ("query_key_value",) if arch.layout == "llada2" else ("q_proj", "k_proj", "v_proj")
     out_name = {"llada2": "dense", "llada": "attn_out"}.get(arch.layout, "o_proj")
     gate, up, down = ("ff_proj", "up_proj", "ff_out") if arch.layout == "llada" else ("gate_proj", "up_proj",

@@ -88,12 +88,63 @@ def test_sdar_4b_count_equals_its_published_checkpoint_size():
     assert arch.parameter_count() == 8_822_848_512 // 2
 
 
-@pytest.mark.parametrize("targets", ["all-linear", "q_proj,k_proj,v_proj", "o_proj,down_proj"])
+@pytest.mark.parametrize("targets", ["all-linear", "q_proj,k_proj,v_proj", "o_proj,down_proj",
+                                     "self_attn.q_proj", "self_attn.v_proj, mlp.down_proj", "lm_head"])
 def test_lora_parameter_count_equals_peft(targets):
+    """peft matches a name as a module-path suffix: ``self_attn.q_proj`` names the same layers as ``q_proj`` (the
+    plan once matched bare names only and planned 0 trained parameters for a dotted one)."""
     from dlmrl.models.lora import apply_lora
 
     model = apply_lora(llama(), 4, 8, 0.0, targets)
-    assert SMALL.lora_parameters(4, targets) == sum(p.numel() for p in model.parameters() if p.requires_grad)
+    planned = SMALL.lora_parameters(4, targets)
+    assert planned == sum(p.numel() for p in model.parameters() if p.requires_grad) > 0
+    assert SMALL.unmatched_lora_targets(targets) == []
+
+
+@pytest.fixture(scope="module")
+def remote_stand_ins(tmp_path_factory):
+    """LLaDA's and LLaDA2's layouts (the remote-code stand-ins of ``tests/models/remote_code``), as built models."""
+    from tests.models.checkpoints import build_remote_model, isolated_remote_code, save_llada2_like, save_llada_like
+
+    root = tmp_path_factory.mktemp("lora_layouts")
+    with isolated_remote_code(root / "hf_modules"):
+        yield {"llada": (build_remote_model(save_llada_like(root / "llada", n_layers=2)), root / "llada"),
+               "llada2": (build_remote_model(save_llada2_like(root / "llada2"), "AutoModelForCausalLM"),
+                          root / "llada2")}
+
+
+@pytest.mark.parametrize(("family", "targets"), [
+    ("llada", "q_proj,attn_out"), ("llada", "ff_out"), ("llada", "transformer.ff_out"), ("llada", "all-linear"),
+    ("llada2", "attention.query_key_value"), ("llada2", "mlp.gate_proj"), ("llada2", "gate_proj"),
+    ("llada2", "experts.0.up_proj"), ("llada2", "shared_experts.down_proj,attention.dense"), ("llada2", "all-linear"),
+])
+def test_lora_parameter_count_equals_peft_on_llada_and_llada2_layouts(family, targets, remote_stand_ins):
+    """Each layout's module paths, as its code names them: LLaDA's block-level names and its head
+    ``transformer.ff_out``; LLaDA2's fused attention, its dense first layer's MLP (``mlp.gate_proj``, which no
+    expert's path ends with), one pinned expert, the shared expert."""
+    import copy
+    import json
+
+    from dlmrl.models.lora import apply_lora
+
+    model, folder = remote_stand_ins[family]
+    config = json.loads((folder / "config.json").read_text())
+    if family == "llada":  # (the stand-in's MLP is 2 d wide where LLaDA's config would default to 4 d)
+        config["mlp_hidden_size"] = 2 * config["d_model"]
+    arch = architecture_from_config(config)
+    adapted = apply_lora(copy.deepcopy(model), 2, 4, 0.0, targets)
+    assert arch.lora_parameters(2, targets) == sum(p.numel() for p in adapted.parameters() if p.requires_grad) > 0
+
+
+def test_a_name_that_matches_nothing_is_named_by_the_plan_and_refused_by_the_run(tmp_path):
+    """peft refuses a list none of whose names matches, but adapts the rest of a list in which one is misspelt:
+    the dry-run's plan names the misspelt one, and the run refuses it before training."""
+    from dlmrl.models.lora import apply_lora
+
+    assert SMALL.unmatched_lora_targets("q_proj,v_prj,attn.q_proj") == ["v_prj", "attn.q_proj"]
+    assert SMALL.lora_parameters(4, "q_proj,v_prj") == SMALL.lora_parameters(4, "q_proj")
+    with pytest.raises(ValueError, match="'v_prj'"):
+        apply_lora(llama(), 4, 8, 0.0, "q_proj,v_prj")
 
 
 def test_llada_keys_and_the_8b_count_by_hand():
