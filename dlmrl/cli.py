@@ -589,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
                 from transformers.utils import logging as hf_logging
 
                 hf_logging.disable_progress_bar()
-            summary = train(cfg, resume=args.resume, progress=not args.no_progress)
+            train(cfg, resume=args.resume, progress=not args.no_progress)
         except KeyboardInterrupt:
             return 130
         except (FileNotFoundError, ConfigError, RewardFunctionError, CheckpointError, DataError,
@@ -598,11 +598,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if os.environ.get("RANK", "0") != "0":  # (several processes: the main one reports)
             return 0
-        before, after = summary.get("eval_before"), summary.get("eval_after")
-        if before and after:
-            metric = after.get("primary_metric", "cell_accuracy")
-            print(f"eval_before.{metric} = {before[metric]:.4f}")
-            print(f"eval_after.{metric}  = {after[metric]:.4f}")
+        # (the trainer has printed the held-out metric before and after: dlmrl.training.trainer.train)
         print(f"wrote {Path(cfg.output_dir) / 'summary.json'}")
     elif args.command == "eval":
         return _run_eval(cfg, args.gen_lengths, Path(args.output_dir) if args.output_dir else None)
