@@ -104,7 +104,12 @@ def test_lora_parameter_count_equals_peft(targets):
 @pytest.fixture(scope="module")
 def remote_stand_ins(tmp_path_factory):
     """LLaDA's and LLaDA2's layouts (the remote-code stand-ins of ``tests/models/remote_code``), as built models."""
-    from tests.models.checkpoints import build_remote_model, isolated_remote_code, save_llada2_like, save_llada_like
+    from tests.models.checkpoints import (
+        build_remote_model,
+        isolated_remote_code,
+        save_llada2_like,
+        save_llada_like,
+    )
 
     root = tmp_path_factory.mktemp("lora_layouts")
     with isolated_remote_code(root / "hf_modules"):
