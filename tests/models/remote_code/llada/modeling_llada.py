@@ -100,8 +100,9 @@ class LLaDAModel(nn.Module):
             "emb_drop": nn.Dropout(0.0),
             "blocks": nn.ModuleList(Block(config) for _ in range(config.n_layers)),
             "ln_f": nn.LayerNorm(config.d_model),
-            "ff_out": nn.Linear(config.d_model, config.vocab_size, bias=False),
         })
+        if not config.weight_tying:  # (as LLaDA's LLaDAModel: no head of its own when tied to the embedding)
+            self.transformer.update({"ff_out": nn.Linear(config.d_model, config.vocab_size, bias=False)})
 
     def set_activation_checkpointing(self, strategy):
         self.activation_checkpointing_strategy = strategy
@@ -143,12 +144,12 @@ class LLaDAModelLM(PreTrainedModel):
     def get_input_embeddings(self):
         return self.model.transformer.wte
 
-    def get_output_embeddings(self):
-        return self.model.transformer.ff_out
+    def get_output_embeddings(self):  # (as LLaDA's: the embedding itself when tied)
+        return self.model.transformer.wte if self.config.weight_tying else self.model.transformer.ff_out
 
     def tie_weights(self):  # transformers 4's signature, as LLaDA's override
         if self.config.weight_tying:
-            self.model.transformer.ff_out.weight = self.model.transformer.wte.weight
+            self.model.transformer.ff_out = self.model.transformer.wte
 
     def forward(self, input_ids=None, attention_mask=None, use_cache=None, return_dict=None):
         if use_cache is None:
