@@ -1,11 +1,11 @@
 """What a group of samples leaves for RL to learn: the reward of the best of K completions against their mean.
 
 A GRPO-style update pushes a prompt's probability toward the completions of its group that scored above the group's
-mean. If a model's samples of a prompt are all alike, or all alike bad, there is little to push toward: the mean
-reward of the best of K samples bounds what sharpening the sampling distribution alone can reach (the observation
-that RL with verifiable rewards mostly re-weights what the base model already samples: Yue et al. 2025, "Does
-Reinforcement Learning Really Incentivize Reasoning Capacity in LLMs Beyond the Base Model?", arXiv 2504.13837,
-which measures pass@k; this is its analogue for a graded reward, our interpretation).
+mean. If a model's samples of a prompt are all alike, or all alike bad, there is little to push toward. How far the
+best of a group lies above its mean is a measure of that room (not a bound: a sharpened policy can go past the best
+of K, up to the best completion the model can sample at all). Yue et al. 2025, "Does Reinforcement Learning Really
+Incentivize Reasoning Capacity in LLMs Beyond the Base Model?" (arXiv 2504.13837), compare RL with the base
+model's pass@k; this is the analogue for a graded reward (our interpretation).
 
 For each model: ``--prompts`` held-out puzzles (the first of the 256 shipped ones), ``--samples`` completions of
 each from the model's own RL sampler (its grpo recipe's: ``configs/grpo_sudoku_tiny_uniform.yaml`` for

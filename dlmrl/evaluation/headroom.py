@@ -39,7 +39,8 @@ def expected_best_of_k(rewards: Sequence[float], k: int) -> float:
     """
     n = _check(rewards, k)
     total = math.comb(n, k)
-    return sum(math.comb(i - 1, k - 1) * r for i, r in enumerate(sorted(rewards), start=1) if i >= k) / total
+    # (each weight an exact integer ratio before it meets a float: C(n, k) overflows a float for n in the thousands)
+    return sum(math.comb(i - 1, k - 1) / total * r for i, r in enumerate(sorted(rewards), start=1) if i >= k)
 
 
 def tied_group_probability(rewards: Sequence[float], k: int) -> float:

@@ -150,6 +150,8 @@ class PolicyKind(ABC):
             flows through them (default False: every kind but ``uniform`` refuses a value other than ``detached``).
         checkpoint_kinds: the other kinds whose saved checkpoints (``config.json``'s ``dlmrl_kind``) this kind runs
             without the config check calling it a contradiction (default: none; its own name always).
+        lora_scope: where :meth:`lora_targets` looks for ``model.lora_target_modules``' names when it narrows
+            peft's rule, for the message that refuses a name (default ``""``: anywhere in the model).
     """
 
     name: str = ""
@@ -167,6 +169,7 @@ class PolicyKind(ABC):
     scores_by: str = "exact token log-probs"
     estimator_names: tuple[str, ...] = ()
     self_conditioned: bool = False
+    lora_scope: str = ""
 
     def __repr__(self) -> str:
         return f"<policy kind {self.name!r}>"

@@ -62,6 +62,8 @@ class UniformNoiseKind(PolicyKind):
     checkpoint_description = "DiffusionGemma checkpoint (uniform-noise diffusion, model_type diffusion_gemma)"
     estimator_names = ("trajectory", "uniform_double_mc", "uniform_sdmc", "uniform_flat_ce")
     self_conditioned = True
+    lora_scope = ("only inside the text layers of the encoder and the decoder, for this model.kind: never the head, "
+                  "the embedding, the vision tower, the self-conditioning MLP or a layer by its index")
 
     # ----- loading -----------------------------------------------------------------------------------------
     def load(self, model_cfg):

@@ -105,7 +105,8 @@ def parse_target_modules(spec: str) -> str | list[str]:
 
 
 def apply_lora(model: nn.Module, r: int, alpha: float, dropout: float = 0.0, target_modules: str = "all-linear",
-               base_model_name_or_path: str | None = None, targets: str | list[str] | None = None) -> nn.Module:
+               base_model_name_or_path: str | None = None, targets: str | list[str] | None = None,
+               scope: str = "") -> nn.Module:
     """Wrap ``model`` in a ``peft.PeftModel`` with a fresh LoRA adapter named ``default``.
 
     Each targeted ``nn.Linear`` ``W (out, in)`` becomes ``W x + (alpha / r) · B A dropout(x)`` with ``A (r, in)``
@@ -122,12 +123,14 @@ def apply_lora(model: nn.Module, r: int, alpha: float, dropout: float = 0.0, tar
         targets: peft's ``target_modules`` already resolved (a list of name suffixes or a regular expression peft
             full-matches), used instead of parsing ``target_modules``: a policy kind's
             :meth:`~dlmrl.kinds.base.PolicyKind.lora_targets`.
+        scope: where ``targets`` looks for the names (the kind's :attr:`~dlmrl.kinds.base.PolicyKind.lora_scope`),
+            for the message that refuses a name.
     Returns:
         the ``PeftModel`` (no task type: its ``forward`` passes every argument to the base model unchanged).
     Raises:
-        ValueError: ``r < 1``, a bad ``target_modules`` spec, no module of the model matches it (peft's
-            message lists what it looked for), or a name of the list matches no module while others do (peft
-            itself would skip it).
+        ValueError: ``r < 1``, a bad ``target_modules`` spec, or a name of the list that matches no module (the
+            message names it; peft itself refuses only a list none of whose names matches, and skips a misspelt
+            one beside a good one).
     """
     from peft import LoraConfig, get_peft_model
 
@@ -136,20 +139,30 @@ def apply_lora(model: nn.Module, r: int, alpha: float, dropout: float = 0.0, tar
     config = LoraConfig(r=int(r), lora_alpha=alpha, lora_dropout=float(dropout),
                         target_modules=parse_target_modules(target_modules) if targets is None else targets,
                         bias="none")
+    names = parse_target_modules(target_modules)
+
+    def unmatched(missing: list[str], adapted: list[str]) -> ValueError:
+        return ValueError(f"no module of the model matches {', '.join(map(repr, missing))} (a name adapts the modules "
+                          f"whose full name ends with it, e.g. 'q_proj', 'self_attn.q_proj' or "
+                          f"'layers.0.self_attn.q_proj'{'; ' + scope if scope else ''}); adapted: "
+                          f"{_short_list(adapted)}")
+
     with warnings.catch_warnings():  # (peft asks transformers' deprecated is_gradient_checkpointing)
         warnings.simplefilter("ignore", FutureWarning)
-        peft_model = get_peft_model(model, config)
+        try:
+            peft_model = get_peft_model(model, config)
+        except ValueError as e:  # (peft's own words show a kind's resolved pattern, not the names given)
+            if names == "all-linear" or "not found in the base model" not in str(e):
+                raise
+            raise unmatched(names, []) from e
     if base_model_name_or_path is not None:
         peft_model.peft_config["default"].base_model_name_or_path = base_model_name_or_path
-    names = parse_target_modules(target_modules)
     if names != "all-linear":
         # (peft refuses a list none of whose names matches, but silently skips a misspelt one beside a good one)
         adapted = list(getattr(peft_model, "targeted_module_names", []))
         missing = [n for n in names if not any(a == n or a.endswith("." + n) for a in adapted)]
         if missing:
-            raise ValueError(f"no module of the model matches {', '.join(map(repr, missing))} (a name matches a "
-                             f"module whose path ends with it, e.g. 'q_proj' or 'self_attn.q_proj'); adapted: "
-                             f"{_short_list(adapted)}")
+            raise unmatched(missing, adapted)
     return peft_model
 
 
@@ -233,7 +246,8 @@ def prepare_for_training(policy, model_cfg, kind=None) -> Any:
             try:  # (what all-linear and a name list mean for this kind's model)
                 targets = kind.lora_targets(m.lora_target_modules) if kind is not None else None
                 policy.model = apply_lora(policy.model, m.lora_r, m.lora_alpha, m.lora_dropout, m.lora_target_modules,
-                                          base_reference(m.name_or_path), targets=targets)
+                                          base_reference(m.name_or_path), targets=targets,
+                                          scope=getattr(kind, "lora_scope", ""))
             except ValueError as e:
                 raise ConfigError(f"config key 'model.lora_target_modules': {e}") from e
             if kind is not None:

@@ -44,6 +44,7 @@ Units: bytes throughout; ``dlmrl.training.memory_config.format_bytes`` prints GB
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -94,6 +95,8 @@ class Architecture:
         layout: module names (:data:`LAYOUTS`), for matching ``model.lora_target_modules``. ``diffusion_gemma``:
             every layer holds the dense MLP (``intermediate_size``) *and* ``num_experts`` routed experts (of which
             ``experts_per_token`` run per token), plus the decoder's self-conditioning MLP (``3 H I``) once.
+        kv_shared_layers: layers whose keys are their values, without a ``v_proj`` (DiffusionGemma's full-attention
+            layers, transformers' ``DiffusionGemmaTextAttention``).
         source: where the numbers came from (for the plan's reader).
     """
 
@@ -115,6 +118,7 @@ class Architecture:
     mlp_bias: bool = False
     qk_norm: bool = False
     layout: str = "llama"
+    kv_shared_layers: tuple[int, ...] = ()
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -147,6 +151,12 @@ class Architecture:
         """``(name, in_features, out_features, count)`` of one decoder layer's ``nn.Linear`` modules (``moe``: an
         expert layer's), by the module names of :attr:`layout` (what ``model.lora_target_modules`` matches)."""
         return [(name, fan_in, fan_out, count) for name, fan_in, fan_out, count, _ in self._linears(moe)]
+
+    def layer_linears(self, index: int) -> list[tuple[str, int, int, int, str]]:
+        """:meth:`_linears` of decoder layer ``index`` (0-based): an expert layer's or a dense one's, without
+        ``v_proj`` in a :attr:`kv_shared_layers` layer."""
+        entries = self._linears(self.is_moe_layer(index))
+        return [e for e in entries if e[0] != "v_proj"] if index in self.kv_shared_layers else entries
 
     def _linears(self, moe: bool) -> list[tuple[str, int, int, int, str]]:
         """:meth:`linear_modules` with each module's path inside a decoder layer (``*`` standing for an expert's
@@ -198,7 +208,7 @@ class Architecture:
         weights, an MoE layer's router ``(num_experts, H)``."""
         moe = self.is_moe_layer(index)
         n = 0
-        for name, fan_in, fan_out, count in self.linear_modules(moe):
+        for name, fan_in, fan_out, count, _ in self.layer_linears(index):
             attn = name in ("q_proj", "k_proj", "v_proj", "o_proj", "attn_out", "query_key_value", "dense")
             bias = self.attention_bias if attn else self.mlp_bias
             n += count * (fan_in * fan_out + (fan_out if bias else 0))
@@ -215,8 +225,8 @@ class Architecture:
         ``LlamaForCausalLM`` built from the same config; ``tests/training/test_memory_plan.py``.)"""
         h = self.hidden_size
         embed = self.rows * h
-        # (DiffusionGemma's self-conditioning MLP: gate, up, down at the dense width)
-        extra = 3 * h * self.intermediate_size if self.layout == "diffusion_gemma" else 0
+        # (DiffusionGemma's self-conditioning MLP: its RMSNorm, then gate, up, down at the dense width)
+        extra = 3 * h * self.intermediate_size + h if self.layout == "diffusion_gemma" else 0
         return (embed + sum(self.layer_parameters(i) for i in range(self.num_layers)) + h + extra
                 + (0 if self.tie_embeddings else embed))
 
@@ -225,52 +235,27 @@ class Architecture:
         return max(self.layer_parameters(i) for i in range(self.num_layers))
 
     def lora_parameters(self, r: int, target_modules: str) -> int:
-        """Trainable LoRA parameters: ``r x (in + out)`` per targeted ``nn.Linear`` (Hu et al., arXiv 2106.09685).
-        ``target_modules``: ``all-linear`` (every linear but the output head, peft's rule) or a comma list matched
-        as peft matches it, by module-path suffix (``q_proj`` and ``self_attn.q_proj`` both name Llama's query
-        projection; a name that is the head's, e.g. LLaDA's ``ff_out``, targets the head too; an expert's index,
-        ``experts.0.gate_proj``, names that one expert)."""
-        n = 0
-        for i in range(self.num_layers):
-            for name, fan_in, fan_out, count, path in self._linears(self.is_moe_layer(i)):
-                if name.startswith(EXPERTS):  # (3-D expert parameters: peft adapts no such layer)
-                    continue
-                n += r * (fan_in + fan_out) * self._adapted(target_modules, path, count)
-        if target_modules.strip() != "all-linear" and any(_matches(t, self.head_path) for t in _names(target_modules)):
-            n += r * (self.hidden_size + self.vocab_size)
-        return n
+        """Trainable LoRA parameters: ``r x (in + out)`` per adapted ``nn.Linear`` (or ``nn.Embedding``; Hu et al.,
+        arXiv 2106.09685). ``target_modules`` as peft reads it (:func:`lora_modules`): ``all-linear`` or a comma
+        list of names, each adapting the modules whose full name ends with it."""
+        return r * sum(fan_in + fan_out for _, _, fan_in, fan_out, _ in lora_modules(self, target_modules)[0])
 
     def lora_targets(self, target_modules: str, moe: bool | None = None) -> set[str]:
-        """The per-layer module names (:meth:`linear_modules`' names) ``target_modules`` adapts, by peft's
-        module-path suffix rule (all of them for ``all-linear``); ``moe``: in an expert layer (``True``), a dense
-        one (``False``) or either (``None``)."""
-        kinds = (False, True) if moe is None else (moe,)
-        return {name for m in kinds for name, _, _, count, path in self._linears(m)
-                if not name.startswith(EXPERTS) and self._adapted(target_modules, path, count)}
+        """The per-layer module names (:meth:`linear_modules`' names) ``target_modules`` adapts in some layer: an
+        expert layer (``moe`` ``True``), a dense one (``False``) or either (``None``)."""
+        return {name for _, name, _, _, index in lora_modules(self, target_modules)[0]
+                if index is not None and (moe is None or self.is_moe_layer(index) == moe)}
 
     def unmatched_lora_targets(self, target_modules: str) -> list[str]:
-        """The names of a comma list that match no module the plan knows (a decoder layer's linears, the head):
-        peft refuses a list none of whose names matches, and this plan would count no adapter for them."""
-        if target_modules.strip() == "all-linear":
-            return []
-        paths = [path for m in (False, True) for name, *_, path in self._linears(m) if not name.startswith(EXPERTS)]
-        return [t for t in _names(target_modules)
-                if not any(_matches(t, p) for p in paths + [self.head_path])]
-
-    def _adapted(self, target_modules: str, path: str, count: int) -> int:
-        """How many of the ``count`` modules at ``path`` (one per expert for ``*``) ``target_modules`` adapts."""
-        if target_modules.strip() == "all-linear":
-            return count
-        hits = [t for t in _names(target_modules) if _matches(t, path)]
-        if not hits:
-            return 0
-        # (a name that pins an expert's index adapts that expert only; any other hit adapts every one)
-        return count if any(_matches(t, path, pinned=False) for t in hits) else 1
+        """The names of a comma list that match no module :func:`lora_modules` knows: the run refuses them
+        (:func:`dlmrl.models.lora.apply_lora`), and the plan counts no adapter for them."""
+        return list(lora_modules(self, target_modules)[1])
 
     @property
-    def head_path(self) -> str:
-        """The output head's module path (LLaDA's ``transformer.ff_out``; ``lm_head`` elsewhere)."""
-        return "transformer." + self.head_name if self.layout == "llada" else self.head_name
+    def head_path(self) -> str | None:
+        """The output head's module name as peft sees it (LLaDA's ``model.transformer.ff_out``, else
+        ``lm_head``); ``None`` for DiffusionGemma, whose adapters stay in the text layers."""
+        return {"llada": "model.transformer.ff_out", "diffusion_gemma": None}.get(self.layout, "lm_head")
 
     def kv_cache_bytes_per_token(self, dtype_bytes: int) -> int:
         """Bytes one cached token costs: ``2 x layers x kv_heads x head_dim x dtype bytes`` (keys and values of
@@ -278,20 +263,66 @@ class Architecture:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
 
 
+#: where each layout's decoder layers sit (``<prefix>.<index>.<path inside the layer>``), its input embedding, and
+#: its routers when they are ``nn.Linear`` (LLaDA-MoE's ``mlp.gate``, DiffusionGemma's ``router.proj``; LLaDA2's
+#: gate is a bare parameter). DiffusionGemma: none, its kind matches names inside the text layers only
+#: (:func:`dlmrl.models.diffusion_gemma.lora_target_pattern`), which the empty prefix gives.
+_LAYER_PREFIX = {"llama": "model.layers.", "llada": "model.transformer.blocks.", "llada2": "model.layers.",
+                 "diffusion_gemma": ""}
+_EMBEDDING_PATH = {"llama": "model.embed_tokens", "llada": "model.transformer.wte", "llada2": "model.word_embeddings"}
+_ROUTER_PATH = {"llama": "mlp.gate", "diffusion_gemma": "router.proj"}
+#: what ``all-linear`` means for DiffusionGemma's kind (:data:`dlmrl.models.diffusion_gemma.DEFAULT_LORA_TARGETS`;
+#: a test keeps the two equal): the attention projections and the dense MLP
+DIFFUSION_GEMMA_ALL_LINEAR = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                              "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
 def _names(target_modules: str) -> list[str]:
     return [n.strip() for n in target_modules.split(",") if n.strip()]
 
 
-def _matches(target: str, path: str, pinned: bool = True) -> bool:
-    """peft's rule for a name in ``target_modules`` (``tuners_utils.check_target_module_exists``): the module's full
-    name equals it or ends with ``"." + target``, read here on a path inside a decoder layer (or the head's), which
-    the layers' own prefix (``model.layers.<i>.``) precedes. A ``*`` component of ``path`` stands for an expert's
-    index: ``pinned`` lets a number there match it (``experts.0.gate_proj``); ``pinned=False`` only a target that
-    ends before it (``gate_proj``)."""
-    want, have = target.split("."), path.split(".")
-    if len(want) > len(have):
-        return False
-    return all(w == h or (h == "*" and pinned and w.isdigit()) for w, h in zip(want, have[len(have) - len(want):]))
+@functools.cache
+def lora_modules(arch: Architecture, target_modules: str) -> tuple[tuple[tuple[str, str, int, int, int | None], ...],
+                                                                   tuple[str, ...]]:
+    """The modules a LoRA adapter with peft's ``target_modules`` puts itself on, and the names that match none.
+
+    Every module peft can adapt is listed by its full name (transformers' and the checkpoints' own code: Llama /
+    Qwen / SDAR / LLaDA-MoE ``model.layers.<i>.self_attn.q_proj``, LLaDA ``model.transformer.blocks.<i>.q_proj``,
+    LLaDA2 ``model.layers.<i>.attention.query_key_value``; one entry per expert, ``mlp.experts.<j>.gate_proj``;
+    the routers that are ``nn.Linear``; the input embedding; the output head), and a name adapts the modules whose
+    full name equals it or ends with ``"." + name`` (peft's ``check_target_module_exists``): ``q_proj``,
+    ``self_attn.q_proj``, ``layers.0.self_attn.q_proj`` (layer 0 only), ``experts.3.gate_proj`` (one expert).
+    ``all-linear``: every ``nn.Linear`` but the output head (peft's rule); DiffusionGemma's kind:
+    :data:`DIFFUSION_GEMMA_ALL_LINEAR`, and names matched inside its text layers only (never its head or
+    embedding, nor a layer's index). Its routed experts are 3-D parameters, which no adapter takes.
+
+    Returns:
+        ``((full name, per-layer name, in_features, out_features, layer index or None), ...)`` of the adapted
+        modules, and the names of the list that match no module (empty for ``all-linear``).
+    """
+    h, layout = arch.hidden_size, arch.layout
+    modules: list[tuple[str, str, int, int, int | None, bool]] = []  # (..., whether all-linear takes it)
+    prefix, router = _LAYER_PREFIX[layout], _ROUTER_PATH.get(layout)
+    for i in range(arch.num_layers):
+        where = f"{prefix}{i}." if prefix else ""
+        for name, fan_in, fan_out, count, path in arch.layer_linears(i):
+            if name.startswith(EXPERTS):
+                continue
+            for j in range(count) if "*" in path else (None,):
+                modules.append((where + (path if j is None else path.replace("*", str(j))), name, fan_in, fan_out, i,
+                                layout != "diffusion_gemma" or path in DIFFUSION_GEMMA_ALL_LINEAR))
+        if router and arch.is_moe_layer(i):
+            modules.append((where + router, "router", h, arch.num_experts, i, layout == "llama"))
+    if layout in _EMBEDDING_PATH:
+        modules.append((_EMBEDDING_PATH[layout], "embedding", arch.rows, h, None, False))
+    if arch.head_path:
+        modules.append((arch.head_path, "head", h, arch.rows, None, False))
+    if target_modules.strip() == "all-linear":
+        return tuple(m[:5] for m in modules if m[5]), ()
+    names = _names(target_modules)
+    hit = [m[:5] for m in modules if any(m[0] == t or m[0].endswith("." + t) for t in names)]
+    unmatched = [t for t in names if not any(m[0] == t or m[0].endswith("." + t) for m in modules)]
+    return tuple(hit), tuple(unmatched)
 
 
 def _int(config: Mapping, key: str, default=None):
@@ -413,8 +444,9 @@ def _diffusion_gemma_architecture(config: Mapping, source: str) -> Architecture:
     """DiffusionGemma (``model_type`` ``diffusion_gemma``): the text model's keys sit under ``text_config``
     (``DiffusionGemmaTextConfig``): ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
     ``num_key_value_heads``, ``head_dim``, ``intermediate_size`` (the dense MLP), ``num_experts``, ``top_k_experts``,
-    ``moe_intermediate_size``, ``vocab_size``; the head is tied (``tie_word_embeddings``, default true). Every layer
-    uses the sliding layers' attention shapes: the few global layers (``global_head_dim``,
+    ``moe_intermediate_size``, ``vocab_size``, ``layer_types`` (the full-attention layers have no ``v_proj``:
+    :attr:`Architecture.kv_shared_layers`); the head is tied (``tie_word_embeddings``, default true). Every layer
+    uses the sliding layers' attention shapes otherwise: the few global layers (``global_head_dim``,
     ``num_global_key_value_heads``; 5 of 30 in the 26B-A4B) are larger, which this under-counts (about 0.3% of
     the 26B-A4B's parameters); the vision tower is not counted (text training never runs it, but its weights are
     loaded)."""
@@ -434,7 +466,19 @@ def _diffusion_gemma_architecture(config: Mapping, source: str) -> Architecture:
                         num_experts=experts, experts_per_token=(_int(text, "top_k_experts") or 0) if experts else 0,
                         moe_intermediate_size=(_int(text, "moe_intermediate_size") or 0) if experts else 0,
                         attention_bias=bool(text.get("attention_bias", False)), qk_norm=True,
-                        layout="diffusion_gemma", source=source)
+                        layout="diffusion_gemma", kv_shared_layers=_full_attention_layers(text), source=source)
+
+
+def _full_attention_layers(text: Mapping) -> tuple[int, ...]:
+    """The indices of DiffusionGemma's full-attention layers, whose keys are their values (no ``v_proj``):
+    ``text_config.layer_types``, else transformers' default (``DiffusionGemmaTextConfig``: every sixth layer), the
+    last layer always one."""
+    layers = _int(text, "num_hidden_layers")
+    types = list(text.get("layer_types") or ["sliding_attention" if (i + 1) % 6 else "full_attention"
+                                             for i in range(layers)])
+    if types:
+        types[-1] = "full_attention"
+    return tuple(i for i, kind in enumerate(types) if kind == "full_attention")
 
 
 # ------------------------------------------------------------------------------------------------- settings

@@ -42,3 +42,12 @@ def test_a_group_larger_than_the_draws_is_refused():
         expected_best_of_k([0.1, 0.2, 0.3], 4)
     with pytest.raises(ValueError, match="got 0"):
         tied_group_probability([0.1], 0)
+
+
+def test_many_draws_do_not_overflow():
+    """C(1100, 600) is far above a float's range; the weights are exact integer ratios, so the estimate is finite
+    and lies between the mean and the maximum."""
+    rng = random.Random(0)
+    rewards = [rng.random() for _ in range(1100)]
+    value = expected_best_of_k(rewards, 600)
+    assert sum(rewards) / len(rewards) < value <= max(rewards)

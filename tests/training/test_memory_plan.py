@@ -89,10 +89,13 @@ def test_sdar_4b_count_equals_its_published_checkpoint_size():
 
 
 @pytest.mark.parametrize("targets", ["all-linear", "q_proj,k_proj,v_proj", "o_proj,down_proj",
-                                     "self_attn.q_proj", "self_attn.v_proj, mlp.down_proj", "lm_head"])
+                                     "self_attn.q_proj", "self_attn.v_proj, mlp.down_proj", "lm_head",
+                                     "layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj",
+                                     "0.self_attn.q_proj,1.mlp.up_proj", "embed_tokens,q_proj"])
 def test_lora_parameter_count_equals_peft(targets):
-    """peft matches a name as a module-path suffix: ``self_attn.q_proj`` names the same layers as ``q_proj`` (the
-    plan once matched bare names only and planned 0 trained parameters for a dotted one)."""
+    """peft matches a name against each module's full name, by suffix: ``self_attn.q_proj`` names the same layers
+    as ``q_proj`` (the plan once matched bare names only and planned 0 trained parameters for a dotted one),
+    ``layers.0.self_attn.q_proj`` layer 0's only; the input embedding and the head are taken when named."""
     from dlmrl.models.lora import apply_lora
 
     model = apply_lora(llama(), 4, 8, 0.0, targets)
@@ -103,30 +106,39 @@ def test_lora_parameter_count_equals_peft(targets):
 
 @pytest.fixture(scope="module")
 def remote_stand_ins(tmp_path_factory):
-    """LLaDA's and LLaDA2's layouts (the remote-code stand-ins of ``tests/models/remote_code``), as built models."""
+    """LLaDA's, LLaDA2's and LLaDA-MoE's layouts (the remote-code stand-ins of ``tests/models/remote_code``), as
+    built models with the folders of their checkpoints."""
     from tests.models.checkpoints import (
         build_remote_model,
         isolated_remote_code,
         save_llada2_like,
         save_llada_like,
+        save_llada_moe_like,
     )
 
     root = tmp_path_factory.mktemp("lora_layouts")
     with isolated_remote_code(root / "hf_modules"):
         yield {"llada": (build_remote_model(save_llada_like(root / "llada", n_layers=2)), root / "llada"),
                "llada2": (build_remote_model(save_llada2_like(root / "llada2"), "AutoModelForCausalLM"),
-                          root / "llada2")}
+                          root / "llada2"),
+               "llada_moe": (build_remote_model(save_llada_moe_like(root / "llada_moe")), root / "llada_moe")}
 
 
 @pytest.mark.parametrize(("family", "targets"), [
     ("llada", "q_proj,attn_out"), ("llada", "ff_out"), ("llada", "transformer.ff_out"), ("llada", "all-linear"),
+    ("llada", "model.transformer.ff_out"), ("llada", "blocks.0.ff_out"), ("llada", "transformer.blocks.1.q_proj"),
+    ("llada", "wte"),
     ("llada2", "attention.query_key_value"), ("llada2", "mlp.gate_proj"), ("llada2", "gate_proj"),
     ("llada2", "experts.0.up_proj"), ("llada2", "shared_experts.down_proj,attention.dense"), ("llada2", "all-linear"),
+    ("llada2", "experts.0.gate_proj,experts.1.gate_proj"), ("llada2", "layers.1.mlp.experts.0.gate_proj"),
+    ("llada_moe", "all-linear"), ("llada_moe", "mlp.gate"), ("llada_moe", "experts.0.gate_proj,experts.3.gate_proj"),
+    ("llada_moe", "q_proj,o_proj"),
 ])
-def test_lora_parameter_count_equals_peft_on_llada_and_llada2_layouts(family, targets, remote_stand_ins):
-    """Each layout's module paths, as its code names them: LLaDA's block-level names and its head
-    ``transformer.ff_out``; LLaDA2's fused attention, its dense first layer's MLP (``mlp.gate_proj``, which no
-    expert's path ends with), one pinned expert, the shared expert."""
+def test_lora_parameter_count_equals_peft_on_llada_and_moe_layouts(family, targets, remote_stand_ins):
+    """Each layout's modules by their full names, as its code names them: LLaDA's block-level names and its head
+    ``model.transformer.ff_out``; LLaDA2's fused attention, its dense first layer's MLP (``mlp.gate_proj``, which no
+    expert's name ends with), pinned experts (each one counted), the shared expert; LLaDA-MoE's router
+    (``mlp.gate``, an ``nn.Linear`` that ``all-linear`` takes too)."""
     import copy
     import json
 
@@ -139,6 +151,25 @@ def test_lora_parameter_count_equals_peft_on_llada_and_llada2_layouts(family, ta
     arch = architecture_from_config(config)
     adapted = apply_lora(copy.deepcopy(model), 2, 4, 0.0, targets)
     assert arch.lora_parameters(2, targets) == sum(p.numel() for p in adapted.parameters() if p.requires_grad) > 0
+    assert arch.unmatched_lora_targets(targets) == []
+
+
+@pytest.mark.parametrize(("family", "targets"), [
+    ("llada2", "experts.9.down_proj"),  # (4 experts)
+    ("llada_moe", "mlp.gate_proj"),  # (every layer an expert layer: no dense MLP)
+    ("llada", "lm_head"),
+])
+def test_a_name_no_module_has_is_named_by_the_plan_and_refused_by_peft(family, targets, remote_stand_ins):
+    import copy
+    import json
+
+    from dlmrl.models.lora import apply_lora
+
+    model, folder = remote_stand_ins[family]
+    arch = architecture_from_config(json.loads((folder / "config.json").read_text()))
+    assert arch.unmatched_lora_targets(targets) == [targets] and arch.lora_parameters(2, targets) == 0
+    with pytest.raises(ValueError, match="not found|matches"):
+        apply_lora(copy.deepcopy(model), 2, 4, 0.0, targets)
 
 
 def test_a_name_that_matches_nothing_is_named_by_the_plan_and_refused_by_the_run(tmp_path):
@@ -146,7 +177,8 @@ def test_a_name_that_matches_nothing_is_named_by_the_plan_and_refused_by_the_run
     the dry-run's plan names the misspelt one, and the run refuses it before training."""
     from dlmrl.models.lora import apply_lora
 
-    assert SMALL.unmatched_lora_targets("q_proj,v_prj,attn.q_proj") == ["v_prj", "attn.q_proj"]
+    assert SMALL.unmatched_lora_targets("q_proj,v_prj,attn.q_proj,experts.0.gate_proj,layers.2.self_attn.q_proj") == [
+        "v_prj", "attn.q_proj", "experts.0.gate_proj", "layers.2.self_attn.q_proj"]  # (2 layers, no experts)
     assert SMALL.lora_parameters(4, "q_proj,v_prj") == SMALL.lora_parameters(4, "q_proj")
     with pytest.raises(ValueError, match="'v_prj'"):
         apply_lora(llama(), 4, 8, 0.0, "q_proj,v_prj")

@@ -4,10 +4,12 @@ trajectory likelihood's grad pass as the plan's canvas."""
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from dlmrl import cli
 from dlmrl.config import Config, apply_overrides
+from dlmrl.errors import ConfigError
 from dlmrl.kinds import kind_of
 from dlmrl.models.lora import lora_parameter_count, prepare_for_training
 from dlmrl.models.uniform_policy import build_tiny_uniform_policy, save_tiny_uniform_checkpoint
@@ -30,17 +32,43 @@ def test_the_architecture_reads_text_config_with_the_dense_mlp_beside_the_expert
         "diffusion_gemma", 4, 2, 32)
     assert all(arch.is_moe_layer(i) for i in range(arch.num_layers))
     text = sum(p.numel() for n, p in model.named_parameters() if "vision" not in n)
-    # every layer counted with the sliding layers' attention shapes: the tiny model's one global layer has no
-    # v_proj (its keys are its values), so the count is above transformers' by about that projection (2,048 of
-    # 148,616: within 2%)
-    assert abs(arch.parameter_count() - text) <= 0.02 * text
+    # the full-attention layers have no v_proj (their keys are their values); the tiny model's global layers keep
+    # the sliding layers' head shapes, so the count is transformers' own
+    assert arch.kv_shared_layers == tuple(i for i, t in enumerate(model.config.text_config.layer_types)
+                                          if t == "full_attention") != ()
+    assert arch.parameter_count() == text
     cfg = Config()
     apply_overrides(cfg, ["model.kind=uniform", "model.use_peft=true"])
     prepare_for_training(policy, cfg.model, kind_of("uniform"))
-    kv = arch.num_kv_heads * arch.head_dim  # (the global layer's missing v_proj adapter: r·(H + kv·head_dim))
-    assert arch.lora_parameters(cfg.model.lora_r, "all-linear") - lora_parameter_count(policy.model) == (
-        cfg.model.lora_r * (arch.hidden_size + kv))
+    assert arch.lora_parameters(cfg.model.lora_r, "all-linear") == lora_parameter_count(policy.model)
     assert "experts.gate_proj" not in arch.lora_targets("all-linear")
+
+
+@pytest.mark.parametrize("targets", ["q_proj", "self_attn.v_proj", "mlp.down_proj,o_proj", "proj", "router.proj"])
+def test_lora_targets_inside_the_text_layers_are_planned_as_the_kind_adapts_them(targets):
+    """The kind's rule (names matched inside the text layers, one adapter shared by the encoder and the decoder):
+    ``v_proj`` exists in the sliding layers only, ``proj`` and ``router.proj`` name the routers' ``nn.Linear``."""
+    policy = build_tiny_uniform_policy()
+    arch = architecture_from_config(policy.model.config.to_dict())
+    cfg = Config()
+    apply_overrides(cfg, ["model.kind=uniform", "model.use_peft=true", f"model.lora_target_modules={targets}"])
+    prepare_for_training(policy, cfg.model, kind_of("uniform"))
+    assert arch.lora_parameters(cfg.model.lora_r, targets) == lora_parameter_count(policy.model) > 0
+    assert arch.unmatched_lora_targets(targets) == []
+
+
+@pytest.mark.parametrize("targets", ["lm_head", "q_proj,embed_tokens", "layers.0.self_attn.q_proj"])
+def test_a_name_outside_the_text_layers_is_named_by_the_plan_and_refused_by_the_run(targets):
+    """The head, the embedding and a layer's index are outside the kind's rule: the plan names them, the run stops
+    naming the key and the rule."""
+    policy = build_tiny_uniform_policy()
+    arch = architecture_from_config(policy.model.config.to_dict())
+    bad = targets.split(",")[-1]
+    assert arch.unmatched_lora_targets(targets) == [bad]
+    cfg = Config()
+    apply_overrides(cfg, ["model.kind=uniform", "model.use_peft=true", f"model.lora_target_modules={targets}"])
+    with pytest.raises(ConfigError, match=rf"model.lora_target_modules.*'{bad}'.*text layers"):
+        prepare_for_training(policy, cfg.model, kind_of("uniform"))
 
 
 def test_the_26b_a4b_counts_its_parameters():
@@ -241,3 +269,10 @@ def test_checkpointing_leaves_the_encoder_and_its_cache_copies_in_the_plan(tmp_p
     no_copy = replace(settings, kv_copy_positions=0, gradient_checkpointing=False)
     assert kept_activation_bytes(arch, replace(settings, gradient_checkpointing=False)) - kept_activation_bytes(
         arch, no_copy) == n * (P + C * L) * arch.kv_cache_bytes_per_token(4)
+
+
+def test_the_plans_all_linear_is_the_kinds():
+    from dlmrl.models.diffusion_gemma import DEFAULT_LORA_TARGETS
+    from dlmrl.training.memory_plan import DIFFUSION_GEMMA_ALL_LINEAR
+
+    assert tuple(DIFFUSION_GEMMA_ALL_LINEAR) == tuple(DEFAULT_LORA_TARGETS)
