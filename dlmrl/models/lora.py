@@ -142,9 +142,9 @@ def apply_lora(model: nn.Module, r: int, alpha: float, dropout: float = 0.0, tar
     names = parse_target_modules(target_modules)
 
     def unmatched(missing: list[str], adapted: list[str]) -> ValueError:
+        examples = "'q_proj' or 'self_attn.q_proj'" + ("" if scope else " (or 'layers.0.self_attn.q_proj')")
         return ValueError(f"no module of the model matches {', '.join(map(repr, missing))} (a name adapts the modules "
-                          f"whose full name ends with it, e.g. 'q_proj', 'self_attn.q_proj' or "
-                          f"'layers.0.self_attn.q_proj'{'; ' + scope if scope else ''}); adapted: "
+                          f"whose full name ends with it, e.g. {examples}{'; ' + scope if scope else ''}); adapted: "
                           f"{_short_list(adapted)}")
 
     with warnings.catch_warnings():  # (peft asks transformers' deprecated is_gradient_checkpointing)
