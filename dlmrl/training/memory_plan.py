@@ -36,8 +36,8 @@ compares the plan with the peak resident memory of real training steps on CPU):
 - Sharding: ZeRO (Rajbhandari et al., arXiv 1910.02054): stage 2 shards gradients and optimizer state (with its
   master copy) over the processes, stage 3 / FSDP also the weights; FSDP gathers one wrapped layer's full weights
   at a time (Zhao et al., arXiv 2304.11277, "PyTorch FSDP").
-- Key/value cache: ``2 x layers x kv_heads x head_dim x dtype bytes`` per cached token (keys and values of every
-  layer).
+- Key/value cache: ``2 x kv_heads x head_dim x dtype bytes`` per cached token and layer (keys and values of every
+  layer, each with its own shape).
 
 Units: bytes throughout; ``dlmrl.training.memory_config.format_bytes`` prints GB (10^9 bytes).
 """
@@ -97,6 +97,9 @@ class Architecture:
             ``experts_per_token`` run per token), plus the decoder's self-conditioning MLP (``3 H I``) once.
         kv_shared_layers: layers whose keys are their values, without a ``v_proj`` (DiffusionGemma's full-attention
             layers, transformers' ``DiffusionGemmaTextAttention``).
+        attention_overrides: ``(layer index, head_dim, kv_heads)`` of the layers whose attention is shaped otherwise
+            (DiffusionGemma's global layers: ``global_head_dim``, ``num_global_key_value_heads``); the query heads
+            stay ``num_heads``.
         source: where the numbers came from (for the plan's reader).
     """
 
@@ -119,6 +122,7 @@ class Architecture:
     qk_norm: bool = False
     layout: str = "llama"
     kv_shared_layers: tuple[int, ...] = ()
+    attention_overrides: tuple[tuple[int, int, int], ...] = ()
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -143,6 +147,13 @@ class Architecture:
         """Whether decoder layer ``index`` (0-based) routes its tokens to experts."""
         return self.num_experts > 0 and index >= self.dense_layers
 
+    def attention_shape(self, index: int | None = None) -> tuple[int, int, int]:
+        """``(query heads, key/value heads, head dim)`` of decoder layer ``index`` (``None``: the common shape)."""
+        for layer, head_dim, kv_heads in self.attention_overrides:
+            if layer == index:
+                return self.num_heads, kv_heads, head_dim
+        return self.num_heads, self.num_kv_heads, self.head_dim
+
     @property
     def moe_layers(self) -> int:
         return sum(self.is_moe_layer(i) for i in range(self.num_layers))
@@ -155,17 +166,18 @@ class Architecture:
     def layer_linears(self, index: int) -> list[tuple[str, int, int, int, str]]:
         """:meth:`_linears` of decoder layer ``index`` (0-based): an expert layer's or a dense one's, without
         ``v_proj`` in a :attr:`kv_shared_layers` layer."""
-        entries = self._linears(self.is_moe_layer(index))
+        entries = self._linears(self.is_moe_layer(index), index)
         return [e for e in entries if e[0] != "v_proj"] if index in self.kv_shared_layers else entries
 
-    def _linears(self, moe: bool) -> list[tuple[str, int, int, int, str]]:
+    def _linears(self, moe: bool, index: int | None = None) -> list[tuple[str, int, int, int, str]]:
         """:meth:`linear_modules` with each module's path inside a decoder layer (``*`` standing for an expert's
         index), the names the published model code gives them: transformers' Llama / Qwen / SDAR / DiffusionGemma
         (``self_attn.q_proj``, ``mlp.gate_proj``; LLaDA-MoE's ``modeling_lladamoe.py`` the same, its experts
         ``mlp.experts.<i>.gate_proj``), LLaDA's ``modeling_llada.py`` (the block's own ``q_proj`` ... ``ff_out``),
         LLaDA2's ``modeling_llada2_moe.py`` (``attention.query_key_value``, ``attention.dense``,
-        ``mlp.experts.<i>.gate_proj``, ``mlp.shared_experts.gate_proj``)."""
-        h, nh, kv, hd = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim
+        ``mlp.experts.<i>.gate_proj``, ``mlp.shared_experts.gate_proj``); ``index``: that layer's attention shape
+        (:meth:`attention_shape`)."""
+        h, (nh, kv, hd) = self.hidden_size, self.attention_shape(index)
         if self.layout == "llada2":
             attn = [("query_key_value", h, (nh + 2 * kv) * hd, 1, "attention.query_key_value"),
                     ("dense", nh * hd, h, 1, "attention.dense")]
@@ -212,7 +224,7 @@ class Architecture:
             attn = name in ("q_proj", "k_proj", "v_proj", "o_proj", "attn_out", "query_key_value", "dense")
             bias = self.attention_bias if attn else self.mlp_bias
             n += count * (fan_in * fan_out + (fan_out if bias else 0))
-        n += 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
+        n += 2 * self.hidden_size + (2 * self.attention_shape(index)[2] if self.qk_norm else 0)
         if moe:
             n += self.num_experts * self.hidden_size
         if self.layout == "diffusion_gemma":  # (Gemma 4's five more norms, the router's scale and per-expert scale)
@@ -258,9 +270,9 @@ class Architecture:
         return {"llada": "model.transformer.ff_out", "diffusion_gemma": None}.get(self.layout, "lm_head")
 
     def kv_cache_bytes_per_token(self, dtype_bytes: int) -> int:
-        """Bytes one cached token costs: ``2 x layers x kv_heads x head_dim x dtype bytes`` (keys and values of
-        every layer)."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+        """Bytes one cached token costs: ``2 x kv_heads x head_dim x dtype bytes`` summed over the layers (keys and
+        values of every layer, each layer's own shape: :meth:`attention_shape`)."""
+        return sum(2 * kv * hd for _, kv, hd in map(self.attention_shape, range(self.num_layers))) * dtype_bytes
 
 
 #: where each layout's decoder layers sit (``<prefix>.<index>.<path inside the layer>``), its input embedding, and
@@ -445,10 +457,9 @@ def _diffusion_gemma_architecture(config: Mapping, source: str) -> Architecture:
     (``DiffusionGemmaTextConfig``): ``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
     ``num_key_value_heads``, ``head_dim``, ``intermediate_size`` (the dense MLP), ``num_experts``, ``top_k_experts``,
     ``moe_intermediate_size``, ``vocab_size``, ``layer_types`` (the full-attention layers have no ``v_proj``:
-    :attr:`Architecture.kv_shared_layers`); the head is tied (``tie_word_embeddings``, default true). Every layer
-    uses the sliding layers' attention shapes otherwise: the few global layers (``global_head_dim``,
-    ``num_global_key_value_heads``; 5 of 30 in the 26B-A4B) are larger, which this under-counts (about 0.3% of
-    the 26B-A4B's parameters); the vision tower is not counted (text training never runs it, but its weights are
+    :attr:`Architecture.kv_shared_layers`), and the full-attention layers' own shape (``per_layer_config``, else
+    ``global_head_dim`` and ``num_global_key_value_heads``: :attr:`Architecture.attention_overrides`; 5 of 30
+    layers in the 26B-A4B, 2 key/value heads of 512); the head is tied (``tie_word_embeddings``, default true); the vision tower is not counted (text training never runs it, but its weights are
     loaded)."""
     text = config.get("text_config")
     if not isinstance(text, Mapping):
@@ -466,7 +477,8 @@ def _diffusion_gemma_architecture(config: Mapping, source: str) -> Architecture:
                         num_experts=experts, experts_per_token=(_int(text, "top_k_experts") or 0) if experts else 0,
                         moe_intermediate_size=(_int(text, "moe_intermediate_size") or 0) if experts else 0,
                         attention_bias=bool(text.get("attention_bias", False)), qk_norm=True,
-                        layout="diffusion_gemma", kv_shared_layers=_full_attention_layers(text), source=source)
+                        layout="diffusion_gemma", kv_shared_layers=_full_attention_layers(text),
+                        attention_overrides=_global_attention(text), source=source)
 
 
 def _full_attention_layers(text: Mapping) -> tuple[int, ...]:
@@ -479,6 +491,29 @@ def _full_attention_layers(text: Mapping) -> tuple[int, ...]:
     if types:
         types[-1] = "full_attention"
     return tuple(i for i, kind in enumerate(types) if kind == "full_attention")
+
+
+def _global_attention(text: Mapping) -> tuple[tuple[int, int, int], ...]:
+    """``(layer, head_dim, kv_heads)`` of DiffusionGemma's layers shaped otherwise, as transformers'
+    ``DiffusionGemmaTextConfig`` reads them: ``per_layer_config`` when the config has one (layer index, as a string in
+    JSON, to ``head_dim`` / ``num_key_value_heads``), else every full-attention layer at ``global_head_dim``
+    (transformers' default 512) with ``num_global_key_value_heads`` key/value heads when it is set and
+    ``attention_k_eq_v`` is not false."""
+    head_dim = _int(text, "head_dim") or _int(text, "hidden_size") // _int(text, "num_attention_heads")
+    kv = _int(text, "num_key_value_heads") or _int(text, "num_attention_heads")
+    if isinstance(text.get("per_layer_config"), Mapping):
+        layers = {int(i): dict(o or {}) for i, o in text["per_layer_config"].items()}
+    else:
+        override = {"head_dim": _int(text, "global_head_dim") or 512}
+        if text.get("attention_k_eq_v", True) and _int(text, "num_global_key_value_heads"):
+            override["num_key_value_heads"] = _int(text, "num_global_key_value_heads")
+        layers = dict.fromkeys(_full_attention_layers(text), override)
+    out = []
+    for i, o in sorted(layers.items()):
+        shape = (_int(o, "head_dim") or head_dim, _int(o, "num_key_value_heads") or kv)
+        if shape != (head_dim, kv):
+            out.append((i, *shape))
+    return tuple(out)
 
 
 # ------------------------------------------------------------------------------------------------- settings
@@ -709,7 +744,8 @@ def scoring_weight_bytes(arch: Architecture, s: MemorySettings) -> int:
     return rollout_weight_bytes(arch, s) * (2 if s.reference_model else 1)
 
 
-def layer_activation_bytes_per_token(arch: Architecture, s: MemorySettings, moe: bool = False) -> int:
+def layer_activation_bytes_per_token(arch: Architecture, s: MemorySettings, moe: bool = False,
+                                     index: int | None = None) -> int:
     """Bytes one decoder layer keeps for its backward, per token (Korthikanti et al., arXiv 2205.05198, §4.1: the
     count behind eq. 1, redone for the layer dlmrl runs).
 
@@ -733,14 +769,15 @@ def layer_activation_bytes_per_token(arch: Architecture, s: MemorySettings, moe:
     An MoE layer (LLaDA2; not measured here): the router's float32 logits and scores ``8E``, each of the
     ``k`` routed copies of a token with its expert MLP ``k (H + 4 I_e) d`` (``3 I_e`` with frozen experts), the
     shared experts' MLP ``4 S I_e d`` (likewise). DiffusionGemma's layer has its own count
-    (:func:`_diffusion_gemma_layer_bytes`). Masks are per row, not per token (:func:`mask_bytes`).
+    (:func:`_diffusion_gemma_layer_bytes`). Masks are per row, not per token (:func:`mask_bytes`). ``index``: that
+    layer's attention shape (:meth:`Architecture.attention_shape`; ``None``: the common one).
     """
-    h, nh, kv, hd, d = arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim, s.dtype_bytes
+    (nh, kv, hd), h, d = arch.attention_shape(index), arch.hidden_size, s.dtype_bytes
     full = s.full
     kvh = nh if s.dense_mask and kv != nh else kv  # (transformers repeats k, v when a mask is passed with GQA)
     attention = d * nh * hd + 2 * d * kvh * hd + d * nh * hd + 4 * nh  # (q, k, v, attention output, log-sum-exp)
     if arch.layout == "diffusion_gemma":
-        total = attention + _diffusion_gemma_layer_bytes(arch, s)
+        total = attention + _diffusion_gemma_layer_bytes(arch, s, index)
     else:
         total = 2 * (4 * h + (d * h if full else 0)) + attention  # (the two RMSNorms)
         if arch.qk_norm:
@@ -775,7 +812,7 @@ def layer_activation_bytes_per_token(arch: Architecture, s: MemorySettings, moe:
     return total
 
 
-def _diffusion_gemma_layer_bytes(arch: Architecture, s: MemorySettings) -> int:
+def _diffusion_gemma_layer_bytes(arch: Architecture, s: MemorySettings, index: int | None = None) -> int:
     """What a DiffusionGemma decoder layer keeps for its backward per token besides SDPA's tensors and the linear
     inputs :func:`layer_activation_bytes_per_token` counts for every layout (``d`` the weights' dtype bytes).
 
@@ -796,8 +833,10 @@ def _diffusion_gemma_layer_bytes(arch: Architecture, s: MemorySettings) -> int:
     - the experts (``grouped_mm``): the routing permutations (``24k``) and weights (``4k``), and per routed copy the
       gate/up output, GELU output (``3 d I_e``) and the expert output that the routing weight multiplies
       (``d H``); trained experts also keep their two matmuls' inputs (``d (H + I_e)``).
+
+    ``index``: the layer whose attention shape the head norms take (:meth:`Architecture.attention_shape`).
     """
-    h, nh, kv, hd, d = arch.hidden_size, arch.num_heads, arch.num_kv_heads, arch.head_dim, s.dtype_bytes
+    (nh, kv, hd), h, d = arch.attention_shape(index), arch.hidden_size, s.dtype_bytes
     full = s.full
     e, k, mi = arch.num_experts, arch.experts_per_token, arch.moe_intermediate_size
     total = (6 if d == 4 else 8) * 4 * h + 8 * 8 + (7 * 4 * h if full else 0)  # (the eight norms over H)
@@ -843,7 +882,7 @@ def kept_activation_bytes(arch: Architecture, s: MemorySettings, checkpointing: 
     ckpt = s.gradient_checkpointing if checkpointing is None else checkpointing
     tokens = s.canvases_per_forward * s.positions
     outside = model_activation_bytes_per_token(arch, s)
-    full_layers = sum(layer_activation_bytes_per_token(arch, s, arch.is_moe_layer(i)) for i in range(arch.num_layers))
+    full_layers = sum(layer_activation_bytes_per_token(arch, s, arch.is_moe_layer(i), i) for i in range(arch.num_layers))
     if not s.full:  # (frozen embeddings: the first layer's first norm reads a stream that needs no gradient)
         full_layers -= 4 * arch.hidden_size
     kv_copies = s.canvases_per_forward * s.kv_copy_positions * arch.kv_cache_bytes_per_token(s.dtype_bytes)
@@ -868,7 +907,7 @@ def layer_backward_bytes(arch: Architecture, s: MemorySettings, checkpointing: b
     width = max(arch.intermediate_size, arch.experts_per_token * arch.moe_intermediate_size + arch.shared_experts
                 * arch.moe_intermediate_size)
     in_flight = (2 * width + 2 * arch.hidden_size) * s.dtype_bytes
-    rebuilt = max(layer_activation_bytes_per_token(arch, s, arch.is_moe_layer(i))
+    rebuilt = max(layer_activation_bytes_per_token(arch, s, arch.is_moe_layer(i), i)
                   for i in range(arch.num_layers)) if ckpt else 0
     return int(tokens * (rebuilt + in_flight))
 
@@ -882,7 +921,7 @@ def activation_bytes(arch: Architecture, s: MemorySettings, checkpointing: bool 
     if not ckpt:
         return kept
     tokens = s.canvases_per_forward * s.positions
-    return kept + int(tokens * max(layer_activation_bytes_per_token(arch, s, arch.is_moe_layer(i))
+    return kept + int(tokens * max(layer_activation_bytes_per_token(arch, s, arch.is_moe_layer(i), i)
                                    for i in range(arch.num_layers)))
 
 

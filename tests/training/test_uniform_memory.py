@@ -16,12 +16,14 @@ from dlmrl.models.uniform_policy import build_tiny_uniform_policy, save_tiny_uni
 from dlmrl.training.memory_plan import architecture_from_config
 
 #: google/diffusiongemma-26B-A4B-it's text_config, as public copies of its config.json give it (hidden 2816, 30
-#: layers, 16 heads, 8 key/value heads of 256, a dense MLP of 2112 and 128 experts of 704, top 8, vocabulary 262,144)
+#: layers, 16 heads, 8 key/value heads of 256, a dense MLP of 2112 and 128 experts of 704, top 8, vocabulary 262,144;
+#: its 5 full-attention layers: 2 key/value heads of 512, keys as values)
 DG_26B = {"model_type": "diffusion_gemma", "canvas_length": 256, "tie_word_embeddings": True,
           "text_config": {"hidden_size": 2816, "num_hidden_layers": 30, "num_attention_heads": 16,
                           "num_key_value_heads": 8, "head_dim": 256, "intermediate_size": 2112,
                           "moe_intermediate_size": 704, "num_experts": 128, "top_k_experts": 8,
-                          "vocab_size": 262144}}
+                          "vocab_size": 262144, "global_head_dim": 512, "num_global_key_value_heads": 2,
+                          "attention_k_eq_v": True}}
 
 
 def test_the_architecture_reads_text_config_with_the_dense_mlp_beside_the_experts():
@@ -276,3 +278,46 @@ def test_the_plans_all_linear_is_the_kinds():
     from dlmrl.training.memory_plan import DIFFUSION_GEMMA_ALL_LINEAR
 
     assert tuple(DIFFUSION_GEMMA_ALL_LINEAR) == tuple(DEFAULT_LORA_TARGETS)
+
+
+def _global_layers_model():
+    """A tiny DiffusionGemma whose full-attention layers are shaped as the 26B's are relative to its sliding ones:
+    twice the head dimension, fewer key/value heads, keys as values (no v_proj)."""
+    import torch
+    from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
+
+    text = {"vocab_size": 40, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 3,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "global_head_dim": 16,
+            "num_global_key_value_heads": 1, "attention_k_eq_v": True, "sliding_window": 8,
+            "layer_types": ["sliding_attention", "full_attention", "full_attention"], "num_experts": 2,
+            "top_k_experts": 1, "moe_intermediate_size": 8, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+    vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "num_key_value_heads": 2, "head_dim": 8, "patch_size": 4, "position_embedding_size": 64,
+              "pooling_kernel_size": 1}
+    torch.manual_seed(0)
+    config = DiffusionGemmaConfig(text_config=text, vision_config=vision, canvas_length=4, boi_token_id=37,
+                                  eoi_token_id=38, image_token_id=39)
+    return DiffusionGemmaForBlockDiffusion(config), text
+
+
+@pytest.mark.parametrize("source", ["saved config", "release keys"])
+def test_global_layers_are_counted_with_their_own_shapes(source):
+    """The plan reads the global layers' head dimension and key/value heads (the config as transformers saves it,
+    with ``per_layer_config``, or the release's ``global_head_dim`` / ``num_global_key_value_heads`` keys): the
+    parameters, the LoRA parameters and the key/value cache per token equal the model's own."""
+    from dlmrl.models.diffusion_gemma import lora_target_pattern
+    from dlmrl.models.lora import apply_lora, parse_target_modules
+
+    model, text = _global_layers_model()
+    config = model.config.to_dict() if source == "saved config" else {"model_type": "diffusion_gemma",
+                                                                       "text_config": text}
+    arch = architecture_from_config(config)
+    assert arch.attention_overrides == ((1, 16, 1), (2, 16, 1)) and arch.kv_shared_layers == (1, 2)
+    assert arch.parameter_count() == sum(p.numel() for n, p in model.named_parameters() if "vision" not in n)
+    layers = model.model.decoder.layers
+    assert arch.kv_cache_bytes_per_token(4) == sum(2 * layer.self_attn.k_proj.out_features * 4 for layer in layers)
+    for spec in ("all-linear", "q_proj,o_proj", "k_proj"):
+        targets = lora_target_pattern(parse_target_modules(spec))
+        adapted = apply_lora(_global_layers_model()[0], 2, 4, 0.0, spec, targets=targets)
+        # (the encoder's and the decoder's adapters, not yet shared: each layer adapted twice)
+        assert 2 * arch.lora_parameters(2, spec) == sum(p.numel() for p in adapted.parameters() if p.requires_grad)
