@@ -208,6 +208,17 @@ def _accelerator_device() -> bool:
         return False
 
 
+def _layer_shapes(arch) -> str:
+    """The layers shaped otherwise, for the architecture line (DiffusionGemma's full-attention layers)."""
+    shapes: dict[tuple[int, int], list[int]] = {}
+    for i, hd, kv in arch.attention_overrides:
+        shapes.setdefault((kv, hd), []).append(i)
+    text = "".join(f"; layers {', '.join(map(str, layers))}: {kv} key/value heads of {hd}"
+                   for (kv, hd), layers in shapes.items())
+    return text + (f"; no v_proj in layers {', '.join(map(str, arch.kv_shared_layers))}" if arch.kv_shared_layers
+                   else "")
+
+
 def memory_section(cfg, nfe: int, processes: int, objective=None) -> dict:
     """The ``memory`` section of ``dlmrl train --dry-run``: per process, each term and the peak in GB, the numbers
     they come from, and ``train.memory_budget``'s verdict. A model whose architecture is unknown (a hub id without
@@ -228,7 +239,8 @@ def memory_section(cfg, nfe: int, processes: int, objective=None) -> dict:
                         f"({arch.num_kv_heads} key/value, head dim {arch.head_dim}), MLP {arch.intermediate_size}, "
                         f"vocabulary {arch.vocab_size}"
                         + (f", {arch.num_experts} experts ({arch.experts_per_token} per token, width "
-                           f"{arch.moe_intermediate_size})" if arch.num_experts else ""),
+                           f"{arch.moe_intermediate_size})" if arch.num_experts else "")
+                        + _layer_shapes(arch),
         "parameters": f"{plan.total_parameters:,} ({plan.trainable_parameters:,} trained)",
         "setup": f"{settings.weight_dtype} weights, {'LoRA r ' + str(settings.lora_r) if settings.lora_r else 'full'}"
                  f", {settings.processes} process(es), sharding {settings.sharding}"
