@@ -204,7 +204,7 @@ def build_tiny_diffusion_gemma(seed: int = 0, vocab_size: int = 128, canvas_leng
                                top_k_experts: int = 2, intermediate_size: int = 128,
                                moe_intermediate_size: int = 32, sliding_window: int = 16,
                                embedding_std: float | None = 0.2, generation_config=None,
-                               dtype: torch.dtype = torch.float32) -> nn.Module:
+                               dtype: torch.dtype = torch.float32, global_head_dim: int | None = None) -> nn.Module:
     """A tiny random ``DiffusionGemmaForBlockDiffusion`` built offline from configs (well under a second).
 
     Text part (``DiffusionGemmaTextConfig``): ``num_layers`` layers of width ``hidden_size``, alternating sliding
@@ -230,6 +230,8 @@ def build_tiny_diffusion_gemma(seed: int = 0, vocab_size: int = 128, canvas_leng
         generation_config: the ``DiffusionGemmaGenerationConfig`` set as ``model.generation_config``; default
             :func:`tiny_generation_config` ``()``.
         dtype: the parameters' dtype.
+        global_head_dim: the full-attention layers' head dimension (default ``head_dim``; the 26B-A4B's is twice
+            its sliding layers').
     Returns:
         ``DiffusionGemmaForBlockDiffusion`` in eval mode, ``attn_implementation="sdpa"``.
     Raises:
@@ -243,7 +245,7 @@ def build_tiny_diffusion_gemma(seed: int = 0, vocab_size: int = 128, canvas_leng
     layer_types[-1] = "full_attention"
     text = {"vocab_size": vocab_size, "hidden_size": hidden_size, "intermediate_size": intermediate_size,
             "num_hidden_layers": num_layers, "num_attention_heads": num_heads, "num_key_value_heads": 1,
-            "head_dim": head_dim, "global_head_dim": head_dim, "num_global_key_value_heads": 1,
+            "head_dim": head_dim, "global_head_dim": global_head_dim or head_dim, "num_global_key_value_heads": 1,
             "max_position_embeddings": 4096, "sliding_window": sliding_window, "layer_types": layer_types,
             "num_experts": num_experts, "top_k_experts": top_k_experts,
             "moe_intermediate_size": moe_intermediate_size, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}

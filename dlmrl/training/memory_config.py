@@ -213,10 +213,12 @@ def _layer_shapes(arch) -> str:
     shapes: dict[tuple[int, int], list[int]] = {}
     for i, hd, kv in arch.attention_overrides:
         shapes.setdefault((kv, hd), []).append(i)
-    text = "".join(f"; layers {', '.join(map(str, layers))}: {kv} key/value heads of {hd}"
+    def which(layers) -> str:
+        return ("layers " if len(layers) > 1 else "layer ") + ", ".join(map(str, layers))
+
+    text = "".join(f"; {which(layers)}: {kv} key/value head{'s' if kv > 1 else ''} of {hd}"
                    for (kv, hd), layers in shapes.items())
-    return text + (f"; no v_proj in layers {', '.join(map(str, arch.kv_shared_layers))}" if arch.kv_shared_layers
-                   else "")
+    return text + (f"; no v_proj in {which(arch.kv_shared_layers)}" if arch.kv_shared_layers else "")
 
 
 def memory_section(cfg, nfe: int, processes: int, objective=None) -> dict:

@@ -252,11 +252,13 @@ class Architecture:
         list of names, each adapting the modules whose full name ends with it."""
         return r * sum(fan_in + fan_out for _, _, fan_in, fan_out, _ in lora_modules(self, target_modules)[0])
 
-    def lora_targets(self, target_modules: str, moe: bool | None = None) -> set[str]:
-        """The per-layer module names (:meth:`linear_modules`' names) ``target_modules`` adapts in some layer: an
-        expert layer (``moe`` ``True``), a dense one (``False``) or either (``None``)."""
-        return {name for _, name, _, _, index in lora_modules(self, target_modules)[0]
-                if index is not None and (moe is None or self.is_moe_layer(index) == moe)}
+    def lora_targets(self, target_modules: str, moe: bool | None = None, index: int | None = None) -> set[str]:
+        """The per-layer module names (:meth:`linear_modules`' names) ``target_modules`` adapts: in layer ``index``
+        when given, else in some layer of the kind ``moe`` says (an expert layer ``True``, a dense one ``False``,
+        either ``None``)."""
+        return {name for _, name, _, _, layer in lora_modules(self, target_modules)[0]
+                if layer is not None and (layer == index if index is not None
+                                          else moe is None or self.is_moe_layer(layer) == moe)}
 
     def unmatched_lora_targets(self, target_modules: str) -> list[str]:
         """The names of a comma list that match no module :func:`lora_modules` knows: the run refuses them
@@ -497,15 +499,15 @@ def _global_attention(text: Mapping) -> tuple[tuple[int, int, int], ...]:
     """``(layer, head_dim, kv_heads)`` of DiffusionGemma's layers shaped otherwise, as transformers'
     ``DiffusionGemmaTextConfig`` reads them: ``per_layer_config`` when the config has one (layer index, as a string in
     JSON, to ``head_dim`` / ``num_key_value_heads``), else every full-attention layer at ``global_head_dim``
-    (transformers' default 512) with ``num_global_key_value_heads`` key/value heads when it is set and
-    ``attention_k_eq_v`` is not false."""
+    (transformers' default 512) with ``num_global_key_value_heads`` key/value heads when it is set (DiffusionGemma's
+    config declares no ``attention_k_eq_v``, so transformers' gate on it always passes: the key is ignored)."""
     head_dim = _int(text, "head_dim") or _int(text, "hidden_size") // _int(text, "num_attention_heads")
     kv = _int(text, "num_key_value_heads") or _int(text, "num_attention_heads")
     if isinstance(text.get("per_layer_config"), Mapping):
         layers = {int(i): dict(o or {}) for i, o in text["per_layer_config"].items()}
     else:
         override = {"head_dim": _int(text, "global_head_dim") or 512}
-        if text.get("attention_k_eq_v", True) and _int(text, "num_global_key_value_heads"):
+        if _int(text, "num_global_key_value_heads"):
             override["num_key_value_heads"] = _int(text, "num_global_key_value_heads")
         layers = dict.fromkeys(_full_attention_layers(text), override)
     out = []
@@ -790,7 +792,7 @@ def layer_activation_bytes_per_token(arch: Architecture, s: MemorySettings, moe:
     if full:
         return total + 2 * d * h  # (the two norms' outputs, q/k/v's and gate/up's input)
     # LoRA on frozen base weights: the inputs of the adapted layers, grouped by the tensor they read
-    targets = arch.lora_targets(s.lora_targets, moe)
+    targets = arch.lora_targets(s.lora_targets, moe, index)
     qkv = ("query_key_value",) if arch.layout == "llada2" else ("q_proj", "k_proj", "v_proj")
     out_name = {"llada2": "dense", "llada": "attn_out"}.get(arch.layout, "o_proj")
     gate, up, down = ("ff_proj", "up_proj", "ff_out") if arch.layout == "llada" else ("gate_proj", "up_proj",
@@ -834,13 +836,17 @@ def _diffusion_gemma_layer_bytes(arch: Architecture, s: MemorySettings, index: i
       gate/up output, GELU output (``3 d I_e``) and the expert output that the routing weight multiplies
       (``d H``); trained experts also keep their two matmuls' inputs (``d (H + I_e)``).
 
-    ``index``: the layer whose attention shape the head norms take (:meth:`Architecture.attention_shape`).
+    ``index``: the layer whose attention shape the head norms take (:meth:`Architecture.attention_shape`); in a
+    layer whose keys are its values (:attr:`Architecture.kv_shared_layers`) ``v_norm`` reads ``k_proj``'s output,
+    which in float32 is the tensor ``k_norm`` keeps.
     """
     (nh, kv, hd), h, d = arch.attention_shape(index), arch.hidden_size, s.dtype_bytes
     full = s.full
     e, k, mi = arch.num_experts, arch.experts_per_token, arch.moe_intermediate_size
     total = (6 if d == 4 else 8) * 4 * h + 8 * 8 + (7 * 4 * h if full else 0)  # (the eight norms over H)
     total += 4 * (nh + 2 * kv) * hd + 8 * (nh + 2 * kv) + (4 * (nh + kv) * hd if full else 0)  # (q/k/v norms)
+    if index in arch.kv_shared_layers and d == 4:  # (keys as values: k_norm and v_norm read one float32 tensor)
+        total -= 4 * kv * hd
     total += (3 + full) * d * arch.intermediate_size  # (the dense MLP; trained: the product, down_proj's input)
     total += 4 * e + 20 * k + 4 + (2 * d * h if full else 0)  # (the router)
     if e:

@@ -168,24 +168,34 @@ def test_a_sampling_step_is_planned_as_the_entropy_bounded_samplers_tensors(tmp_
     assert plan_memory(arch, replace(settings, rollout_sampler="gumbel")).terms["rollout_logits"] == units * 52
 
 
-def _saved_bytes_per_token(dtype, lora: str | None) -> tuple[int, int]:
-    """``(bytes per token autograd saves in one tiny DiffusionGemma decoder layer, rotary cos/sin's share)``: the
-    distinct storages ``saved_tensors_hooks`` sees over ``B x T`` tokens, weights excluded (the layer's input, a
-    non-leaf as between layers, counts: it is the first norm's float32 input)."""
+def _tiny_layer_model(dtype):
+    """2 layers: a sliding one (4 heads of 16 over 1 key/value head) and a full-attention one with heads of 32 and
+    keys as values (no v_proj), as the 26B-A4B's global layers are shaped relative to its sliding ones."""
+    from dlmrl.models.diffusion_gemma import build_tiny_diffusion_gemma
+
+    return build_tiny_diffusion_gemma(vocab_size=64, hidden_size=64, num_layers=2, num_heads=4, head_dim=16,
+                                      intermediate_size=96, moe_intermediate_size=24, dtype=dtype,
+                                      global_head_dim=32).train()
+
+
+def _saved_bytes_per_token(dtype, lora: str | None, index: int = 0) -> tuple[int, int]:
+    """``(bytes per token autograd saves in decoder layer ``index`` of a tiny DiffusionGemma, rotary cos/sin's
+    share)``: the distinct storages ``saved_tensors_hooks`` sees over ``B x T`` tokens, weights excluded (the
+    layer's input, a non-leaf as between layers, counts: it is the first norm's float32 input)."""
     import torch
 
-    from dlmrl.models.diffusion_gemma import build_tiny_diffusion_gemma, lora_target_pattern
+    from dlmrl.models.diffusion_gemma import lora_target_pattern
     from dlmrl.models.lora import apply_lora, parse_target_modules
 
-    model = build_tiny_diffusion_gemma(vocab_size=64, hidden_size=64, num_layers=2, num_heads=4, head_dim=16,
-                                       intermediate_size=96, moe_intermediate_size=24, dtype=dtype).train()
+    model = _tiny_layer_model(dtype)
     assert model.config.text_config._experts_implementation == "grouped_mm"  # (the implementation counted)
     if lora:
         model = apply_lora(model, 8, 16, 0.0, lora, targets=lora_target_pattern(parse_target_modules(lora)))
-    layer = next(m for n, m in model.named_modules() if n.endswith("decoder.layers.0"))
+    layer = next(m for n, m in model.named_modules() if n.endswith(f"decoder.layers.{index}"))
+    hd = layer.self_attn.head_dim
     B, T = 3, 8
     x = torch.randn(B, T, 64, dtype=dtype, requires_grad=True).clone()  # (a non-leaf, as a layer's input is)
-    cos, sin = torch.randn(B, T, 16, dtype=dtype), torch.randn(B, T, 16, dtype=dtype)
+    cos, sin = torch.randn(B, T, hd, dtype=dtype), torch.randn(B, T, hd, dtype=dtype)
     skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
 
@@ -197,7 +207,7 @@ def _saved_bytes_per_token(dtype, lora: str | None) -> tuple[int, int]:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         layer(x, position_embeddings=(cos, sin), attention_mask=None)
-    return sum(seen.values()) // (B * T), 2 * 16 * x.element_size()
+    return sum(seen.values()) // (B * T), 2 * hd * x.element_size()
 
 
 def test_the_diffusion_gemma_layer_is_planned_as_autograd_saves_it():
@@ -208,23 +218,26 @@ def test_the_diffusion_gemma_layer_is_planned_as_autograd_saves_it():
     up to the router's few per-token bytes (8 of ~6,000); in bfloat16 the norms' scales are cast to float32 once
     per call, per-layer constants (~1.9 KB here) that the per-token count leaves out, about 1% over this test's 24
     tokens and less over a real batch's, so 3%. Counted for transformers' ``grouped_mm`` experts and the CPU's SDPA
-    kernel (asserted / in use): another implementation keeps other tensors, which this test would catch."""
+    kernel (asserted / in use): another implementation keeps other tensors, which this test would catch. Both
+    layers: the sliding one, and the full-attention one with its own head shape, keys as values and no v_proj
+    (so no v_proj adapter either)."""
     import torch
 
-    from dlmrl.training.memory_plan import Architecture, MemorySettings, layer_activation_bytes_per_token
+    from dlmrl.training.memory_plan import MemorySettings, layer_activation_bytes_per_token
 
-    arch = Architecture(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=1, head_dim=16,
-                        intermediate_size=96, vocab_size=64, tie_embeddings=True, num_experts=4,
-                        experts_per_token=2, moe_intermediate_size=24, qk_norm=True, layout="diffusion_gemma")
-    for dtype, lora in ((torch.float32, None), (torch.bfloat16, None), (torch.float32, "all-linear"),
-                        (torch.bfloat16, "all-linear")):
-        saved, rotary = _saved_bytes_per_token(dtype, lora)
-        settings = MemorySettings(weight_dtype=str(dtype).removeprefix("torch."), lora_r=8 if lora else None,
-                                  lora_targets=lora or "all-linear", master_weights=False)
-        planned = layer_activation_bytes_per_token(arch, settings, moe=True)
-        assert abs(planned - (saved - rotary)) <= 0.03 * (saved - rotary), (dtype, lora, planned, saved - rotary)
-        if dtype == torch.float32 and lora is None:
-            assert planned == saved - rotary
+    arch = architecture_from_config(_tiny_layer_model(torch.float32).config.to_dict())
+    assert arch.kv_shared_layers == (1,) and arch.attention_overrides == ((1, 32, 1),)
+    for index in (0, 1):
+        for dtype, lora in ((torch.float32, None), (torch.bfloat16, None), (torch.float32, "all-linear"),
+                            (torch.bfloat16, "all-linear")):
+            saved, rotary = _saved_bytes_per_token(dtype, lora, index)
+            settings = MemorySettings(weight_dtype=str(dtype).removeprefix("torch."), lora_r=8 if lora else None,
+                                      lora_targets=lora or "all-linear", master_weights=False)
+            planned = layer_activation_bytes_per_token(arch, settings, moe=True, index=index)
+            kept = saved - rotary
+            assert abs(planned - kept) <= 0.03 * kept, (index, dtype, lora, planned, kept)
+            if dtype == torch.float32 and lora is None:
+                assert planned == kept, (index, planned, kept)
 
 
 def test_a_micro_batch_above_the_steps_is_planned_as_the_whole_rows_the_scorer_runs(tmp_path):
@@ -262,7 +275,8 @@ def test_checkpointing_leaves_the_encoder_and_its_cache_copies_in_the_plan(tmp_p
     encoder = -(-(P + C * L) // 4)  # (the row's encoder positions over the pass's 4 step canvases)
     assert settings.uncheckpointed_positions == encoder and settings.kv_copy_positions == P + C * L
     n = settings.canvases_per_forward
-    full = sum(layer_activation_bytes_per_token(arch, settings, arch.is_moe_layer(i)) for i in range(arch.num_layers))
+    full = sum(layer_activation_bytes_per_token(arch, settings, arch.is_moe_layer(i), i)
+               for i in range(arch.num_layers))
     full -= 4 * arch.hidden_size * (not settings.full)
     inputs_only = arch.num_layers * arch.hidden_size * 4
     as_checkpointed = replace(settings, uncheckpointed_positions=0)
