@@ -371,31 +371,41 @@ def run_case(name: str) -> dict:
     if out.returncode != 0:
         raise RuntimeError(f"case {name} failed:\n{out.stderr[-3000:]}")
     measured = json.loads(out.stdout.strip().splitlines()[-1])
+
+    row = {"case": name, **CASES[name], "parameters": measured["parameters"], "trainable": measured["trainable"],
+           "measured_step_bytes": measured["measured_step_bytes"], "seconds": measured["seconds"]}
+    if measured["saved_activation_bytes"] is not None:
+        row["saved_activation_bytes"] = measured["saved_activation_bytes"]
+    if "lora" in row:
+        row["lora"] = list(row["lora"])
+    return planned_side(row)
+
+
+def planned_side(row: dict) -> dict:
+    """``row`` (a case's measured fields) with the plan's side filled in from today's plan: the planned step bytes,
+    the relative errors, the planned terms (``--replan`` refreshes a results file this way after a plan change,
+    without measuring again)."""
     from dlmrl.training.memory_plan import kept_logits_bytes
 
+    name = row["case"]
     plan, arch, settings = plan_for(CASES[name])
     rollout = CASES[name].get("kind") in ("rollout", "uniform_rollout")
     # (the weights are in the baseline; a sampling call builds no optimizer state either)
     planned = (plan.terms["rollout_kv_cache"] + plan.terms["rollout_logits"] + plan.terms["rollout_soft_inputs"]
                if rollout else plan.peak - plan.terms["parameters"])
-    row = {"case": name, **CASES[name], "parameters": measured["parameters"],
-           "planned_parameters": plan.total_parameters, "trainable": measured["trainable"],
-           "measured_step_bytes": measured["measured_step_bytes"], "planned_step_bytes": planned,
-           "relative_error": round((planned - measured["measured_step_bytes"]) / measured["measured_step_bytes"], 4),
-           "planned_peak_phase": "rollout" if rollout else plan.peak_phase,
-           "planned_terms": {k: v for k, v in plan.terms.items() if v},
-           "seconds": measured["seconds"]}
-    if measured["saved_activation_bytes"] is not None:
+    measured = row["measured_step_bytes"]
+    row.update({"planned_parameters": plan.total_parameters, "planned_step_bytes": planned,
+                "relative_error": round((planned - measured) / measured, 4),
+                "planned_peak_phase": "rollout" if rollout else plan.peak_phase,
+                "planned_terms": {k: v for k, v in plan.terms.items() if v}})
+    if row.get("saved_activation_bytes") is not None:
         # (the log-softmax is kept too; DiffusionGemma: the softmax of the self-conditioning inputs, the second of
         # the two copies soft_inputs counts with a trained embedding: the first, the detached input, is held by the
         # scorer, not saved by autograd)
         act = plan.terms["activations"] + kept_logits_bytes(arch, settings) + (
             plan.terms["soft_inputs"] // 2 if settings.full else 0)
-        row["saved_activation_bytes"] = measured["saved_activation_bytes"]
-        row["activation_relative_error"] = round((act - measured["saved_activation_bytes"])
-                                                 / measured["saved_activation_bytes"], 4)
-    if "lora" in row:
-        row["lora"] = list(row["lora"])
+        row["activation_relative_error"] = round((act - row["saved_activation_bytes"]) / row["saved_activation_bytes"],
+                                                 4)
     return row
 
 
@@ -423,10 +433,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
     parser.add_argument("--measure", help=argparse.SUPPRESS)
+    parser.add_argument("--replan", action="store_true",
+                        help="measure nothing: recompute the planned side of --out's cases with today's plan (after a "
+                             "plan change), keeping their measurements; records the commit in 'replanned'")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "memory_plan_check.json"))
     args = parser.parse_args()
     if args.measure:
         print(json.dumps(measure(CASES[args.measure])))
+        return
+    if args.replan:
+        replan(Path(args.out))
         return
     import torch
 
@@ -436,26 +452,44 @@ def main() -> None:
         r = rows[-1]
         print(f"{name}: measured {r['measured_step_bytes'] / 1e6:.1f} MB, planned {r['planned_step_bytes'] / 1e6:.1f}"
               f" MB ({r['relative_error']:+.1%})", flush=True)
-    worst = max(abs(r["relative_error"]) for r in rows)
     result = {
         "what": "memory plan vs measured peak of two training steps (score with grad, backward, AdamW step) per case",
         "method": "peak RSS (VmHWM reset by /proc/self/clear_refs) minus RSS before the steps, fresh subprocess per "
                   f"case, MALLOC_MMAP_THRESHOLD_={MMAP_THRESHOLD}, warm-up on a small model first, 1 thread; "
                   "planned = plan peak - parameters; activations alone checked against autograd's saved tensors",
         "target": "|relative_error| <= 0.25",
-        "worst_relative_error": worst,
-        "within_target": worst <= 0.25,
         "command": "python benchmarks/memory_plan_check.py",
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "cpus": os.cpu_count()},
         "not_measured": NOT_MEASURED,
         "cases": rows,
-        "table": _table(rows),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    _write(Path(args.out), result)
+
+
+def _write(out: Path, result: dict) -> None:
+    """The summary fields from the cases (worst error, the README's table), then the file."""
+    rows = result["cases"]
+    worst = max(abs(r["relative_error"]) for r in rows)
+    result.update({"worst_relative_error": worst, "within_target": worst <= 0.25, "table": _table(rows)})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(result["table"])
     print(f"worst |relative error| {worst:.1%} ({'within' if worst <= 0.25 else 'OUTSIDE'} the 25% target); "
-          f"wrote {args.out}")
+          f"wrote {out}")
+
+
+def replan(out: Path) -> None:
+    """``--replan``: the planned side of every case in ``out`` recomputed (:func:`planned_side`), the measurements
+    kept, and the commit it was done at recorded."""
+    import subprocess
+
+    result = json.loads(out.read_text())
+    result["cases"] = [planned_side(dict(row)) for row in result["cases"]]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent, check=False).stdout.strip()
+    result["replanned"] = (f"planned side recomputed at {commit or 'an unknown commit'} with "
+                           "`python benchmarks/memory_plan_check.py --replan`; measured fields from the run above")
+    _write(out, result)
 
 
 if __name__ == "__main__":
