@@ -210,11 +210,6 @@ class Architecture:
             experts += swiglu(mi * s, 1, mlp + ("shared_experts." if self.layout == "llada2" else "shared_expert."))
         return attn + experts
 
-    @property
-    def head_name(self) -> str:
-        """The output head's module name (LLaDA's ``transformer.ff_out``; ``lm_head`` elsewhere)."""
-        return "ff_out" if self.layout == "llada" else "lm_head"
-
     def layer_parameters(self, index: int) -> int:
         """Parameters of decoder layer ``index``: its linear weights (and biases), its two RMSNorm weights, QK-norm
         weights, an MoE layer's router ``(num_experts, H)``."""
@@ -461,8 +456,8 @@ def _diffusion_gemma_architecture(config: Mapping, source: str) -> Architecture:
     ``moe_intermediate_size``, ``vocab_size``, ``layer_types`` (the full-attention layers have no ``v_proj``:
     :attr:`Architecture.kv_shared_layers`), and the full-attention layers' own shape (``per_layer_config``, else
     ``global_head_dim`` and ``num_global_key_value_heads``: :attr:`Architecture.attention_overrides`; 5 of 30
-    layers in the 26B-A4B, 2 key/value heads of 512); the head is tied (``tie_word_embeddings``, default true); the vision tower is not counted (text training never runs it, but its weights are
-    loaded)."""
+    layers in the 26B-A4B, 2 key/value heads of 512); the head is tied (``tie_word_embeddings``, default true); the
+    vision tower is not counted (text training never runs it, but its weights are loaded)."""
     text = config.get("text_config")
     if not isinstance(text, Mapping):
         raise ValueError("DiffusionGemma config: text_config (the text model's keys) is missing")  # noqa: TRY004 (a config error: ValueError as every key here)
