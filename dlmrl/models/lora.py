@@ -136,10 +136,9 @@ def apply_lora(model: nn.Module, r: int, alpha: float, dropout: float = 0.0, tar
 
     if r < 1:
         raise ValueError(f"LoRA rank r must be >= 1, got {r}")
-    config = LoraConfig(r=int(r), lora_alpha=alpha, lora_dropout=float(dropout),
-                        target_modules=parse_target_modules(target_modules) if targets is None else targets,
-                        bias="none")
     names = parse_target_modules(target_modules)
+    config = LoraConfig(r=int(r), lora_alpha=alpha, lora_dropout=float(dropout),
+                        target_modules=names if targets is None else targets, bias="none")
 
     def unmatched(missing: list[str], adapted: list[str]) -> ValueError:
         examples = "'q_proj' or 'self_attn.q_proj'" + ("" if scope else " (or 'layers.0.self_attn.q_proj')")

@@ -213,6 +213,7 @@ def _layer_shapes(arch) -> str:
     shapes: dict[tuple[int, int], list[int]] = {}
     for i, hd, kv in arch.attention_overrides:
         shapes.setdefault((kv, hd), []).append(i)
+
     def which(layers) -> str:
         return ("layers " if len(layers) > 1 else "layer ") + ", ".join(map(str, layers))
 
