@@ -465,6 +465,7 @@ def _diffusion_gemma_architecture(config: Mapping, source: str) -> Architecture:
     h = _required(text, ("hidden_size",), what)
     heads = _required(text, ("num_attention_heads",), what)
     experts = _int(text, "num_experts") or 0
+    full_attention = _full_attention_layers(text)
     return Architecture(hidden_size=h, num_layers=_required(text, ("num_hidden_layers",), what), num_heads=heads,
                         num_kv_heads=_int(text, "num_key_value_heads") or heads,
                         head_dim=_int(text, "head_dim") or h // heads,
@@ -474,15 +475,15 @@ def _diffusion_gemma_architecture(config: Mapping, source: str) -> Architecture:
                         num_experts=experts, experts_per_token=(_int(text, "top_k_experts") or 0) if experts else 0,
                         moe_intermediate_size=(_int(text, "moe_intermediate_size") or 0) if experts else 0,
                         attention_bias=bool(text.get("attention_bias", False)), qk_norm=True,
-                        layout="diffusion_gemma", kv_shared_layers=_full_attention_layers(text),
-                        attention_overrides=_global_attention(text), source=source)
+                        layout="diffusion_gemma", kv_shared_layers=full_attention,
+                        attention_overrides=_global_attention(text, full_attention), source=source)
 
 
 def _full_attention_layers(text: Mapping) -> tuple[int, ...]:
     """The indices of DiffusionGemma's full-attention layers, whose keys are their values (no ``v_proj``):
     ``text_config.layer_types``, else transformers' default (``DiffusionGemmaTextConfig``: every sixth layer), the
     last layer always one."""
-    layers = _int(text, "num_hidden_layers")
+    layers = _required(text, ("num_hidden_layers",), "DiffusionGemma text_config")
     types = list(text.get("layer_types") or ["sliding_attention" if (i + 1) % 6 else "full_attention"
                                              for i in range(layers)])
     if types:
@@ -490,7 +491,7 @@ def _full_attention_layers(text: Mapping) -> tuple[int, ...]:
     return tuple(i for i, kind in enumerate(types) if kind == "full_attention")
 
 
-def _global_attention(text: Mapping) -> tuple[tuple[int, int, int], ...]:
+def _global_attention(text: Mapping, full_attention: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
     """``(layer, head_dim, kv_heads)`` of DiffusionGemma's layers shaped otherwise, as transformers'
     ``DiffusionGemmaTextConfig`` reads them: ``per_layer_config`` when the config has one (layer index, as a string in
     JSON, to ``head_dim`` / ``num_key_value_heads``), else every full-attention layer at ``global_head_dim``
@@ -504,7 +505,7 @@ def _global_attention(text: Mapping) -> tuple[tuple[int, int, int], ...]:
         override = {"head_dim": _int(text, "global_head_dim") or 512}
         if _int(text, "num_global_key_value_heads"):
             override["num_key_value_heads"] = _int(text, "num_global_key_value_heads")
-        layers = dict.fromkeys(_full_attention_layers(text), override)
+        layers = dict.fromkeys(full_attention, override)
     out = []
     for i, o in sorted(layers.items()):
         shape = (_int(o, "head_dim") or head_dim, _int(o, "num_key_value_heads") or kv)
@@ -809,6 +810,11 @@ def layer_activation_bytes_per_token(arch: Architecture, s: MemorySettings, moe:
     return total
 
 
+def _each_layer_bytes(arch: Architecture, s: MemorySettings) -> list[int]:
+    """:func:`layer_activation_bytes_per_token` of every decoder layer, each with its own kind and attention shape."""
+    return [layer_activation_bytes_per_token(arch, s, arch.is_moe_layer(i), i) for i in range(arch.num_layers)]
+
+
 def _diffusion_gemma_layer_bytes(arch: Architecture, s: MemorySettings, index: int | None = None) -> int:
     """What a DiffusionGemma decoder layer keeps for its backward per token besides SDPA's tensors and the linear
     inputs :func:`layer_activation_bytes_per_token` counts for every layout (``d`` the weights' dtype bytes).
@@ -883,7 +889,7 @@ def kept_activation_bytes(arch: Architecture, s: MemorySettings, checkpointing: 
     ckpt = s.gradient_checkpointing if checkpointing is None else checkpointing
     tokens = s.canvases_per_forward * s.positions
     outside = model_activation_bytes_per_token(arch, s)
-    full_layers = sum(layer_activation_bytes_per_token(arch, s, arch.is_moe_layer(i), i) for i in range(arch.num_layers))
+    full_layers = sum(_each_layer_bytes(arch, s))
     if not s.full:  # (frozen embeddings: the first layer's first norm reads a stream that needs no gradient)
         full_layers -= 4 * arch.hidden_size
     kv_copies = s.canvases_per_forward * s.kv_copy_positions * arch.kv_cache_bytes_per_token(s.dtype_bytes)
@@ -908,8 +914,7 @@ def layer_backward_bytes(arch: Architecture, s: MemorySettings, checkpointing: b
     width = max(arch.intermediate_size, arch.experts_per_token * arch.moe_intermediate_size + arch.shared_experts
                 * arch.moe_intermediate_size)
     in_flight = (2 * width + 2 * arch.hidden_size) * s.dtype_bytes
-    rebuilt = max(layer_activation_bytes_per_token(arch, s, arch.is_moe_layer(i), i)
-                  for i in range(arch.num_layers)) if ckpt else 0
+    rebuilt = max(_each_layer_bytes(arch, s)) if ckpt else 0
     return int(tokens * (rebuilt + in_flight))
 
 
@@ -922,8 +927,7 @@ def activation_bytes(arch: Architecture, s: MemorySettings, checkpointing: bool 
     if not ckpt:
         return kept
     tokens = s.canvases_per_forward * s.positions
-    return kept + int(tokens * max(layer_activation_bytes_per_token(arch, s, arch.is_moe_layer(i), i)
-                                   for i in range(arch.num_layers)))
+    return kept + int(tokens * max(_each_layer_bytes(arch, s)))
 
 
 def logits_peak_bytes(arch: Architecture, s: MemorySettings) -> int:
@@ -942,7 +946,7 @@ def logits_peak_bytes(arch: Architecture, s: MemorySettings) -> int:
     kept for its backward and held through every moment (:func:`_softcap_bytes`). With ``logprob_chunk``
     (``estimator.logits_chunk``): :func:`chunked_logits_bytes`."""
     v, d = arch.vocab_size, s.dtype_bytes
-    t = s.canvases_per_forward * (s.head_positions or s.positions)  # (positions the head scores)
+    t = _head_positions(s)  # (positions the head scores)
     n_s = s.canvases_per_forward * s.scored_positions  # (positions whose log-softmax is taken)
     if s.logprob_chunk is not None:
         return chunked_logits_bytes(arch, s)
@@ -965,12 +969,17 @@ def logits_peak_bytes(arch: Architecture, s: MemorySettings) -> int:
     return int(max(forward + capped, log_softmax + capped, undo + capped, head))
 
 
+def _head_positions(s: MemorySettings) -> int:
+    """The positions the head runs over in one forward with grad, over all its canvases."""
+    return s.canvases_per_forward * (s.head_positions or s.positions)
+
+
 def _softcap_bytes(arch: Architecture, s: MemorySettings) -> int:
     """DiffusionGemma's softcapped logits: the float32 ``tanh`` output over the head's positions, kept for the
     backward (``n T V x 4``); 0 for the other layouts."""
     if arch.layout != "diffusion_gemma":
         return 0
-    return s.canvases_per_forward * (s.head_positions or s.positions) * arch.vocab_size * 4
+    return _head_positions(s) * arch.vocab_size * 4
 
 
 def chunked_logits_bytes(arch: Architecture, s: MemorySettings) -> int:
@@ -1019,7 +1028,7 @@ def soft_input_bytes(arch: Architecture, s: MemorySettings) -> int:
     if not s.soft_inputs:
         return 0
     copies = 2 if s.full else 1
-    return copies * s.canvases_per_forward * (s.head_positions or s.positions) * arch.vocab_size * s.dtype_bytes
+    return copies * _head_positions(s) * arch.vocab_size * s.dtype_bytes
 
 
 def rollout_soft_input_bytes(arch: Architecture, s: MemorySettings) -> int:
